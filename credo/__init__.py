@@ -1,0 +1,6 @@
+"""credo: reinforcement-learning losses and credit assignment for LLM post-training.
+
+`credo.algos` and `credo.credit` are pure torch; importing `credo` itself pulls in nothing heavy.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Losses, advantage estimators, KL and off-policy corrections as pure torch functions."""

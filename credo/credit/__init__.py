@@ -1,0 +1,1 @@
+"""Token- and chunk-level credit assignment as pure torch functions."""
