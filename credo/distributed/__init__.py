@@ -1,0 +1,1 @@
+"""DeepSpeed engine, rollout backends, weight sync."""

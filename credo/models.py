@@ -1,0 +1,133 @@
+"""Models and tokenizers with no hub access: a built-in tiny Qwen2/Llama factory and a checked loader.
+
+The tiny tokenizer is character level (printable ASCII), built with the `tokenizers` library and wrapped in
+`PreTrainedTokenizerFast`, so it saves and loads like any Hugging Face tokenizer (vLLM reads it too).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import string
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from credo.config import ConfigError, TinyModelConfig
+
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+CHARS = string.digits + string.ascii_letters + string.punctuation + " \n"
+
+
+def cache_root() -> Path:
+    """Project cache folder (ignored by git): $CREDO_CACHE or ./.cache/credo."""
+    return Path(os.environ.get("CREDO_CACHE", Path.cwd() / ".cache" / "credo")).resolve()
+
+
+def build_char_tokenizer():
+    """A character-level fast tokenizer over printable ASCII with pad/bos/eos/unk specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + list(CHARS))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    # Split into single characters; keep every character (spaces included) as its own token.
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def tiny_model_config(cfg: TinyModelConfig, vocab_size: int, tokenizer):
+    """A transformers config for the tiny model (vocab padded to a multiple of 64)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}[cfg.arch]
+    padded_vocab = (vocab_size + 63) // 64 * 64
+    return cls(
+        vocab_size=padded_vocab, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=cfg.tie_word_embeddings,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        torch_dtype="float32", rms_norm_eps=1e-6, rope_theta=10000.0,
+    )
+
+
+def build_tiny_model(cfg: TinyModelConfig) -> Path:
+    """Build (or reuse) the tiny model + tokenizer as a local HF directory keyed by the config hash."""
+    from transformers import AutoModelForCausalLM
+
+    key = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode()).hexdigest()[:12]
+    out = cache_root() / "models" / f"tiny-{cfg.arch}-{key}"
+    if (out / "COMPLETE").exists():
+        return out
+    tokenizer = build_char_tokenizer()
+    config = tiny_model_config(cfg, len(tokenizer), tokenizer)
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "COMPLETE").write_text("ok\n")
+    try:
+        tmp.rename(out)
+    except OSError:  # another process won the race; theirs is identical
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def resolve_model_path(path: str, tiny: TinyModelConfig) -> str:
+    """'tiny' -> the built tiny model's directory; otherwise the path (or hub id) itself."""
+    if path == "tiny":
+        return str(build_tiny_model(tiny))
+    p = Path(path)
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise ConfigError(f"model.path '{path}' exists but has no config.json: expected a Hugging Face model directory")
+        return str(p)
+    if path.startswith((".", "/", "~")) or os.sep in path.strip("/") and path.count("/") != 1:
+        raise ConfigError(f"model.path '{path}' does not exist (expected 'tiny', a local Hugging Face model directory or a hub id)")
+    return path  # a hub id; loading reports if there is no network
+
+
+def load_tokenizer(path: str):
+    """Load a tokenizer and check it can pad and stop: it must have an EOS, and gets PAD = EOS if it lacks one."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.path '{path}': could not load a tokenizer ({str(e).splitlines()[0]})") from None
+    if tok.eos_token_id is None:
+        raise ConfigError(f"tokenizer at '{path}' has no eos_token: expected one so responses can end")
+    if tok.pad_token_id is None:
+        raise ConfigError(
+            f"tokenizer at '{path}' has no pad_token: set one (e.g. tokenizer.pad_token = tokenizer.eos_token) and save it"
+        )
+    return tok
+
+
+def load_causal_lm(path: str, dtype: str = "float32"):
+    """Load a causal LM and check its vocabulary against the tokenizer's."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.path '{path}': could not load a causal LM ({str(e).splitlines()[0]})") from None
+    return model
+
+
+def check_vocab(model, tokenizer, path: str) -> None:
+    n_emb = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > n_emb:
+        raise ConfigError(
+            f"vocab mismatch at '{path}': tokenizer has {len(tokenizer)} tokens but the model's embedding has {n_emb} rows"
+        )

@@ -1,0 +1,1 @@
+"""Verifiers, tasks and reward workers."""

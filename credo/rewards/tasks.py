@@ -1,0 +1,116 @@
+"""Verifiable tasks: prompts, reference answers, a verifier, and disjoint train / held-out eval splits.
+
+A task is a small object with `train(i)`, `eval_problems()` and `score(response, problem)`. Built in:
+`arithmetic` (integer + and -, exact-match verifier) and any reasoning-gym dataset as `rg:<name>`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from credo.config import ConfigError, TaskConfig
+
+
+@dataclass
+class Problem:
+    prompt: str
+    """Text the policy continues."""
+    answer: str
+    """Reference answer (what SFT warm-up teaches, and what the verifier checks against)."""
+    meta: dict = field(default_factory=dict)
+    """Task-specific data the verifier may need."""
+
+
+class ArithmeticTask:
+    """`a+b=` / `a-b=` with operands in [0, max_operand]; reward 1 for the exact integer, else 0.
+
+    The full problem space is shuffled once with the task seed: the first `eval_size` problems are the
+    held-out split and never appear in training.
+    """
+
+    def __init__(self, train_size: int, eval_size: int, seed: int, max_operand: int = 99, ops: str = "+"):
+        if not ops or any(o not in "+-" for o in ops):
+            raise ConfigError(f"task.kwargs.ops = {ops!r}: expected a string of '+' and '-'")
+        if max_operand < 1:
+            raise ConfigError(f"task.kwargs.max_operand = {max_operand}: expected >= 1")
+        space = [(a, b, o) for o in ops for a in range(max_operand + 1) for b in range(max_operand + 1)]
+        if eval_size >= len(space):
+            raise ConfigError(f"task.eval_size = {eval_size} leaves no training problems (the task has {len(space)})")
+        random.Random(seed).shuffle(space)
+        self._eval = space[:eval_size]
+        self._train = space[eval_size:][:train_size]
+
+    @staticmethod
+    def _problem(a: int, b: int, o: str) -> Problem:
+        return Problem(prompt=f"{a}{o}{b}=", answer=str(a + b if o == "+" else a - b))
+
+    def __len__(self) -> int:
+        return len(self._train)
+
+    def train(self, i: int) -> Problem:
+        return self._problem(*self._train[i % len(self._train)])
+
+    def eval_problems(self) -> list[Problem]:
+        return [self._problem(*t) for t in self._eval]
+
+    @staticmethod
+    def score(response: str, problem: Problem) -> float:
+        return 1.0 if response.strip() == problem.answer else 0.0
+
+
+class ReasoningGymTask:
+    """A reasoning-gym dataset: train entries from `seed`, held-out entries from a separate seed stream."""
+
+    def __init__(self, name: str, train_size: int, eval_size: int, seed: int, **kwargs: Any):
+        try:
+            import reasoning_gym
+        except ImportError:
+            raise ConfigError(f"task.name 'rg:{name}' needs reasoning-gym: pip install 'credo[envs]'") from None
+        if name not in reasoning_gym.factory.DATASETS:
+            raise ConfigError(f"task.name 'rg:{name}' is not a reasoning-gym dataset")
+        try:
+            self._train = reasoning_gym.create_dataset(name, size=train_size, seed=seed, **kwargs)
+            self._eval = reasoning_gym.create_dataset(name, size=eval_size, seed=seed + 1_000_003, **kwargs)
+        except (TypeError, AssertionError) as e:
+            raise ConfigError(f"task.kwargs for 'rg:{name}' rejected by reasoning-gym: {e}") from None
+        if len(self._train) == 0:
+            raise ConfigError(f"task 'rg:{name}' has an empty train split")
+        train_q = {self._train[i]["question"] for i in range(len(self._train))}
+        self._eval_rows = [self._eval[i] for i in range(len(self._eval)) if self._eval[i]["question"] not in train_q]
+
+    @staticmethod
+    def _problem(entry: dict) -> Problem:
+        for k in ("question", "answer"):
+            if k not in entry:
+                raise ConfigError(f"reasoning-gym entry is missing the field '{k}'")
+        return Problem(prompt=entry["question"] + "\nAnswer: ", answer=str(entry["answer"]), meta={"entry": entry})
+
+    def __len__(self) -> int:
+        return len(self._train)
+
+    def train(self, i: int) -> Problem:
+        return self._problem(self._train[i % len(self._train)])
+
+    def eval_problems(self) -> list[Problem]:
+        return [self._problem(e) for e in self._eval_rows]
+
+    def score(self, response: str, problem: Problem) -> float:
+        return float(self._train.score_answer(answer=response.strip(), entry=problem.meta["entry"]))
+
+
+TASKS: dict[str, Callable[..., Any]] = {"arithmetic": ArithmeticTask}
+
+
+def make_task(cfg: TaskConfig):
+    """Build the task a recipe names; `rg:<name>` selects a reasoning-gym dataset."""
+    kwargs = dict(cfg.kwargs)
+    if cfg.name.startswith("rg:"):
+        return ReasoningGymTask(cfg.name[3:], cfg.train_size, cfg.eval_size, cfg.seed, **kwargs)
+    if cfg.name not in TASKS:
+        raise ConfigError(f"config key 'task.name' = '{cfg.name}' is not a known task (known: {', '.join(TASKS)}, rg:<dataset>)")
+    try:
+        return TASKS[cfg.name](cfg.train_size, cfg.eval_size, cfg.seed, **kwargs)
+    except TypeError as e:
+        raise ConfigError(f"task.kwargs for '{cfg.name}': {e}") from None
