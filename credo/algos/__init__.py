@@ -1,1 +1,84 @@
-"""Losses, advantage estimators, KL and off-policy corrections as pure torch functions."""
+"""Losses, advantage estimators, KL and off-policy corrections as pure torch functions.
+
+Imports only torch, einops and the standard library. Registries (name -> function) are for the
+config boundary: recipes select ``algo.policy_loss``, ``algo.advantage``, ``algo.kl_estimator``.
+See docs/algorithms.md for the paper index.
+"""
+
+from credo.algos._validate import LOG_RATIO_CLAMP
+from credo.algos.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    ADVANTAGE_INPUTS,
+    dr_grpo,
+    gae,
+    grpo,
+    lite_ppo,
+    normalize_rewards,
+    rebn,
+    register_advantage_estimator,
+    reinforce_pp,
+    reinforce_pp_baseline,
+    rloo,
+    turn_returns,
+)
+from credo.algos.aggregation import AGG_MODES, aggregate, global_counts, masked_mean
+from credo.algos.corrections import CORRECTION_LEVELS, CORRECTION_MODES, train_infer_correction
+from credo.algos.entropy import entropy_from_logits
+from credo.algos.kl import KL_ESTIMATORS, k1, k2, k3, k3_clamped, register_kl_estimator
+from credo.algos.policy_losses import (
+    POLICY_LOSSES,
+    cispo,
+    gspo,
+    kimi15,
+    log_ratio,
+    per_token_policy_loss,
+    ppo,
+    register_policy_loss,
+    reinforce,
+    sapo,
+    topr,
+)
+from credo.algos.value import value_loss
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "ADVANTAGE_INPUTS",
+    "AGG_MODES",
+    "CORRECTION_LEVELS",
+    "CORRECTION_MODES",
+    "KL_ESTIMATORS",
+    "LOG_RATIO_CLAMP",
+    "POLICY_LOSSES",
+    "aggregate",
+    "cispo",
+    "dr_grpo",
+    "entropy_from_logits",
+    "gae",
+    "global_counts",
+    "grpo",
+    "gspo",
+    "k1",
+    "k2",
+    "k3",
+    "k3_clamped",
+    "kimi15",
+    "lite_ppo",
+    "log_ratio",
+    "masked_mean",
+    "normalize_rewards",
+    "per_token_policy_loss",
+    "ppo",
+    "rebn",
+    "register_advantage_estimator",
+    "register_kl_estimator",
+    "register_policy_loss",
+    "reinforce",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "rloo",
+    "sapo",
+    "topr",
+    "train_infer_correction",
+    "turn_returns",
+    "value_loss",
+]
