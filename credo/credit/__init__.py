@@ -1,1 +1,66 @@
-"""Token- and chunk-level credit assignment as pure torch functions."""
+"""Token- and chunk-level credit assignment as pure torch functions.
+
+- :mod:`credo.credit.chunks`: IPA chunk ids, chunk returns, chunk ratios, mismatch masks
+  (arXiv 2512.24873); :mod:`credo.credit.ipa` adds the chunk-level policy loss ``"ipa"``.
+- :mod:`credo.credit.attention`: preplan-and-anchor head span, WAAD, FAI, rhythm credit
+  (arXiv 2510.13554).
+- :mod:`credo.credit.flow`: FlowTracer answer-conditioned flow throughput (arXiv 2606.10646).
+- :mod:`credo.credit.streaming`: the attention quantities from query/key states without
+  materialising attention maps.
+"""
+
+from credo.credit.attention import (
+    attention_rhythm_gamma,
+    fai,
+    group_heads,
+    head_span,
+    rhythm_gamma,
+    waad,
+)
+from credo.credit.chunks import (
+    chunk_ids,
+    chunk_mean,
+    chunk_mismatch_mask,
+    chunk_ratio,
+    chunk_returns,
+    chunk_returns_from_rewards,
+    num_chunks,
+)
+from credo.credit.flow import (
+    answer_potential,
+    doob_transform,
+    flow_capacity,
+    flow_gamma,
+    flow_throughput,
+    forward_flow,
+)
+from credo.credit.streaming import (
+    attention_from_qk,
+    streaming_flow_throughput,
+    streaming_head_stats,
+)
+
+__all__ = [
+    "answer_potential",
+    "attention_from_qk",
+    "attention_rhythm_gamma",
+    "chunk_ids",
+    "chunk_mean",
+    "chunk_mismatch_mask",
+    "chunk_ratio",
+    "chunk_returns",
+    "chunk_returns_from_rewards",
+    "doob_transform",
+    "fai",
+    "flow_capacity",
+    "flow_gamma",
+    "flow_throughput",
+    "forward_flow",
+    "group_heads",
+    "head_span",
+    "num_chunks",
+    "rhythm_gamma",
+    "streaming_flow_throughput",
+    "streaming_head_stats",
+    "waad",
+]
