@@ -34,6 +34,7 @@ from credo.credit.flow import (
     flow_throughput,
     forward_flow,
 )
+from credo.credit.ipa import ipa_loss
 from credo.credit.streaming import (
     attention_from_qk,
     streaming_flow_throughput,
@@ -58,6 +59,7 @@ __all__ = [
     "forward_flow",
     "group_heads",
     "head_span",
+    "ipa_loss",
     "num_chunks",
     "rhythm_gamma",
     "streaming_flow_throughput",
