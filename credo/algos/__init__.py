@@ -38,6 +38,7 @@ from credo.algos.policy_losses import (
     sapo,
     topr,
 )
+from credo.algos.logprobs import logprobs_from_hidden
 from credo.algos.value import value_loss
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "kimi15",
     "lite_ppo",
     "log_ratio",
+    "logprobs_from_hidden",
     "masked_mean",
     "normalize_rewards",
     "per_token_policy_loss",

@@ -39,12 +39,13 @@ import torch
 from credo.algos._validate import (
     LOG_RATIO_CLAMP,
     as_bool_mask,
+    check_choice,
     check_finite,
     check_like,
     check_tensor,
     masked_fill_zero,
 )
-from credo.algos.aggregation import aggregate, masked_mean
+from credo.algos.aggregation import AGG_MODES, aggregate, masked_mean
 from credo.algos.corrections import _correction
 
 POLICY_LOSSES: dict[str, Callable] = {}
@@ -119,6 +120,7 @@ def per_token_policy_loss(token_loss_fn: Callable) -> Callable:
         check_like("old_log_probs", old_log_probs, "log_probs", log_probs)
         check_like("advantages", advantages, "log_probs", log_probs)
         m = as_bool_mask(mask, "log_probs", log_probs)
+        check_choice("agg_mode", agg_mode, AGG_MODES)
         check_finite("log_probs", log_probs, m)
         check_finite("old_log_probs", old_log_probs, m)
         check_finite("advantages", advantages, m)
@@ -363,7 +365,8 @@ def sapo(log_probs, old_log_probs, advantages, mask, *, tau_pos=1.0, tau_neg=1.0
     if not (tau_pos > 0 and tau_neg > 0):
         raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos!r} and {tau_neg!r}")
     ratio = log_ratio(log_probs, old_log_probs).exp()
-    tau = torch.where(advantages > 0, tau_pos, tau_neg).to(ratio.dtype)
+    full = functools.partial(torch.full_like, ratio)
+    tau = torch.where(advantages > 0, full(tau_pos), full(tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1))
     with torch.no_grad():
         metrics = {"gate_weight_mean": masked_mean(4 * gate * (1 - gate), mask)}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from credo.algos._validate import as_bool_mask, check_finite, check_like, check_tensor, masked_fill_zero
-from credo.algos.aggregation import aggregate, masked_mean
+from credo.algos._validate import as_bool_mask, check_choice, check_finite, check_like, check_tensor, masked_fill_zero
+from credo.algos.aggregation import AGG_MODES, aggregate, masked_mean
 
 
 def value_loss(
@@ -41,6 +41,7 @@ def value_loss(
     check_like("old_values", old_values, "values", values)
     check_like("returns", returns, "values", values)
     m = as_bool_mask(mask, "values", values)
+    check_choice("agg_mode", agg_mode, AGG_MODES)
     for name, x in (("values", values), ("old_values", old_values), ("returns", returns)):
         check_finite(name, x, m)
     v = masked_fill_zero(values, m)

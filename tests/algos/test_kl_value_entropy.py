@@ -1,0 +1,123 @@
+"""KL estimators, value loss, entropy and the train/inference correction function."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from credo.algos import KL_ESTIMATORS, aggregate, entropy_from_logits, train_infer_correction, value_loss
+from tests.algos._inputs import grad_of, make_mask
+from tests.reference_registry import REFERENCES, load_registries
+
+load_registries()
+KL_NAMES = sorted(KL_ESTIMATORS)
+
+
+@pytest.mark.parametrize("name", KL_NAMES)
+def test_kl_matches_naive_reference_and_finite_differences(name):
+    ref = REFERENCES.get(("kl", name))
+    if ref is None:
+        pytest.fail(f"no naive reference for KL estimator {name!r}")
+    g = torch.Generator().manual_seed(0)
+    for B, T in [(1, 1), (3, 4)]:
+        lp = (-3 * torch.rand(B, T, generator=g, dtype=torch.float64)).requires_grad_()
+        ref_lp = -3 * torch.rand(B, T, generator=g, dtype=torch.float64)
+        got = KL_ESTIMATORS[name](lp, ref_lp)
+        torch.testing.assert_close(got, ref(lp, ref_lp))
+        torch.autograd.gradcheck(lambda x: KL_ESTIMATORS[name](x, ref_lp), (lp,))
+    # the clamped estimator saturates at 10 when pi_ref gives the token far less mass
+    lp = torch.tensor([[0.0]], dtype=torch.float64)
+    far = torch.tensor([[-15.0]], dtype=torch.float64)
+    torch.testing.assert_close(KL_ESTIMATORS[name](lp, far), ref(lp, far))
+
+
+@pytest.mark.parametrize("name", KL_NAMES)
+def test_kl_hostile_inputs_and_mask(name):
+    lp = torch.tensor([[0.0, -30.0, -1.0, float("nan")]], requires_grad=True)
+    ref_lp = torch.tensor([[-30.0, 0.0, float("inf"), -1.0]])
+    mask = torch.tensor([[True, True, False, False]])
+    kl = KL_ESTIMATORS[name](lp, ref_lp, mask=mask)
+    loss = aggregate(kl, mask)
+    grad = grad_of(loss, lp)
+    assert torch.isfinite(kl).all() and torch.isfinite(grad).all()
+    assert torch.equal(kl[~mask], torch.zeros(2)) and torch.equal(grad[~mask], torch.zeros(2))
+
+
+def test_k3_is_nonnegative_and_unbiased_in_expectation():
+    # Exact expectation under pi of a 3-token distribution: sum_a pi(a) k3(a) = KL(pi || ref).
+    pi = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    ref = torch.tensor([0.2, 0.2, 0.6], dtype=torch.float64)
+    kl = (pi * (pi / ref).log()).sum()
+    for name in ("k1", "k3"):
+        per_token = KL_ESTIMATORS[name](pi.log()[None], ref.log()[None])[0]
+        torch.testing.assert_close((pi * per_token).sum(), kl)
+    assert (KL_ESTIMATORS["k3"](pi.log()[None], ref.log()[None]) >= 0).all()
+
+
+def test_value_loss_matches_loops():
+    g = torch.Generator().manual_seed(1)
+    B, T = 3, 5
+    values = torch.randn(B, T, generator=g, dtype=torch.float64, requires_grad=True)
+    old = values.detach() + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    returns = torch.randn(B, T, generator=g, dtype=torch.float64)
+    mask = make_mask(B, T, g)
+    for clip in (0.2, None):
+        loss, metrics = value_loss(values, old, returns, mask, clip_range=clip)
+        total, n, clipped = 0.0, 0, 0
+        for b in range(B):
+            for t in range(T):
+                if mask[b, t]:
+                    v, vo, r = values[b, t], float(old[b, t]), float(returns[b, t])
+                    err = (v - r) ** 2
+                    if clip is not None:
+                        vc = vo + max(-clip, min(clip, float(v.detach()) - vo))
+                        vc = v if abs(float(v.detach()) - vo) <= clip else torch.tensor(vc, dtype=torch.float64)
+                        if float(((vc - r) ** 2).detach()) > float(err.detach()):
+                            err, clipped = (vc - r) ** 2, clipped + 1
+                    total, n = total + 0.5 * err, n + 1
+        expected = total / max(n, 1)
+        torch.testing.assert_close(loss, expected)
+        torch.testing.assert_close(grad_of(loss, values), grad_of(expected, values))
+        if clip is not None:
+            assert metrics["vf_clipfrac"].item() == pytest.approx(clipped / n)
+
+
+def test_entropy_matches_naive_and_is_stable():
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(2, 3, 5, generator=g, dtype=torch.float64)
+    got = entropy_from_logits(logits)
+    for i in range(2):
+        for j in range(3):
+            z = [math.exp(x) for x in logits[i, j].tolist()]
+            p = [x / sum(z) for x in z]
+            assert got[i, j].item() == pytest.approx(-sum(q * math.log(q) for q in p))
+    extreme = torch.tensor([[1e4, 0.0, -float("inf")], [-float("inf"), 3.0, 3.0]], requires_grad=True)
+    h = entropy_from_logits(extreme)
+    torch.testing.assert_close(h, torch.tensor([0.0, math.log(2)]))
+    assert torch.isfinite(grad_of(h.sum(), extreme)).all()
+
+
+def test_train_infer_correction_hand_worked():
+    # Sequence 0: token log-ratios old - rollout = (log 2, log 0.5, log 4); sequence 1 empty.
+    old = torch.tensor([[math.log(2), math.log(0.5), math.log(4)], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    rollout = torch.zeros(2, 3, dtype=torch.float64)
+    mask = torch.tensor([[True, True, True], [False, False, False]])
+    w, keep, m = train_infer_correction(old, rollout, mask, mode="tis", level="token", cap=3.0)
+    torch.testing.assert_close(w[0], torch.tensor([2.0, 0.5, 3.0], dtype=torch.float64))
+    assert m["is_capped_frac"].item() == pytest.approx(1 / 3)
+    # ESS of (2, 0.5, 3): (5.5)^2 / (3 * 13.25)
+    assert m["is_ess"].item() == pytest.approx(5.5**2 / (3 * 13.25))
+    # k1 of KL(mu || pi_old): mean of -(old - rollout) = -log(4) / 3; k3: mean of (rho - 1 - log rho)
+    assert m["mismatch_kl_k1"].item() == pytest.approx(-math.log(4) / 3)
+    assert m["mismatch_kl_k3"].item() == pytest.approx(sum(r - 1 - math.log(r) for r in (2, 0.5, 4)) / 3)
+    # sequence level: rho = 2 * 0.5 * 4 = 4 -> capped at 3; geometric: 4^(1/3)
+    w, _, _ = train_infer_correction(old, rollout, mask, mode="tis", level="sequence", cap=3.0)
+    torch.testing.assert_close(w[0], torch.full((3,), 3.0, dtype=torch.float64))
+    w, keep, m = train_infer_correction(old, rollout, mask, mode="mis", level="geometric", low=0.5, high=1.5)
+    assert not keep.any() and m["is_rejected_frac"].item() == 1.0  # 4^(1/3) = 1.587 > 1.5
+    w, keep, _ = train_infer_correction(old, rollout, mask, mode="mis", level="token", low=0.4, high=2.5)
+    assert keep[0].tolist() == [True, True, False]
+    torch.testing.assert_close(w[0], torch.tensor([2.0, 0.5, 0.0], dtype=torch.float64))
+    assert torch.equal(w[1], torch.zeros(3, dtype=torch.float64))
