@@ -66,7 +66,7 @@ def flow_capacity(
     if attention.dim() < 2 or attention.shape[-1] != attention.shape[-2]:
         raise ValueError(f"attention has shape {list(attention.shape)}, expected [..., N, N]")
     n = attention.shape[-1]
-    mean = attention.detach().reshape(-1, n, n).double().mean(dim=0)
+    mean = attention.detach().reshape(-1, n, n).mean(dim=0, dtype=torch.float64)
     capacity = torch.tril(mean, diagonal=-1).T  # [i, k] = Abar[k, i] for i < k
     capacity = torch.where(capacity >= edge_threshold, capacity, torch.zeros_like(capacity))
     if normalize:
