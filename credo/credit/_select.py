@@ -44,13 +44,15 @@ def top_fraction_mask(
     # Two stable sorts: by score (descending), then valid entries before invalid ones.
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices
     valid_sorted = valid.gather(-1, order)
-    order = order.gather(-1, torch.sort(valid_sorted.to(torch.int8), dim=-1, descending=True, stable=True).indices)
+    by_valid = torch.sort(valid_sorted.to(torch.int8), dim=-1, descending=True, stable=True)
+    order = order.gather(-1, by_valid.indices)
     ranks = torch.empty_like(order).scatter_(
         -1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order).contiguous()
     )
     n_valid = valid.sum(dim=-1, keepdim=True)
     counts = torch.floor(fraction * n_valid.double() + 0.5 + 1e-9).long()
-    counts = torch.where((n_valid > 0) & (fraction > 0), counts.clamp(min=1), torch.zeros_like(counts))
+    selectable = (n_valid > 0) & (fraction > 0)
+    counts = torch.where(selectable, counts.clamp(min=1), torch.zeros_like(counts))
     counts = torch.minimum(counts, n_valid)
     return (ranks < counts) & valid
 
@@ -61,7 +63,8 @@ def apply_sign_mode(
     """Reset multipliers to 1 on tokens whose advantage sign ``sign_mode`` excludes.
 
     ``"both"`` keeps all multipliers; ``"positive"`` keeps them where ``advantages >= 0`` (the
-    "non-negative advantages" wording of arXiv 2510.13554 v1); ``"negative"`` where ``advantages < 0``.
+    "non-negative advantages" wording of arXiv 2510.13554 v1); ``"negative"`` where
+    ``advantages < 0``.
     """
     if sign_mode not in SIGN_MODES:
         raise ValueError(f"sign_mode={sign_mode!r}, expected one of {SIGN_MODES}")

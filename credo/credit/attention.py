@@ -42,13 +42,13 @@ def _mean_map(attention: torch.Tensor) -> torch.Tensor:
 
 
 def group_heads(span: torch.Tensor, quantile: float = 0.3) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split heads into local-focused and global-focused sets by their span (arXiv 2510.13554, Sec. 4).
+    """Split heads into local- and global-focused sets by their span (arXiv 2510.13554, Sec. 4).
 
     The ``quantile`` share of heads with the smallest span is local, the same share with the largest
     span is global (paper example: 30%). The count is the nearest integer to ``quantile * n_heads``,
-    at least 1; ties are broken by head order. Grouping is over all given heads (all layers jointly);
-    the paper does not say whether it is per sequence, per batch or fixed, so it is whatever the
-    caller passes (per sequence when called per sequence).
+    at least 1; ties are broken by head order. Grouping is over all given heads (all layers
+    jointly). The paper does not say whether it is per sequence, per batch or fixed: it is per
+    call here (per sequence when called per sequence).
 
     Args:
         span: ``[H]`` or ``[L, H]`` head spans from :func:`head_span` or
@@ -155,7 +155,9 @@ def fai(
     return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
 
 
-def _window_max(delta: torch.Tensor, rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _window_max(
+    delta: torch.Tensor, rows: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Max and argmax of ``delta[u]`` over response tokens ``u`` in ``{t-k, ..., t-1}``.
 
     Returns ``(max [..., N], argmax [..., N])``; ``max`` is -inf where the window holds no
@@ -169,7 +171,8 @@ def _window_max(delta: torch.Tensor, rows: torch.Tensor, k: int) -> tuple[torch.
         u = t - offset
         ok = u >= 0
         u_safe = u.clamp(min=0).expand_as(delta)
-        candidate = torch.where(ok & rows.gather(-1, u_safe), delta.gather(-1, u_safe), -float("inf"))
+        usable = ok & rows.gather(-1, u_safe)
+        candidate = torch.where(usable, delta.gather(-1, u_safe), -float("inf"))
         better = candidate > best
         best = torch.where(better, candidate, best)
         best_at = torch.where(better, u_safe, best_at)
@@ -191,7 +194,7 @@ def rhythm_gamma(
     tau_waad: float | None = None,
     tau_delta: float | None = None,
 ) -> torch.Tensor:
-    """Per-token advantage multipliers of the preplan-and-anchor credit rules (arXiv 2510.13554, Sec. 5).
+    """Advantage multipliers of the preplan-and-anchor credit rules (arXiv 2510.13554, Sec. 5).
 
     With ``Delta_t = |WAAD_t - WAAD_{t+1}|`` (0 when ``t + 1`` is not a response token) and
     ``g = gamma_amp - 1``:

@@ -58,7 +58,7 @@ def chunk_ids(response_mask: torch.Tensor) -> torch.Tensor:
 
 
 def num_chunks(chunk_ids: torch.Tensor) -> torch.Tensor:
-    """Number of chunks ``K_b`` of each sample: ``[B, T]`` chunk ids -> ``[B]`` int64 (0 if none)."""
+    """Number of chunks ``K_b`` per sample: ``[B, T]`` chunk ids -> ``[B]`` int64 (0 if none)."""
     _check_2d("chunk_ids", chunk_ids)
     if chunk_ids.shape[1] == 0:
         return torch.zeros(chunk_ids.shape[0], dtype=torch.long, device=chunk_ids.device)
@@ -190,7 +190,7 @@ def chunk_ratio(
     *,
     max_log_ratio: float = 20.0,
 ) -> torch.Tensor:
-    """Chunk-level importance ratio: geometric mean of the token ratios (IPA Eq. 8, arXiv 2512.24873).
+    """Chunk-level importance ratio, the geometric mean of token ratios (arXiv 2512.24873, Eq. 8).
 
         rho_c = (prod_{t in c} pi(t) / pi_old(t))^(1/|c|) = exp(mean_{t in c} [log pi - log pi_old])
 

@@ -71,7 +71,8 @@ def flow_capacity(
     capacity = torch.where(capacity >= edge_threshold, capacity, torch.zeros_like(capacity))
     if normalize:
         out = capacity.sum(dim=1, keepdim=True)
-        capacity = torch.where(out > 0, capacity / out.clamp(min=1e-300), torch.zeros_like(capacity))
+        normalised = capacity / out.clamp(min=1e-300)
+        capacity = torch.where(out > 0, normalised, torch.zeros_like(capacity))
     return capacity
 
 
@@ -92,7 +93,8 @@ def answer_potential(capacity: torch.Tensor, answer_mask: torch.Tensor) -> torch
     n = capacity.shape[-1]
     answer = _check_token_mask("answer_mask", answer_mask, n)
     propagating = (~answer).to(capacity.dtype)
-    system = torch.eye(n, dtype=capacity.dtype, device=capacity.device) - propagating[:, None] * capacity
+    eye = torch.eye(n, dtype=capacity.dtype, device=capacity.device)
+    system = eye - propagating[:, None] * capacity
     rhs = answer.to(capacity.dtype)[:, None]
     return torch.linalg.solve_triangular(system, rhs, upper=True)[:, 0]
 

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from credo.algos._validate import as_bool_mask, check_finite
+from credo.algos._validate import as_bool_mask, check_finite, check_like, check_tensor
 from credo.algos.aggregation import aggregate
 from credo.algos.corrections import train_infer_correction
 from credo.algos.policy_losses import register_policy_loss
 from credo.credit import chunks as _chunks
 from credo.credit.chunks import (
-    _check_2d,
-    _check_like,
     chunk_ids,
     chunk_mean,
     chunk_mismatch_mask,
@@ -121,9 +119,9 @@ def ipa_loss(
         ValueError: wrong shapes (naming the argument), NaN/Inf in masked-in positions, masked
             tokens without a chunk, or ``correction`` without ``rollout_log_probs``.
     """
-    _check_2d("log_probs", log_probs)
-    _check_like("old_log_probs", old_log_probs, "log_probs", log_probs)
-    _check_like("advantages", advantages, "log_probs", log_probs)
+    check_tensor("log_probs", log_probs, ndim=2, floating=True)
+    check_like("old_log_probs", old_log_probs, "log_probs", log_probs)
+    check_like("advantages", advantages, "log_probs", log_probs)
     m = as_bool_mask(mask, "log_probs", log_probs)
     for name, value in (
         ("log_probs", log_probs),
@@ -134,7 +132,7 @@ def ipa_loss(
     if chunk_ids is None:
         ids = _chunks.chunk_ids(m)
     else:
-        _check_like("chunk_ids", chunk_ids, "log_probs", log_probs)
+        check_like("chunk_ids", chunk_ids, "log_probs", log_probs, floating=False)
         if bool((m & (chunk_ids < 0)).any()):
             raise ValueError("chunk_ids is -1 on a masked-in token, expected a chunk index >= 0")
         ids = chunk_ids
@@ -153,7 +151,7 @@ def ipa_loss(
     metrics: dict[str, torch.Tensor] = {}
     keep = m
     if rollout_log_probs is not None:
-        _check_like("rollout_log_probs", rollout_log_probs, "log_probs", log_probs)
+        check_like("rollout_log_probs", rollout_log_probs, "log_probs", log_probs)
         check_finite("rollout_log_probs", rollout_log_probs, m)
         rollout = torch.where(m, rollout_log_probs.detach(), zero)
         keep = chunk_mismatch_mask(old, rollout, ids, ratio_low, ratio_high, diff_low, diff_high)
@@ -173,7 +171,7 @@ def ipa_loss(
     elif correction is not None:
         raise ValueError(f"correction={correction!r} needs rollout_log_probs, got None")
     if weights is not None:
-        _check_like("weights", weights, "log_probs", log_probs)
+        check_like("weights", weights, "log_probs", log_probs)
         check_finite("weights", weights, m)
         token_loss = token_loss * torch.where(m, weights, zero)
     token_loss = torch.where(keep, token_loss, zero)

@@ -8,11 +8,12 @@ a time from a layer's query and key states and reduce each block on the spot, so
 - :func:`streaming_head_stats` gives, per head, everything :mod:`credo.credit.attention` needs:
   head span, WAAD and FAI. WAAD and FAI are linear in the map, so the mean over a head group of the
   per-head values equals WAAD/FAI of the group's mean map.
-- :func:`streaming_flow_throughput` gives the FlowTracer throughput. The flow needs the head-averaged
-  map only through row-block products, so it never holds an ``N x N`` matrix: one forward pass for
-  the outgoing capacity sums (when normalising), a reverse pass for the potential ``h`` (the
-  column sums it needs are accumulated from each row block), a forward pass for the flow. Each pass
-  recomputes the attention blocks (3x the QK^T compute of one forward).
+- :func:`streaming_flow_throughput` gives the FlowTracer throughput. The flow needs the
+  head-averaged map only through row-block products, so it never holds an ``N x N`` matrix: a
+  forward pass for the outgoing capacity sums (when normalising), a reverse pass for the
+  potential ``h`` (the column sums it needs are accumulated from each row block), a forward pass
+  for the flow. Each pass recomputes the attention blocks (up to 3x the QK^T compute of one
+  forward).
 
 ``q`` and ``k`` are the states that enter the softmax (after RoPE/normalisation). Pass one sequence
 without padding. Grouped-query attention: query head ``h`` uses key head ``h // (H // H_kv)``, the
@@ -28,7 +29,9 @@ import torch
 __all__ = ["attention_from_qk", "streaming_head_stats", "streaming_flow_throughput"]
 
 
-def _flatten_heads(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _flatten_heads(
+    q: torch.Tensor, k: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Flatten leading dims to heads and map every query head to its key head (GQA)."""
     if q.dim() < 3 or k.dim() != q.dim():
         raise ValueError(
@@ -54,8 +57,10 @@ def _compute_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.promote_types(q.dtype, torch.float32)
 
 
-def attention_from_qk(q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
-    """Dense causal attention maps ``softmax(q k^T * scale + causal)``, the reference for this module.
+def attention_from_qk(
+    q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None
+) -> torch.Tensor:
+    """Dense causal maps ``softmax(q k^T * scale + causal)``: the reference for this module.
 
     Args:
         q: ``[..., H, N, d]`` query states.
@@ -84,7 +89,7 @@ def _row_blocks(
     heads_per_step: int,
     reverse: bool = False,
 ):
-    """Yield ``(r0, r1, heads, probs)``: softmax rows ``r0:r1`` (keys ``0:r1``) for a slice of heads.
+    """Yield ``(r0, r1, heads, probs)``: softmax rows ``r0:r1`` (keys ``0:r1``) of some heads.
 
     ``probs`` is ``[len(heads), r1 - r0, r1]``. Only keys up to ``r1`` are scored: the rest are
     masked by causality anyway.
@@ -161,7 +166,8 @@ def streaming_head_stats(
     span_sum = torch.zeros(heads, dtype=dtype, device=q.device)
     waad_rows = torch.zeros(heads, n, dtype=dtype, device=q.device)
     fai_sum = torch.zeros(heads, n, dtype=dtype, device=q.device)
-    for r0, r1, hs, probs in _row_blocks(q_flat, k_flat, kv_index, scale, block_size, heads_per_step):
+    blocks = _row_blocks(q_flat, k_flat, kv_index, scale, block_size, heads_per_step)
+    for r0, r1, hs, probs in blocks:
         rows = torch.arange(r0, r1, device=q.device, dtype=dtype)
         ahead = rows[:, None] - torch.arange(r1, device=q.device, dtype=dtype)[None, :]  # t - s
         in_response = response[r0:r1].to(dtype)
