@@ -80,19 +80,17 @@ def head_span(
         quantile: share of heads in each group, see :func:`group_heads`.
 
     Returns:
-        ``(span, local_heads, global_heads)``: ``span`` is ``attention.shape[:-2]`` float; the two
-        bool masks have the same shape.
+        ``(span, local_heads, global_heads)``: ``span`` is ``attention.shape[:-2]`` float (0 when
+        the response is empty); the two bool masks have the same shape.
     """
     n = _check_square(attention, min_dim=3)
     rows = response_rows(response_mask, torch.Size([n]), attention.device)
-    if not rows.any():
-        raise ValueError("response_mask selects no rows, expected at least one response token")
     t = torch.arange(n, device=attention.device, dtype=attention.dtype)
     distance = (t[:, None] - t[None, :]).clamp(min=0)  # [N, N], 0 on and above the diagonal
     # One head at a time keeps the temporary at N x N instead of H x N x N.
     per_row = torch.stack([(a * distance).sum(dim=-1) for a in attention.reshape(-1, n, n)])
     per_row = per_row.reshape(attention.shape[:-1])  # [..., N]
-    span = (per_row * rows).sum(dim=-1) / rows.sum()
+    span = (per_row * rows).sum(dim=-1) / rows.sum().clamp(min=1)
     local, global_ = group_heads(span, quantile)
     return span, local, global_
 
@@ -181,7 +179,7 @@ def _window_max(
 
 def rhythm_gamma(
     waad: torch.Tensor,
-    fai: torch.Tensor,
+    fai: torch.Tensor | None,
     *,
     strategy: str = "coupled",
     response_mask: torch.Tensor | None = None,
@@ -220,7 +218,8 @@ def rhythm_gamma(
 
     Args:
         waad: ``[..., N]`` WAAD of the local-head map (from :func:`waad`).
-        fai: ``[..., N]`` FAI of the global-head map (from :func:`fai`); unused for ``"local"``.
+        fai: ``[..., N]`` FAI of the global-head map (from :func:`fai`); may be None for
+            ``"local"``.
         strategy: ``"local"``, ``"global"`` or ``"coupled"``.
         response_mask: ``[..., N]`` bool, the selectable tokens (all when None).
         advantages: ``[..., N]`` advantages; needed only for ``sign_mode != "both"``.
@@ -243,9 +242,11 @@ def rhythm_gamma(
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha={alpha}, expected a value in [0, 1]")
     waad = waad.detach()
-    if strategy != "local" and fai.shape != waad.shape:
-        raise ValueError(f"fai has shape {list(fai.shape)}, expected {list(waad.shape)} like waad")
-    fai = fai.detach().to(waad.dtype)
+    if strategy != "local":
+        if fai is None or fai.shape != waad.shape:
+            got = None if fai is None else list(fai.shape)
+            raise ValueError(f"fai has shape {got}, expected {list(waad.shape)} like waad")
+        fai = fai.detach().to(waad.dtype)
     rows = response_rows(response_mask, waad.shape, waad.device)
     g = gamma_amp - 1.0
 

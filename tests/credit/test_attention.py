@@ -151,3 +151,16 @@ def test_attention_rhythm_gamma_composes_the_steps():
     torch.testing.assert_close(out, expected)
     assert int(local.sum()) == int(global_.sum()) == 2
     assert span[local].max() <= span[~local].min()
+
+
+def test_empty_response_and_local_without_fai():
+    # No response rows: spans are 0 and no token is selected.
+    maps = random_attention(3, n=6, seed=4)
+    span, _, _ = head_span(maps, torch.zeros(6, dtype=torch.bool))
+    assert bool((span == 0).all())
+    out = rhythm_gamma(WAAD, FAI, response_mask=torch.zeros(8, dtype=torch.bool))
+    torch.testing.assert_close(out, torch.ones(8))
+    # The local strategy needs no FAI; the others do.
+    torch.testing.assert_close(rhythm_gamma(WAAD, None, strategy="local", q=0.25)[[2, 5]], torch.tensor([1.5, 1.5]))
+    with pytest.raises(ValueError, match="fai has shape None"):
+        rhythm_gamma(WAAD, None, strategy="global")
