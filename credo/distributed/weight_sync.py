@@ -1,0 +1,157 @@
+"""Push a trainer's weights into a running vLLM engine in place: no restart, no checkpoint on disk.
+
+The path, trainer to engine:
+
+1. :func:`full_state_dict` takes the trainer's HF state dict (unwrapping a DeepSpeed engine, DDP or
+   ``torch.compile``; gathering ZeRO-3 partitions) and keeps one name per storage, so a tied
+   ``lm_head.weight`` travels once, as ``model.embed_tokens.weight``.
+2. :func:`pack_state_dict` serialises it to one ``safetensors`` byte string.
+3. :func:`push_weights` sends that string through ``llm.collective_rpc`` to
+   :meth:`WeightSyncExtension.credo_load_weights`, a method mixed into every vLLM worker through the
+   engine argument ``worker_extension_cls`` (so no code is pickled and
+   ``VLLM_ALLOW_INSECURE_SERIALIZATION`` is not needed; bytes are a native msgpack type).
+4. The worker calls ``model_runner.reload_weights(weights_iterator=..., is_checkpoint_format=True)``,
+   which copies into the engine's existing tensors (CUDA graphs and the KV cache stay valid), then
+   :func:`refresh_tied_layers`.
+5. The caller must reset vLLM's prefix cache afterwards (``llm.reset_prefix_cache()``): cached KV
+   blocks of a prompt were computed with the old weights and would otherwise be reused.
+
+Why tied embeddings need step 4's refresh. vLLM ties ``lm_head`` to ``embed_tokens`` by object
+identity (``lm_head.weight = embed_tokens.weight``) and its loader skips the alias name
+``lm_head.weight``. ``reload_weights`` reloads layer by layer: a layer that received weights is
+re-materialised and re-runs ``quant_method.process_weights_after_loading``; a layer that received none
+(the tied ``ParallelLMHead``) just gets its old tensor object back. The shared tensor itself does hold
+the new values (the embedding layer wrote them), but on CPU ``process_weights_after_loading`` prepacks a
+*copy* of the weight for the GEMM kernel (``layer.cpu_linear``, oneDNN or sgl-kernel packed), and the
+logits are computed from that copy. So the tied head keeps computing logits with the old weights while
+the input embedding uses the new ones: no error, silently wrong log-probs (differences up to ~2.4 nats
+measured on the tiny model). Reloading from disk has the same flaw. The fix re-runs
+``process_weights_after_loading`` on every layer whose parameters are all aliases of another layer's,
+after the reload; on GPU that method is a no-op for unquantized layers, so the refresh costs nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+WORKER_EXTENSION = "credo.distributed.weight_sync.WeightSyncExtension"
+"""Qualified name to pass as vLLM's ``worker_extension_cls`` so workers accept weight pushes."""
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The HF module inside a DeepSpeed engine, DDP/FSDP-style ``.module`` wrapper or ``torch.compile``."""
+    seen = set()
+    while id(model) not in seen:
+        seen.add(id(model))
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif isinstance(getattr(model, "module", None), torch.nn.Module):
+            model = model.module
+    return model
+
+
+def is_zero3(model: torch.nn.Module) -> bool:
+    """True when DeepSpeed ZeRO-3 partitions the parameters (each rank holds a shard, ``ds_id`` set)."""
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+def dedupe_tied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Keep the first name of every storage: a tied ``lm_head.weight`` is dropped after ``model.embed_tokens.weight``.
+
+    vLLM loads one name per tied parameter (the first one its module traversal reaches, the embedding)
+    and safetensors refuses to serialise two names sharing memory.
+    """
+    out, seen = {}, set()
+    for name, t in state.items():
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)) if t.numel() else None
+        if key is not None and key in seen:
+            continue
+        seen.add(key)
+        out[name] = t
+    return out
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The trainer's full weights under their HF checkpoint names, tied aliases removed.
+
+    Under DeepSpeed ZeRO-3 the parameters are gathered with ``deepspeed.zero.GatheredParameters``
+    (all at once, so every rank briefly holds the full model in memory) and copied to CPU. That gather
+    is a collective: **every rank must call this function at the same time**, including ranks that do
+    not own a vLLM engine (they call it and drop the result). Stages 0-2 keep full parameters on every
+    rank and need no gather.
+
+    Args:
+        model: an HF ``PreTrainedModel``, or a wrapper of one (DeepSpeed engine, DDP, ``torch.compile``).
+
+    Returns:
+        ``{name: tensor}`` detached (views of the live parameters except under ZeRO-3).
+    """
+    model = unwrap_model(model)
+    if is_zero3(model):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
+            live = dedupe_tied({k: v.detach() for k, v in model.state_dict().items()})
+            return {k: v.to("cpu", copy=True) for k, v in live.items()}
+    return dedupe_tied({k: v.detach() for k, v in model.state_dict().items()})
+
+
+def pack_state_dict(state: dict[str, torch.Tensor]) -> bytes:
+    """Serialise a state dict to one safetensors byte string (tensors moved to CPU, made contiguous)."""
+    from safetensors.torch import save
+
+    return save({k: v.detach().to("cpu").contiguous() for k, v in state.items()})
+
+
+def push_weights(llm, model: torch.nn.Module) -> float:
+    """Copy ``model``'s weights into the running ``vllm.LLM`` in place; returns the seconds it took.
+
+    The engine must have been built with ``worker_extension_cls=WORKER_EXTENSION``. Resets the prefix
+    cache, whose KV blocks were computed with the old weights.
+
+    Raises:
+        RuntimeError: a worker loaded a different number of tensors than was sent.
+    """
+    t0 = time.perf_counter()
+    state = full_state_dict(model)
+    blob = pack_state_dict(state)
+    loaded = llm.collective_rpc("credo_load_weights", args=(blob,))
+    if any(n != len(state) for n in loaded):
+        raise RuntimeError(f"vLLM workers loaded {loaded} tensors, expected {len(state)} (the trainer's state dict)")
+    llm.reset_prefix_cache()
+    return time.perf_counter() - t0
+
+
+def refresh_tied_layers(model: torch.nn.Module) -> list[str]:
+    """Re-run ``process_weights_after_loading`` on layers whose parameters all alias another layer's.
+
+    After an in-place reload these layers (vLLM's tied ``lm_head``) received no weights of their own,
+    so any derived copy of the shared weight (the CPU prepacked GEMM weight) is stale; see the module
+    docstring. Returns the names of the layers refreshed.
+    """
+    owner: dict[int, str] = {}
+    refreshed = []
+    for name, module in model.named_modules():
+        params = list(module.named_parameters(recurse=False))
+        aliases = [p for _, p in params if id(p) in owner]
+        if params and len(aliases) == len(params) and getattr(module, "quant_method", None) is not None:
+            module.quant_method.process_weights_after_loading(module)
+            refreshed.append(name)
+        for _, p in params:
+            owner.setdefault(id(p), name)
+    return refreshed
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker class (``worker_extension_cls``); runs inside the engine's worker process."""
+
+    def credo_load_weights(self, blob: bytes) -> int:
+        """Load a :func:`pack_state_dict` byte string into the model in place; returns the tensor count."""
+        from safetensors.torch import load
+
+        weights = load(blob)
+        self.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+        refresh_tied_layers(self.model_runner.get_model())
+        return len(weights)
