@@ -16,10 +16,12 @@ COMMON_CORRECTIONS = {
 
 
 def make_mask(B, T, g, *, p_on=0.75, allow_empty_rows=True):
-    """Random bool mask: each row a random prefix-free pattern; some rows may be empty."""
+    """Random bool mask; with allow_empty_rows, half the time one row is entirely masked out."""
     mask = torch.rand(B, T, generator=g) < p_on
     if not allow_empty_rows:
         mask[:, 0] = True
+    elif B > 1 and bool(torch.rand((), generator=g) < 0.5):
+        mask[int(torch.randint(0, B, (), generator=g))] = False  # an empty sequence
     return mask
 
 
