@@ -312,19 +312,21 @@ def _check(cond: bool, key: str, expected: str, value: Any) -> None:
 
 
 def _check_kwargs(fn: Any, kwargs: dict, key: str, reserved: set[str]) -> None:
-    sig = inspect.signature(fn)
-    params = sig.parameters
-    accepts_var = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    if accepts_var:
+    """Every key must be a keyword the function (or the kernel a decorator wraps) accepts."""
+    inner = inspect.signature(fn)  # follows functools.wraps to the kernel
+    outer = inspect.signature(fn, follow_wrapped=False)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inner.parameters.values()):
         return
-    names = [n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = [n for sig in (outer, inner) for n, p in sig.parameters.items()
+             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    valid = sorted(set(n for n in names if n not in reserved))
     for k in kwargs:
         if k in reserved:
             raise ConfigError(f"config key '{key}.{k}' is set by the trainer and cannot be given here")
-        if k not in names:
-            close = difflib.get_close_matches(k, names, n=1, cutoff=0.5)
+        if k not in valid:
+            close = difflib.get_close_matches(k, valid, n=1, cutoff=0.5)
             hint = f"; did you mean '{key}.{close[0]}'?" if close else ""
-            raise ConfigError(f"unknown config key '{key}.{k}'{hint} (valid: {', '.join(n for n in names if n not in reserved)})")
+            raise ConfigError(f"unknown config key '{key}.{k}'{hint} (valid: {', '.join(valid)})")
 
 
 def _check_name(name: str, registry: dict, key: str) -> None:
@@ -334,7 +336,8 @@ def _check_name(name: str, registry: dict, key: str) -> None:
         raise ConfigError(f"config key '{key}' = '{name}' is not a known name{hint} (known: {', '.join(sorted(registry))})")
 
 
-LOSS_RESERVED = {"log_probs", "old_log_probs", "advantages", "mask", "global_tokens", "global_seqs", "agg_mode", "weights", "rollout_log_probs"}
+LOSS_RESERVED = {"log_probs", "old_log_probs", "advantages", "mask", "global_tokens", "global_seqs", "agg_mode", "weights",
+                 "rollout_log_probs", "norm_len"}
 ADV_RESERVED = {"rewards", "group_ids", "mask"}
 
 

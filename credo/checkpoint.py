@@ -1,0 +1,157 @@
+"""Atomic, verifiable checkpoints of the full trainer state, and resume from the newest good one.
+
+A checkpoint folder `checkpoints/step_<N>/` holds DeepSpeed's own checkpoint (policy + optimizer, and
+the LR scheduler), each rank's RNG states (python, numpy, torch), and `meta.json` with the step, the
+data position, the SFT-cache key and a manifest of every file with its size and SHA-256. It is
+written to `.tmp-step_<N>`, fsynced, then renamed, so a kill mid-write leaves only a temp folder that
+resume ignores. On resume, a folder whose manifest does not match is reported and skipped in favour
+of the previous good one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("credo.checkpoint")
+TAG = "state"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_tree(root: Path) -> None:
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    for d in [root, *[p for p in root.rglob("*") if p.is_dir()]]:
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def params_finite(module: torch.nn.Module) -> str | None:
+    """Name of the first parameter holding NaN/Inf, or None."""
+    for name, p in module.named_parameters():
+        if not torch.isfinite(p.detach()).all():
+            return name
+    return None
+
+
+def save_checkpoint(engine, ckpt_root: Path, step: int, *, meta: dict, keep_last: int) -> Path | None:
+    """Collective: every rank calls it. Returns the final folder (rank 0), or None when refused."""
+    rank = dist.get_rank()
+    bad = params_finite(engine.module)
+    flag = torch.tensor([1 if bad else 0])
+    if dist.get_world_size() > 1:
+        dist.all_reduce(flag)
+    if flag.item():
+        log.error("not writing checkpoint at step %d: parameter %s is not finite", step, bad or "(on another rank)")
+        return None
+    final = ckpt_root / f"step_{step:08d}"
+    tmp = ckpt_root / f".tmp-step_{step:08d}"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    engine.save_checkpoint(str(tmp), tag=TAG, save_latest=False)
+    torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
+    _barrier()
+    if rank == 0:
+        manifest = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+                    for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "manifest": manifest}, indent=1))
+        _fsync_tree(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        fd = os.open(ckpt_root, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        for old in list_checkpoints(ckpt_root)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    return final
+
+
+def list_checkpoints(ckpt_root: Path) -> list[Path]:
+    """Completed checkpoint folders, oldest first (temp folders excluded)."""
+    if not ckpt_root.exists():
+        return []
+    return sorted(p for p in ckpt_root.iterdir() if p.is_dir() and p.name.startswith("step_"))
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None if the folder matches its manifest, else what is wrong."""
+    meta_path = path / "meta.json"
+    if not meta_path.is_file():
+        return "meta.json is missing (partial write)"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as e:
+        return f"meta.json is corrupt ({e})"
+    for rel, info in meta.get("manifest", {}).items():
+        f = path / rel
+        if not f.is_file():
+            return f"{rel} is missing"
+        if f.stat().st_size != info["size"]:
+            return f"{rel} has size {f.stat().st_size}, expected {info['size']}"
+        if _sha256(f) != info["sha256"]:
+            return f"{rel} does not match its checksum"
+    return None
+
+
+def find_resume_checkpoint(ckpt_root: Path) -> Path | None:
+    """The newest checkpoint that verifies; corrupt ones are reported and skipped."""
+    for path in reversed(list_checkpoints(ckpt_root)):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path
+        log.warning("skipping checkpoint %s: %s", path, problem)
+    return None
+
+
+def load_checkpoint(engine, path: Path) -> dict:
+    """Restore engine (policy, optimizer, scheduler) and this rank's RNG; return meta.json."""
+    problem = verify_checkpoint(path)
+    if problem is not None:
+        raise RuntimeError(f"checkpoint {path} is not usable: {problem}")
+    load_path, _ = engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
+    if load_path is None:
+        raise RuntimeError(f"DeepSpeed could not load the checkpoint in {path}")
+    rng_file = path / f"rng_rank{dist.get_rank()}.pt"
+    if rng_file.exists():
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    return json.loads((path / "meta.json").read_text())
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

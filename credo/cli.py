@@ -1,0 +1,76 @@
+"""`credo run RECIPE.yaml key=value ...` and `credo check RECIPE.yaml ...` (validate only)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+    for name in ("DeepSpeed", "deepspeed", "torch.distributed", "vllm"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # the deepspeed launcher appends --local_rank=N; LOCAL_RANK in the environment carries the same
+    argv = [a for a in argv if not a.startswith("--local_rank")]
+    parser = argparse.ArgumentParser(prog="credo", description="RL losses and credit assignment for LLM post-training")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_run = sub.add_parser("run", help="train from a recipe")
+    p_run.add_argument("recipe", help="path to a YAML recipe")
+    p_run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. run.steps=10 algo.policy_loss=cispo")
+    p_check = sub.add_parser("check", help="load and validate a recipe without running it")
+    p_check.add_argument("recipe")
+    p_check.add_argument("overrides", nargs="*")
+    p_ablate = sub.add_parser("ablate", help="run a sweep of recipe variants over seeds and tabulate")
+    p_ablate.add_argument("sweep")
+    p_ablate.add_argument("--jobs", type=int, default=0)
+    p_ablate.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    _quiet_libraries()
+    from credo.config import ConfigError, load_recipe
+
+    try:
+        if args.cmd == "ablate":
+            from credo.ablate import run_sweep
+
+            return run_sweep(args.sweep, jobs=args.jobs, dry_run=args.dry_run)
+        recipe = load_recipe(args.recipe, args.overrides)
+        if args.cmd == "check":
+            from credo.config import recipe_to_yaml
+
+            print(recipe_to_yaml(recipe))
+            return 0
+        from credo.trainer import TrainingError, train
+
+        try:
+            run_dir = train(recipe)
+        except TrainingError as e:
+            print(f"credo: error: {e}", file=sys.stderr)
+            return 1
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"credo: run finished: {run_dir}")
+        return 0
+    except ConfigError as e:
+        print(f"credo: config error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Supervised warm-up that produces the base policy, cached by the hash of everything that shapes it.
+
+Repeated recipes and ablation runs with the same model, task and `sft` settings reuse the cached
+checkpoint instead of retraining. The cache entry is written to a temporary folder and renamed, so a
+killed warm-up never leaves a half-written policy behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from credo.config import Recipe
+from credo.models import cache_root, check_vocab, load_causal_lm, load_tokenizer
+
+
+def sft_cache_key(r: Recipe, base_path: str) -> str:
+    payload = {"base": base_path, "tiny": asdict(r.model.tiny) if r.model.path == "tiny" else None,
+               "task": asdict(r.task), "sft": asdict(r.sft), "seed": r.run.seed, "version": 1}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def encode_pair(tokenizer, prompt: str, answer: str) -> tuple[list[int], list[int]]:
+    """Token ids of prompt + answer + EOS, and the loss mask (answer and EOS only)."""
+    p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return p + a, [0] * len(p) + [1] * len(a)
+
+
+def run_sft(r: Recipe, base_path: str, task, *, log=print) -> tuple[str, str]:
+    """Warm up (or reuse the cache); return (policy directory, cache key)."""
+    key = sft_cache_key(r, base_path)
+    out = cache_root() / "sft" / key
+    if (out / "COMPLETE").exists():
+        log(f"sft: reusing cached warm-up {out}")
+        return str(out), key
+    tok = load_tokenizer(base_path)
+    model = load_causal_lm(base_path)
+    check_vocab(model, tok, base_path)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=r.sft.lr, weight_decay=0.0)
+    steps = r.sft.steps
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(steps, 1))))
+    gen = torch.Generator().manual_seed(r.run.seed + 17)
+    t0 = time.time()
+    for step in range(steps):
+        idx = torch.randint(0, len(task), (r.sft.batch_size,), generator=gen).tolist()
+        pairs = [encode_pair(tok, task.train(r.sft.data_offset + i).prompt, task.train(r.sft.data_offset + i).answer)
+                 for i in idx]
+        width = max(len(ids) for ids, _ in pairs)
+        ids = torch.full((len(pairs), width), tok.pad_token_id)
+        mask = torch.zeros(len(pairs), width)
+        attn = torch.zeros(len(pairs), width, dtype=torch.long)
+        for i, (x, m) in enumerate(pairs):
+            ids[i, : len(x)] = torch.tensor(x)
+            mask[i, : len(m)] = torch.tensor(m, dtype=torch.float)
+            attn[i, : len(x)] = 1
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 50 == 0 or step == steps - 1:
+            log(f"sft: step {step + 1}/{steps} loss {loss.item():.4f} ({time.time() - t0:.1f}s)")
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "sft.json").write_text(json.dumps({"key": key, "steps": steps, "final_loss": loss.item() if steps else None}))
+    (tmp / "COMPLETE").write_text("ok\n")
+    try:
+        tmp.rename(out)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(out), key
