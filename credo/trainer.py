@@ -436,7 +436,10 @@ class Trainer:
         return float(tot[0] / tot[1])
 
     def checkpoint(self, step: int) -> None:
-        meta = {"data_position": step, "sft_key": self.sft_key, "policy_path": self.policy_path}
+        digests = param_digests(self.engine.module)
+        if len(set(digests)) > 1:
+            raise TrainingError(f"data-parallel ranks hold different parameters at step {step}: {digests}")
+        meta = {"data_position": step, "sft_key": self.sft_key, "policy_path": self.policy_path, "param_digests": digests}
         save_checkpoint(self.engine, self.run_dir / "checkpoints", step, meta=meta, keep_last=self.r.run.keep_last)
 
     def fit(self) -> Path:
@@ -459,6 +462,19 @@ class Trainer:
 
     def close(self) -> None:
         self.backend.close()
+
+
+def param_digests(module: torch.nn.Module) -> list[str]:
+    """SHA-256 of this rank's parameters, gathered from every rank (data-parallel replicas must agree)."""
+    h = hashlib.sha256()
+    for name, p in module.named_parameters():
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+    out = [h.hexdigest()]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        out = [None] * dist.get_world_size()
+        dist.all_gather_object(out, h.hexdigest())
+    return out
 
 
 def _grad_norm(module: torch.nn.Module) -> float:
