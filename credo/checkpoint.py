@@ -5,7 +5,8 @@ the LR scheduler), each rank's RNG states (python, numpy, torch), and `meta.json
 data position, the SFT-cache key and a manifest of every file with its size and SHA-256. It is
 written to `.tmp-step_<N>`, fsynced, then renamed, so a kill mid-write leaves only a temp folder that
 resume ignores. On resume, a folder whose manifest does not match is reported and skipped in favour
-of the previous good one.
+of the previous good one (and renamed `corrupt-step_<N>`, so later resumes and `keep_last` pruning
+no longer count it). A model holding NaN/Inf is never written.
 """
 
 from __future__ import annotations
@@ -48,13 +49,19 @@ def _fsync_tree(root: Path) -> None:
 
 
 def rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every global RNG a step may draw from: python, numpy, torch (CPU) and torch.cuda (each device)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def params_finite(module: torch.nn.Module) -> str | None:
@@ -117,7 +124,9 @@ def verify_checkpoint(path: Path) -> str | None:
         meta = json.loads(meta_path.read_text())
     except json.JSONDecodeError as e:
         return f"meta.json is corrupt ({e})"
-    for rel, info in meta.get("manifest", {}).items():
+    if not meta.get("manifest"):
+        return "meta.json lists no files (expected a manifest of the checkpoint's files)"
+    for rel, info in meta["manifest"].items():
         f = path / rel
         if not f.is_file():
             return f"{rel} is missing"
@@ -128,19 +137,36 @@ def verify_checkpoint(path: Path) -> str | None:
     return None
 
 
-def find_resume_checkpoint(ckpt_root: Path) -> Path | None:
-    """The newest checkpoint that verifies; corrupt ones are reported and skipped."""
+def find_resume_checkpoint(ckpt_root: Path, *, tidy: bool = False) -> Path | None:
+    """The newest checkpoint that verifies; corrupt ones are reported and skipped.
+
+    With `tidy` (one process only, e.g. rank 0 before broadcasting the answer), the skipped folders are
+    renamed `corrupt-step_<N>` (kept for inspection, no longer listed) and temp folders of interrupted
+    writes are removed.
+    """
+    if tidy and ckpt_root.exists():
+        for tmp in ckpt_root.glob(".tmp-step_*"):
+            log.warning("removing %s: a checkpoint write that was interrupted", tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
     for path in reversed(list_checkpoints(ckpt_root)):
         problem = verify_checkpoint(path)
         if problem is None:
             return path
-        log.warning("skipping checkpoint %s: %s", path, problem)
+        log.warning("skipping checkpoint %s: %s; trying the previous one", path, problem)
+        if tidy:
+            aside = path.with_name("corrupt-" + path.name)
+            shutil.rmtree(aside, ignore_errors=True)
+            os.rename(path, aside)
+            log.warning("renamed the corrupt checkpoint to %s", aside)
     return None
 
 
-def load_checkpoint(engine, path: Path) -> dict:
-    """Restore engine (policy, optimizer, scheduler) and this rank's RNG; return meta.json."""
-    problem = verify_checkpoint(path)
+def load_checkpoint(engine, path: Path, *, verify: bool = True) -> dict:
+    """Restore engine (policy, optimizer, scheduler) and this rank's RNG; return meta.json.
+
+    `verify=False` skips the checksum pass when the caller has just verified `path`.
+    """
+    problem = verify_checkpoint(path) if verify else None
     if problem is not None:
         raise RuntimeError(f"checkpoint {path} is not usable: {problem}")
     load_path, _ = engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
@@ -149,6 +175,8 @@ def load_checkpoint(engine, path: Path) -> dict:
     rng_file = path / f"rng_rank{dist.get_rank()}.pt"
     if rng_file.exists():
         set_rng_state(torch.load(rng_file, weights_only=False))
+    else:  # resumed on more ranks than it was saved from: sampling is seeded per step, but exactness is not promised
+        log.warning("checkpoint %s has no RNG state for rank %d; this rank keeps its fresh RNG", path, dist.get_rank())
     return json.loads((path / "meta.json").read_text())
 
 

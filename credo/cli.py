@@ -57,11 +57,12 @@ def main(argv: list[str] | None = None) -> int:
 
             print(recipe_to_yaml(recipe))
             return 0
+        from credo.rewards.worker import RewardFunctionError
         from credo.trainer import TrainingError, train
 
         try:
             run_dir = train(recipe)
-        except TrainingError as e:
+        except (TrainingError, RewardFunctionError) as e:  # the message says what to fix; a traceback would bury it
             print(f"credo: error: {e}", file=sys.stderr)
             return 1
         if int(os.environ.get("RANK", 0)) == 0:

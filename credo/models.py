@@ -129,5 +129,6 @@ def check_vocab(model, tokenizer, path: str) -> None:
     n_emb = model.get_input_embeddings().weight.shape[0]
     if len(tokenizer) > n_emb:
         raise ConfigError(
-            f"vocab mismatch at '{path}': tokenizer has {len(tokenizer)} tokens but the model's embedding has {n_emb} rows"
+            f"vocab mismatch at '{path}': tokenizer has {len(tokenizer)} tokens but the model's embedding has {n_emb} rows; "
+            f"expected at most {n_emb} tokens (use the model's own tokenizer, or resize the embedding and save the model)"
         )

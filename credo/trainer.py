@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 
 from credo import algos
-from credo.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
+from credo.checkpoint import (find_resume_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint,
+                             verify_checkpoint)
 from credo.config import ConfigError, Recipe, recipe_to_dict, recipe_to_yaml
 from credo.distributed.engine import all_gather_cat, all_reduce_sum, barrier, build_engine, setup_distributed
 from credo.distributed.rollout import HFBackend, Sample
@@ -172,15 +173,15 @@ class Trainer:
         fn = import_reward_fn(r.reward.function) if r.reward.function else per_sample(self.task.score)
         self.rewards = RewardWorker(fn, timeout_s=r.reward.timeout_s, workers=r.reward.workers,
                                     max_failure_frac=r.reward.max_failure_frac)
+        self.consecutive_skips = 0
+        self.skipped_total = 0
+        self.reward_failures_total = 0
         self.start_step = self._maybe_resume()
         if self.rank == 0:
             (self.run_dir / "config.yaml").write_text(recipe_to_yaml(r))
         wandb_cfg = {"project": r.run.wandb_project, "mode": r.run.wandb_mode} if r.run.wandb else None
         self.tracker = Tracker(self.run_dir, total_steps=r.run.steps, start_step=self.start_step, enabled=self.rank == 0,
                                progress=r.run.progress, plot=r.run.plot, wandb_cfg=wandb_cfg, config=recipe_to_dict(r))
-        self.consecutive_skips = 0
-        self.skipped_total = 0
-        self.reward_failures_total = 0
 
     # ---- setup helpers
     def _run_dir(self) -> Path:
@@ -189,6 +190,10 @@ class Trainer:
         if self.world > 1:
             dist.broadcast_object_list(path, src=0)
         run_dir = Path(path[0])
+        previous = [p.name for p in (run_dir / "metrics.jsonl", *list_checkpoints(run_dir / "checkpoints")) if p.exists()]
+        if previous and not r.run.resume:  # a fresh run here would append to its metrics and prune its checkpoints
+            raise ConfigError(f"config key 'run.output_dir' = '{run_dir}' already holds a run ({', '.join(previous)}); "
+                              "expected run.resume=auto to continue it, or a new run.output_dir")
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         return run_dir
 
@@ -240,18 +245,31 @@ class Trainer:
         if not spec:
             return 0
         ckpt_root = self.run_dir / "checkpoints"
-        path = find_resume_checkpoint(ckpt_root) if spec == "auto" else Path(spec)
+        if spec == "auto":
+            # rank 0 verifies (and sets corrupt folders aside) once; every rank loads the folder it chose
+            found = [find_resume_checkpoint(ckpt_root, tidy=True) if self.rank == 0 else None]
+            if self.world > 1:
+                dist.broadcast_object_list(found, src=0)
+            path = found[0]
+        else:
+            path = Path(spec)
+            problem = "the folder does not exist" if not path.is_dir() else verify_checkpoint(path)
+            if problem is not None:
+                raise ConfigError(f"config key 'run.resume' = '{spec}': not a usable checkpoint ({problem}); "
+                                  "expected 'auto' or a checkpoints/step_<N> folder")
         if path is None:
             log.warning("run.resume=auto: no usable checkpoint in %s; starting from step 0", ckpt_root)
             if self.rank == 0:
                 truncate_metrics(self.run_dir / "metrics.jsonl", -1)
             return 0
-        if not path.exists():
-            raise ConfigError(f"config key 'run.resume' = '{spec}': checkpoint folder does not exist")
-        meta = load_checkpoint(self.engine, path)
+        meta = load_checkpoint(self.engine, path, verify=False)
         if meta.get("sft_key") != self.sft_key:
             raise ConfigError(f"checkpoint {path} was trained from a different warm-up (sft_key {meta.get('sft_key')} "
                               f"!= {self.sft_key}); resume with the recipe it was made with")
+        counters = meta.get("counters", {})
+        self.consecutive_skips = counters.get("consecutive_skips", 0)
+        self.skipped_total = counters.get("skipped_total", 0)
+        self.reward_failures_total = counters.get("reward_failures_total", 0)
         self.backend.sync_weights(self.engine.module, meta["step"])
         if self.rank == 0:
             truncate_metrics(self.run_dir / "metrics.jsonl", meta["step"])
@@ -314,7 +332,7 @@ class Trainer:
                         kl = algos.KL_ESTIMATORS[a.kl_estimator](lp, ref_log_probs[micro])
                         kl_term = algos.aggregate(kl, m, a.agg_mode, **agg)
                         loss = loss + a.kl_coef * kl_term
-                    if fault_nan_step() == step:
+                    if step in fault_nan_steps():
                         loss = loss * float("nan")
                     if not torch.isfinite(loss):
                         bad = bad or "loss"
@@ -439,8 +457,13 @@ class Trainer:
         digests = param_digests(self.engine.module)
         if len(set(digests)) > 1:
             raise TrainingError(f"data-parallel ranks hold different parameters at step {step}: {digests}")
-        meta = {"data_position": step, "sft_key": self.sft_key, "policy_path": self.policy_path, "param_digests": digests}
-        save_checkpoint(self.engine, self.run_dir / "checkpoints", step, meta=meta, keep_last=self.r.run.keep_last)
+        meta = {"data_position": step, "sft_key": self.sft_key, "policy_path": self.policy_path, "param_digests": digests,
+                "counters": {"consecutive_skips": self.consecutive_skips, "skipped_total": self.skipped_total,
+                             "reward_failures_total": self.reward_failures_total}}
+        saved = save_checkpoint(self.engine, self.run_dir / "checkpoints", step, meta=meta, keep_last=self.r.run.keep_last)
+        if saved is None:  # the model holds NaN/Inf: training on is pointless, the last checkpoint is still good
+            raise TrainingError(f"the model holds non-finite parameters at step {step}; no checkpoint written. "
+                                "Resume from the last checkpoint (run.resume=auto) with a lower optim.lr")
 
     def fit(self) -> Path:
         r = self.r
@@ -492,10 +515,13 @@ def _peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def fault_nan_step() -> int | None:
-    """Test hook: CREDO_FAULT_NAN_STEP=N forces the loss of step N to NaN (fault-injection tests)."""
-    v = os.environ.get("CREDO_FAULT_NAN_STEP")
-    return int(v) if v else None
+def fault_nan_steps() -> set[int]:
+    """Test hook: CREDO_FAULT_NAN_STEP=N (or `2,5` or `3-6`) forces the loss of those steps to NaN."""
+    steps: set[int] = set()
+    for part in filter(None, os.environ.get("CREDO_FAULT_NAN_STEP", "").replace(" ", "").split(",")):
+        lo, _, hi = part.partition("-")
+        steps.update(range(int(lo), int(hi or lo) + 1))
+    return steps
 
 
 def train(r: Recipe) -> Path:

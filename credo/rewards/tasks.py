@@ -75,26 +75,34 @@ class ReasoningGymTask:
             self._eval = reasoning_gym.create_dataset(name, size=eval_size, seed=seed + 1_000_003, **kwargs)
         except (TypeError, AssertionError) as e:
             raise ConfigError(f"task.kwargs for 'rg:{name}' rejected by reasoning-gym: {e}") from None
+        self.name = name
         if len(self._train) == 0:
-            raise ConfigError(f"task 'rg:{name}' has an empty train split")
-        train_q = {self._train[i]["question"] for i in range(len(self._train))}
-        self._eval_rows = [self._eval[i] for i in range(len(self._eval)) if self._eval[i]["question"] not in train_q]
+            raise ConfigError(f"task 'rg:{name}' has an empty train split: expected task.train_size >= 1 entries")
+        train_q = {self._problem(self._train[i], f"train entry {i}").prompt for i in range(len(self._train))}
+        self._eval_rows = [self._eval[i] for i in range(len(self._eval))
+                           if self._problem(self._eval[i], f"eval entry {i}").prompt not in train_q]
+        if not self._eval_rows:
+            raise ConfigError(f"task 'rg:{name}' has an empty eval split: all {len(self._eval)} held-out entries also occur "
+                              "in the train split; raise task.eval_size or use a dataset with more distinct questions")
 
-    @staticmethod
-    def _problem(entry: dict) -> Problem:
+    def _problem(self, entry, where: str) -> Problem:
+        if not isinstance(entry, dict):
+            raise ConfigError(f"task 'rg:{self.name}' {where} is a {type(entry).__name__}, expected a dict with "
+                              "'question' and 'answer'")
         for k in ("question", "answer"):
             if k not in entry:
-                raise ConfigError(f"reasoning-gym entry is missing the field '{k}'")
+                raise ConfigError(f"task 'rg:{self.name}' {where} is missing the field '{k}' (expected 'question' and "
+                                  f"'answer'; it has {sorted(entry)})")
         return Problem(prompt=entry["question"] + "\nAnswer: ", answer=str(entry["answer"]), meta={"entry": entry})
 
     def __len__(self) -> int:
         return len(self._train)
 
     def train(self, i: int) -> Problem:
-        return self._problem(self._train[i % len(self._train)])
+        return self._problem(self._train[i % len(self._train)], f"train entry {i % len(self._train)}")
 
     def eval_problems(self) -> list[Problem]:
-        return [self._problem(e) for e in self._eval_rows]
+        return [self._problem(e, f"eval entry {i}") for i, e in enumerate(self._eval_rows)]
 
     def score(self, response: str, problem: Problem) -> float:
         return float(self._train.score_answer(answer=response.strip(), entry=problem.meta["entry"]))

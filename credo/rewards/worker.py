@@ -141,10 +141,11 @@ class RewardWorker:
                 failures += 1
                 kind = type(value).__name__
                 detail = f"{kind}: {value}"
-            if kind not in self._seen_kinds:  # log each kind once, not once per sample
+            if kind not in self._seen_kinds:  # log each kind once (with its traceback), not once per call
                 self._seen_kinds.add(kind)
                 log.warning("reward function '%s' failed at step %d (%s); its samples are masked. "
-                            "Further failures of this kind are counted, not logged.", self.name, step, detail)
+                            "Further failures of this kind are counted, not logged.", self.name, step, detail,
+                            exc_info=value if status == "error" else None)
             rewards += [0.0] * n
             valid += [False] * n
         bad = failures + timeouts
