@@ -340,13 +340,12 @@ class Trainer:
                         loss = sum(p.sum() for p in engine.module.parameters() if p.requires_grad) * float("nan")
                     # the loss is already normalised by global counts: no 1/grad_accum, and undo DP averaging
                     engine.backward(loss * self.world, scale_wrt_gas=False)
-                    if engine.is_gradient_accumulation_boundary() and r.optim.zero_stage == 0:
-                        norm = _grad_norm(engine.module)
-                        if not math.isfinite(norm):
-                            bad = bad or "grad_norm"
-                            for p in engine.module.parameters():
-                                p.grad = None
-                    engine.step()
+                    if (engine.is_gradient_accumulation_boundary() and r.optim.zero_stage == 0
+                            and not math.isfinite(_grad_norm(engine.module))):
+                        bad = bad or "grad_norm"
+                        _step_without_update(engine)  # ZeRO-0 has no overflow check of its own
+                    else:
+                        engine.step()
                     for k, v in {"train/pg_loss": pg, "train/entropy": ent_term, "train/kl": kl_term}.items():
                         if v is not None:
                             sums[k] = sums.get(k, 0.0) + float(v.detach())
@@ -498,6 +497,28 @@ def param_digests(module: torch.nn.Module) -> list[str]:
         out = [None] * dist.get_world_size()
         dist.all_gather_object(out, h.hexdigest())
     return out
+
+
+def _step_without_update(engine) -> None:
+    """`engine.step()` that moves no weight, optimizer moment or LR: DeepSpeed's overflow skip, for ZeRO-0.
+
+    The gradients are dropped (torch optimizers pass over parameters without one), clipping is off for the
+    call (it fails on no gradients), and the optimizer reports an overflow, so DeepSpeed counts a skipped
+    step and holds the LR schedule as ZeRO-1/2/3 do, while its micro-step counters advance as usual.
+    """
+    for p in engine.module.parameters():
+        p.grad = None
+    opt, cfg = engine.optimizer, engine._config
+    clip, had, overflow = cfg.gradient_clipping, hasattr(opt, "overflow"), getattr(opt, "overflow", None)
+    cfg.gradient_clipping, opt.overflow = 0.0, True
+    try:
+        engine.step()
+    finally:
+        cfg.gradient_clipping = clip
+        if had:
+            opt.overflow = overflow
+        else:
+            del opt.overflow
 
 
 def _grad_norm(module: torch.nn.Module) -> float:
