@@ -1,0 +1,108 @@
+"""Helpers for the reliability tests: short recipes, runs killed from outside, and run comparisons."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tests.e2e.common import REPO, read_rows, tiny_overrides
+
+
+def kill_recipe(out_dir, **extra) -> list[str]:
+    """6 steps, a checkpoint every 2 steps, eval every 3; a slow reward keeps each step >= 0.2 s."""
+    o = {"run.steps": 6, "run.save_every": 2, "run.eval_every": 3, "run.keep_last": 3, "run.plot": False,
+         "reward.function": "tests.reliability.rewards:slow_starts_with_digit"}
+    o.update(extra)
+    return ["run", "recipes/quickstart.yaml"] + tiny_overrides(out_dir, **o)
+
+
+DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def env(**extra) -> dict:
+    """This environment for a child run, less the process-group variables an in-process Trainer set here."""
+    base = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
+    return {**base, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra}
+
+
+def run(args: list[str], timeout: float = 300, **env_extra) -> subprocess.CompletedProcess:
+    """Run `python -m credo.cli ARGS` to the end; fail the test with its stderr if it fails."""
+    p = subprocess.run([sys.executable, "-m", "credo.cli", *args], cwd=REPO, env=env(**env_extra),
+                       capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, f"credo exited with {p.returncode}:\n{p.stderr[-4000:]}"
+    return p
+
+
+def run_cli_expecting_error(args: list[str], *, exit_code: int, message: str, timeout: float = 300, **env_extra) -> str:
+    """Run `credo ARGS`; assert it fails with `exit_code` and `message` as its last stderr line, no traceback."""
+    p = subprocess.run([sys.executable, "-m", "credo.cli", *args], cwd=REPO, env=env(**env_extra),
+                       capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == exit_code, f"exit code {p.returncode}, expected {exit_code}:\n{p.stderr[-4000:]}"
+    assert "Traceback" not in p.stderr, p.stderr[-4000:]
+    assert p.stderr.strip().splitlines()[-1] == message, p.stderr[-4000:]
+    return p.stderr
+
+
+def run_and_kill(args: list[str], until, timeout: float = 300, **env_extra) -> None:
+    """Start `credo ARGS`, SIGKILL it as soon as `until()` is true; fail if it ends first."""
+    p = subprocess.Popen([sys.executable, "-m", "credo.cli", *args], cwd=REPO, env=env(**env_extra),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while not until():
+            if p.poll() is not None:
+                raise AssertionError(f"the run ended (exit {p.returncode}) before the kill point:\n{p.stderr.read()[-4000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError("timed out waiting for the kill point")
+            time.sleep(0.01)
+        # the whole process group: vLLM's engine processes die with the trainer, as on a node failure
+        os.killpg(p.pid, signal.SIGKILL)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        p.stderr.close()
+
+
+def has_row(run_dir: Path, step: int):
+    """True once metrics.jsonl holds the row of `step` (the file is read raw: a torn line is fine)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    needle = f'{{"step": {step},'
+    return lambda: path.exists() and needle in path.read_text()
+
+
+def has_checkpoint(run_dir: Path, step: int):
+    """True once the checkpoint folder of `step` exists (it appears by an atomic rename, so it is complete)."""
+    path = Path(run_dir) / "checkpoints" / f"step_{step:08d}"
+    return path.exists
+
+
+def comparable_rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl rows without wall-clock keys (perf/*)."""
+    return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in read_rows(run_dir)]
+
+
+def final_params(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    """The module tensors of DeepSpeed's model states in the checkpoint of `step`."""
+    path = Path(run_dir) / "checkpoints" / f"step_{step:08d}" / "state" / "mp_rank_00_model_states.pt"
+    return torch.load(path, map_location="cpu", weights_only=False)["module"]
+
+
+def assert_same_run(a: Path, b: Path, last_step: int) -> None:
+    """metrics.jsonl (less perf/*) equal row by row, and final parameters equal bit for bit."""
+    ra, rb = comparable_rows(a), comparable_rows(b)
+    assert [r["step"] for r in rb] == [r["step"] for r in ra] == list(range(last_step + 1))
+    for x, y in zip(ra, rb):  # compared as JSON text, so NaN equals NaN
+        assert json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True), f"step {x['step']} differs: " + str({k: (x.get(k), y.get(k)) for k in x.keys() | y.keys()
+                                                             if x.get(k) != y.get(k)})
+    pa, pb = final_params(a, last_step), final_params(b, last_step)
+    assert pa.keys() == pb.keys()
+    for k in pa:
+        assert torch.equal(pa[k], pb[k]), f"parameter {k} differs after resume"
