@@ -40,6 +40,28 @@ def run(args: list[str], timeout: float = 300, **env_extra) -> subprocess.Comple
     return p
 
 
+def start(args: list[str], log: Path, **env_extra) -> subprocess.Popen:
+    """Start `credo ARGS` in its own process group, stderr to the file `log` (a pipe could fill and block it)."""
+    with open(log, "w") as f:
+        p = subprocess.Popen([sys.executable, "-m", "credo.cli", *args], cwd=REPO, env=env(**env_extra),
+                             stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
+    p.log = Path(log)
+    return p
+
+
+def wait_ok(p: subprocess.Popen, timeout: float = 300) -> str:
+    """Wait for a run started with `start`; fail with its stderr unless it exits 0. Returns stderr."""
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        raise
+    err = p.log.read_text()
+    assert p.returncode == 0, f"credo exited with {p.returncode}:\n{err[-4000:]}"
+    return err
+
+
 def run_cli_expecting_error(args: list[str], *, exit_code: int, message: str, timeout: float = 300, **env_extra) -> str:
     """Run `credo ARGS`; assert it fails with `exit_code` and `message` as its last stderr line, no traceback."""
     p = subprocess.run([sys.executable, "-m", "credo.cli", *args], cwd=REPO, env=env(**env_extra),
@@ -50,25 +72,23 @@ def run_cli_expecting_error(args: list[str], *, exit_code: int, message: str, ti
     return p.stderr
 
 
-def run_and_kill(args: list[str], until, timeout: float = 300, **env_extra) -> None:
-    """Start `credo ARGS`, SIGKILL it as soon as `until()` is true; fail if it ends first."""
-    p = subprocess.Popen([sys.executable, "-m", "credo.cli", *args], cwd=REPO, env=env(**env_extra),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+def run_and_kill(args: list[str], until, log: Path, timeout: float = 300, **env_extra) -> None:
+    """Start `credo ARGS`, SIGKILL its process group as soon as `until()` is true; fail if it ends first."""
+    p = start(args, log, **env_extra)
     deadline = time.monotonic() + timeout
     try:
         while not until():
             if p.poll() is not None:
-                raise AssertionError(f"the run ended (exit {p.returncode}) before the kill point:\n{p.stderr.read()[-4000:]}")
+                raise AssertionError(f"the run ended (exit {p.returncode}) before the kill point:\n"
+                                     f"{p.log.read_text()[-4000:]}")
             if time.monotonic() > deadline:
                 raise AssertionError("timed out waiting for the kill point")
             time.sleep(0.01)
-        # the whole process group: vLLM's engine processes die with the trainer, as on a node failure
-        os.killpg(p.pid, signal.SIGKILL)
     finally:
+        # the whole group: vLLM's engine processes die with the trainer, as on a node failure
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
         p.wait()
-        p.stderr.close()
 
 
 def has_row(run_dir: Path, step: int):
