@@ -146,8 +146,13 @@ class VLLMBackend:
         self.last_sync_seconds = push_weights(self.llm, model, transport=self.weight_transport)
         self.version = version
 
-    def close(self, timeout: float = 2.0) -> None:
-        """Stop the engine's child processes (killed after ``timeout`` seconds). Safe to call twice."""
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the engine's child processes; safe to call twice.
+
+        vLLM's graceful shutdown takes ~8 s on CPU. Children still alive after ``timeout`` seconds are
+        killed, and then vLLM's shared-memory ring buffers (~160-240 MB each) stay behind in ``/dev/shm``
+        (RAM) until reboot, so keep ``timeout`` well above that.
+        """
         if self.llm is None:
             return
         llm, self.llm = self.llm, None
