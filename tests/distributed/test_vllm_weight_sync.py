@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from credo.distributed.weight_sync import dedupe_tied, full_state_dict, pack_state_dict, refresh_tied_layers, unwrap_model
+from credo.distributed.weight_sync import (
+    dedupe_tied,
+    full_state_dict,
+    pack_state_dict,
+    refresh_tied_layers,
+    unwrap_model,
+)
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
