@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -56,6 +58,8 @@ def import_reward_fn(spec: str) -> GroupRewardFn:
     if ":" not in spec:
         raise ConfigError(f"reward.function = '{spec}': expected 'module:function'")
     mod, name = spec.split(":", 1)
+    if os.getcwd() not in sys.path:  # like `python -m`: modules next to the recipe's working directory import
+        sys.path.insert(0, os.getcwd())
     try:
         fn = getattr(importlib.import_module(mod), name)
     except (ImportError, AttributeError) as e:
