@@ -32,14 +32,6 @@ def env(**extra) -> dict:
     return {**base, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra}
 
 
-def run(args: list[str], timeout: float = 300, **env_extra) -> subprocess.CompletedProcess:
-    """Run `python -m credo.cli ARGS` to the end; fail the test with its stderr if it fails."""
-    p = subprocess.run([sys.executable, "-m", "credo.cli", *args], cwd=REPO, env=env(**env_extra),
-                       capture_output=True, text=True, timeout=timeout)
-    assert p.returncode == 0, f"credo exited with {p.returncode}:\n{p.stderr[-4000:]}"
-    return p
-
-
 def start(args: list[str], log: Path, **env_extra) -> subprocess.Popen:
     """Start `credo ARGS` in its own process group, stderr to the file `log` (a pipe could fill and block it)."""
     with open(log, "w") as f:
@@ -62,7 +54,8 @@ def wait_ok(p: subprocess.Popen, timeout: float = 300) -> str:
     return err
 
 
-def run_cli_expecting_error(args: list[str], *, exit_code: int, message: str, timeout: float = 300, **env_extra) -> str:
+def run_cli_expecting_error(args: list[str], *, exit_code: int, message: str, timeout: float = 300,
+                            **env_extra) -> str:
     """Run `credo ARGS`; assert it fails with `exit_code` and `message` as its last stderr line, no traceback."""
     p = subprocess.run([sys.executable, "-m", "credo.cli", *args], cwd=REPO, env=env(**env_extra),
                        capture_output=True, text=True, timeout=timeout)
@@ -120,8 +113,8 @@ def assert_same_run(a: Path, b: Path, last_step: int) -> None:
     ra, rb = comparable_rows(a), comparable_rows(b)
     assert [r["step"] for r in rb] == [r["step"] for r in ra] == list(range(last_step + 1))
     for x, y in zip(ra, rb):  # compared as JSON text, so NaN equals NaN
-        assert json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True), f"step {x['step']} differs: " + str({k: (x.get(k), y.get(k)) for k in x.keys() | y.keys()
-                                                             if x.get(k) != y.get(k)})
+        diff = {k: (x.get(k), y.get(k)) for k in sorted(x.keys() | y.keys()) if json.dumps(x.get(k)) != json.dumps(y.get(k))}
+        assert not diff, f"step {x['step']} differs (uninterrupted, resumed): {diff}"
     pa, pb = final_params(a, last_step), final_params(b, last_step)
     assert pa.keys() == pb.keys()
     for k in pa:

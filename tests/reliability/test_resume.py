@@ -71,8 +71,7 @@ def test_kill_right_after_a_checkpoint(tmp_path, uninterrupted_hf):
     run_and_kill(kill_recipe(out), has_checkpoint(out, AFTER_CHECKPOINT), tmp_path / "killed.log", **NAN)
     resume_from = newest(out)
     assert resume_from.name >= f"step_{AFTER_CHECKPOINT:08d}"
-    p = start(kill_recipe(out, **{"run.resume": "auto"}), tmp_path / "resumed.log", **NAN)
-    err = wait_ok(p)
+    err = wait_ok(start(kill_recipe(out, **{"run.resume": "auto"}), tmp_path / "resumed.log", **NAN))
     assert f"resumed from {resume_from}" in err
     assert_same_run(uninterrupted_hf.result(), out, STEPS)
 
