@@ -7,24 +7,27 @@ Compares the naive path, ``log_softmax(hidden @ weight.T / T).gather(labels)`` (
 tensors, hidden size 896 (Qwen2.5-0.5B), vocabularies 32,000 and 151,936. Every method computes
 d_hidden and d_weight of L = sum(g1 * log_probs) (+ sum(g2 * entropy)) for fixed random g1, g2.
 
-How memory is measured (CPU): every (method, V, N) case runs in a fresh Python subprocess so that
-one case's allocations cannot inflate another's. The subprocess allocates the inputs (hidden,
-weight, labels, the upstream gradients) and runs the method once on tiny inputs (imports, autograd
-engine and BLAS start-up), then resets the kernel's peak-RSS counter by writing "5"
-to /proc/self/clear_refs (Linux >= 4.0; this sets VmHWM to the current RSS) and records the current
-RSS as the baseline. After one forward+backward (which returns d_hidden and d_weight), the peak is
-VmHWM from /proc/self/status and the reported number is VmHWM - baseline: the physical memory the
-step needed on top of its inputs, gradients included, whatever allocator or library made it (torch's
-CPU allocator has no peak statistics, and ru_maxrss cannot be reset, so a transient high-water mark
-from start-up would hide the step's own peak). Torch's CPU allocator returns large blocks to the OS
-on free, so RSS follows live tensors closely.
+How memory is measured (CPU): every (method, chunk size, V, N) case runs in a fresh Python
+subprocess so that one case's allocations cannot inflate another's. The subprocess allocates the
+inputs (hidden, weight, labels, the upstream gradients) and runs the method once on tiny inputs
+(imports, autograd engine and BLAS start-up), then resets the kernel's peak-RSS counter by writing
+"5" to /proc/self/clear_refs (Linux >= 4.0; this sets VmHWM to the current RSS) and records the
+current RSS as the baseline. After one forward+backward (which returns d_hidden and d_weight), the
+peak is VmHWM from /proc/self/status and the reported number is VmHWM - baseline: the physical
+memory the step needed on top of its inputs, gradients included, whatever allocator or library
+made it. (Torch's CPU allocator keeps no peak statistics, and ru_maxrss cannot be reset, so a
+high-water mark left by start-up could hide the step's own peak.) Torch's CPU allocator returns
+large blocks to the OS on free, so RSS follows live tensors closely.
 
-Time: after that first (warm-up) step, `--repeats` further forward+backward steps are timed with
-time.perf_counter and the minimum is reported (the machine is shared; the minimum is the least
-disturbed measurement). Ratios compare the two methods measured in the same run.
+How time is measured: for each (V, N, outputs) one subprocess allocates the inputs once and runs
+`--rounds` rounds; each round times one forward+backward of every method (naive included), in an
+order rotated from round to round, and the minimum per method is kept. Interleaving matters on a
+shared machine: load from other processes then falls on all methods alike, and the ratios (to the
+naive path, measured in the same subprocess) are what to read. Wall-clock time is the target;
+the process CPU time ratio is printed beside it as a check that is less sensitive to other load.
 
 Usage:
-    nice -n 10 .venv/bin/python benchmarks/logprob_memory.py [--chunk-sizes 256 1024] [--repeats 2]
+    nice -n 10 .venv/bin/python benchmarks/logprob_memory.py [--chunk-sizes 512 1024] [--rounds 3]
 """
 
 import argparse
@@ -79,7 +82,7 @@ def _step(method, hidden, weight, labels, grad_logp, grad_entropy, with_entropy,
     return torch.autograd.grad(loss, (hidden, weight))
 
 
-def _worker(args):
+def _inputs(args):
     import torch
 
     torch.set_num_threads(args.threads)
@@ -88,35 +91,50 @@ def _worker(args):
     weight = (torch.randn(args.vocab, HIDDEN) * HIDDEN**-0.5).requires_grad_(True)
     labels = torch.randint(0, args.vocab, (args.n,))
     grad_logp, grad_entropy = torch.randn(args.n), torch.randn(args.n)
-    step_args = (args.method, hidden, weight, labels, grad_logp, grad_entropy, args.entropy, args.chunk_size)
-    # Imports, autograd-engine and BLAS start-up happen here, outside the measured step.
-    tiny = (hidden[:4].detach().requires_grad_(), weight[:64].detach().requires_grad_(), labels[:4] % 64)
-    _step(args.method, *tiny, grad_logp[:4], grad_entropy[:4], args.entropy, 2)
-    del tiny
+    return hidden, weight, labels, grad_logp, grad_entropy
 
+
+def _warm_up(method, hidden, weight, labels, grad_logp, grad_entropy, with_entropy):
+    """Imports, autograd-engine and BLAS start-up, on tiny inputs, outside anything measured."""
+    tiny = (hidden[:4].detach().requires_grad_(), weight[:64].detach().requires_grad_(), labels[:4] % 64)
+    _step(method, *tiny, grad_logp[:4], grad_entropy[:4], with_entropy, 2)
+
+
+def _memory_worker(args):
+    method, chunk_size = args.cases[0].split(":")
+    inputs = _inputs(args)
+    _warm_up(method, *inputs, args.entropy)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     baseline = _rss_kib("VmRSS")
-    start = time.perf_counter()
-    grads = _step(*step_args)
-    first = time.perf_counter() - start
-    del grads
+    grads = _step(method, *inputs, args.entropy, int(chunk_size))
     peak = _rss_kib("VmHWM") - baseline
-
-    times = [first]
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        grads = _step(*step_args)
-        times.append(time.perf_counter() - start)
-        del grads
-    timed = times[1:] or times
-    print(json.dumps({"peak_mib": peak / 1024, "seconds": min(timed), "first_seconds": first}))
+    del grads
+    print(json.dumps({"peak_mib": peak / 1024}))
 
 
-def _run_case(method, vocab, n, entropy, chunk_size, args):
+def _time_worker(args):
+    cases = [(c.split(":")[0], int(c.split(":")[1])) for c in args.cases]
+    inputs = _inputs(args)
+    for method, _ in cases:
+        _warm_up(method, *inputs, args.entropy)
+    wall = {c: [] for c in cases}
+    cpu = {c: [] for c in cases}
+    for round_index in range(args.rounds):
+        shift = round_index % len(cases)  # rotate the order so no case always follows the same one
+        for case in cases[shift:] + cases[:shift]:
+            wall_start, cpu_start = time.perf_counter(), time.process_time()
+            grads = _step(case[0], *inputs, args.entropy, case[1])
+            wall[case].append(time.perf_counter() - wall_start)
+            cpu[case].append(time.process_time() - cpu_start)
+            del grads
+    print(json.dumps({f"{m}:{c}": {"wall_s": min(wall[(m, c)]), "cpu_s": min(cpu[(m, c)])} for m, c in cases}))
+
+
+def _run_worker(kind, cases, vocab, n, entropy, args):
     cmd = [
-        sys.executable, __file__, "--worker", "--method", method, "--vocab", str(vocab), "--n", str(n),
-        "--chunk-size", str(chunk_size), "--repeats", str(args.repeats), "--threads", str(args.threads),
+        sys.executable, __file__, "--worker", kind, "--cases", *cases, "--vocab", str(vocab), "--n", str(n),
+        "--rounds", str(args.rounds), "--threads", str(args.threads),
     ]  # fmt: skip
     if entropy:
         cmd.append("--entropy")
@@ -126,45 +144,50 @@ def _run_case(method, vocab, n, entropy, chunk_size, args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--method", default="naive", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["memory", "time"], help=argparse.SUPPRESS)
+    parser.add_argument("--cases", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--vocab", type=int, default=32000, help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, default=1024, help=argparse.SUPPRESS)
     parser.add_argument("--entropy", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--chunk-size", type=int, default=1024, help=argparse.SUPPRESS)
     parser.add_argument("--vocabs", type=int, nargs="+", default=[32000, 151936])
     parser.add_argument("--ns", type=int, nargs="+", default=[1024, 4096])
     parser.add_argument("--variants", nargs="+", default=["logp", "logp+entropy"], choices=["logp", "logp+entropy"])
     parser.add_argument("--methods", nargs="+", default=["chunked", "fused"], choices=["chunked", "fused"])
     parser.add_argument("--chunk-sizes", type=int, nargs="+", default=[1024])
-    parser.add_argument("--repeats", type=int, default=2, help="timed steps after the warm-up step")
+    parser.add_argument("--rounds", type=int, default=3, help="timed forward+backward steps per method")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    if args.worker:
-        _worker(args)
+    if args.worker == "memory":
+        _memory_worker(args)
+        return
+    if args.worker == "time":
+        _time_worker(args)
         return
 
-    print(f"hidden={HIDDEN}, fp32 CPU, torch threads={args.threads}, T={TEMPERATURE}, "
-          f"time = min over {args.repeats} timed steps after a warm-up step")  # fmt: skip
-    header = "| V | N | outputs | method | chunk | peak MiB | memory vs naive | fwd+bwd s | time vs naive |"
+    print(f"hidden={HIDDEN}, fp32 CPU, torch threads={args.threads}, T={TEMPERATURE}; time = min over "
+          f"{args.rounds} interleaved rounds (wall clock, and process CPU time)")  # fmt: skip
+    header = (
+        "| V | N | outputs | method | chunk | peak MiB | memory vs naive | fwd+bwd wall s | wall vs naive "
+        "| CPU vs naive |"
+    )
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
     for vocab in args.vocabs:
         for n in args.ns:
             for variant in args.variants:
                 entropy = variant == "logp+entropy"
-                naive = _run_case("naive", vocab, n, entropy, 0, args)
-                print(f"| {vocab} | {n} | {variant} | naive | - | {naive['peak_mib']:.0f} | 1 | "
-                      f"{naive['seconds']:.2f} | 1 |", flush=True)  # fmt: skip
-                for method in args.methods:
-                    for chunk_size in args.chunk_sizes:
-                        r = _run_case(method, vocab, n, entropy, chunk_size, args)
-                        print(
-                            f"| {vocab} | {n} | {variant} | {method} | {chunk_size} | {r['peak_mib']:.0f} | "
-                            f"{r['peak_mib'] / naive['peak_mib']:.3f} | {r['seconds']:.2f} | "
-                            f"{r['seconds'] / naive['seconds']:.3f} |",
-                            flush=True,
-                        )
+                cases = ["naive:0"] + [f"{m}:{c}" for m in args.methods for c in args.chunk_sizes]
+                memory = {case: _run_worker("memory", [case], vocab, n, entropy, args)["peak_mib"] for case in cases}
+                times = _run_worker("time", cases, vocab, n, entropy, args)
+                base_mem, base = memory["naive:0"], times["naive:0"]
+                for case in cases:
+                    method, chunk = case.split(":")
+                    print(
+                        f"| {vocab} | {n} | {variant} | {method} | {chunk if method != 'naive' else '-'} | "
+                        f"{memory[case]:.0f} | {memory[case] / base_mem:.3f} | {times[case]['wall_s']:.2f} | "
+                        f"{times[case]['wall_s'] / base['wall_s']:.3f} | {times[case]['cpu_s'] / base['cpu_s']:.3f} |",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

@@ -17,30 +17,34 @@ import torch
 
 __all__ = ["fused_policy_loss_from_hidden", "logprobs_from_hidden"]
 
+
 def _compute_dtype(dtype):
     """The softmax math runs in fp32 for fp32/bf16/fp16 inputs and in fp64 for fp64 ones (gradcheck)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-# log-probs below this are exp()-ed to exactly 0 in fp32, so clamping to it changes no result while
-# keeping 0 * (-inf) = NaN out of the entropy when a bias masks vocabulary entries with -inf.
+# log-probs below this are exp()-ed to exactly 0 in fp32 and fp64, so clamping to it changes no result while
+# keeping 0 * (-inf) = NaN out of the entropy when a bias masks vocabulary entries with -inf (without a
+# bias, finite inputs give finite logits and the clamp is skipped).
 _LOGP_FLOOR = -1.0e4
 
 
 def _chunk_logits(hidden_chunk, weight, bias, temperature, out):
     """Writes z = (hidden_chunk @ weight.T + bias) / temperature into `out` ([rows, V], fp32 or fp64)."""
+    # 1/T rides on the GEMM's alpha/beta, saving a pass over the [rows, V] buffer.
+    scale = 1.0 / temperature
     if hidden_chunk.dtype == out.dtype:
         if bias is None:
-            torch.mm(hidden_chunk, weight.t(), out=out)
+            out.addmm_(hidden_chunk, weight.t(), beta=0.0, alpha=scale)  # beta=0: out's old values are ignored
         else:
-            torch.addmm(bias, hidden_chunk, weight.t(), out=out)
+            torch.addmm(bias, hidden_chunk, weight.t(), beta=scale, alpha=scale, out=out)
     else:
         # The matmul runs in the input dtype as a bf16/fp16 lm_head would; the softmax math runs in fp32.
         logits = torch.mm(hidden_chunk, weight.t()) if bias is None else torch.addmm(bias, hidden_chunk, weight.t())
         out.copy_(logits)
         del logits
-    if temperature != 1.0:
-        out.div_(temperature)
+        if temperature != 1.0:
+            out.mul_(scale)
     return out
 
 
@@ -49,25 +53,30 @@ def _row_dot(x, y):
     return torch.bmm(x.unsqueeze(1), y.unsqueeze(2)).view(-1)
 
 
-def _softmax_stats_(z, labels, p_out, normalize=False):
+def _softmax_stats_(z, labels, p_out, *, normalize=False, floor=True):
     """From z [rows, V], returns (log p_y, logsumexp, entropy or None).
 
-    Works in place: with `p_out`, z ends as log p (floored), p_out as p, and the entropy is
-    computed; without, z ends as exp(z - max), or as p if `normalize` (one buffer, no entropy).
+    Works in place. With `p_out`: z ends as log p (floored at _LOGP_FLOOR if `floor`, needed only
+    when a bias can hold -inf), p_out as p if `normalize` (else unnormalised exp(z - max)), and the
+    entropy is computed. Without: z ends as p if `normalize` (else exp(z - max)), no entropy.
     """
     label_logit = z.gather(1, labels[:, None]).squeeze(1)
     row_max = z.amax(dim=1, keepdim=True)
     z.sub_(row_max)
+    entropy = None
     if p_out is None:
         sum_exp = z.exp_().sum(dim=1, keepdim=True)
         if normalize:
             z.div_(sum_exp)
-        entropy = None
     else:
         sum_exp = torch.exp(z, out=p_out).sum(dim=1, keepdim=True)
-        z.sub_(sum_exp.log()).clamp_(min=_LOGP_FLOOR)
-        p_out.div_(sum_exp)
-        entropy = -_row_dot(p_out, z)
+        z.sub_(sum_exp.log())
+        if floor:
+            z.clamp_(min=_LOGP_FLOOR)
+        # H = -sum_j p_j log p_j = -(sum_j e_j log p_j) / sum_j e_j with e = exp(z - max)
+        entropy = -_row_dot(p_out, z) / sum_exp.squeeze(1)
+        if normalize:
+            p_out.div_(sum_exp)
     lse = (row_max + sum_exp.log()).squeeze(1)
     return label_logit - lse, lse, entropy
 
@@ -80,10 +89,9 @@ def _logit_grad_(log_p, p, labels, a, b, entropy):
     if b is None:
         g = p.mul_(-a[:, None])
     else:
-        g = log_p.add_(entropy[:, None]).mul_(b[:, None])
-        if a is not None:
-            g.add_(a[:, None])
-        g.mul_(p).neg_()
+        # -p * (a + b (log p + H)) = p * (-b log p - (a + b H)), in three passes over [rows, V]
+        shift = b * entropy if a is None else torch.addcmul(a, b, entropy)
+        g = log_p.mul_(-b[:, None]).sub_(shift[:, None]).mul_(p)
     if a is not None:
         g.scatter_add_(1, labels[:, None], a[:, None])
     return g
@@ -132,7 +140,9 @@ class _LogProbsFromHidden(torch.autograd.Function):
             stop = min(start + rows_per_chunk, n)
             zc = _chunk_logits(hidden[start:stop], weight, bias, temperature, z[: stop - start])
             pc = p[: stop - start] if with_entropy else None
-            logp[start:stop], lse[start:stop], ent = _softmax_stats_(zc, labels[start:stop], pc)
+            logp[start:stop], lse[start:stop], ent = _softmax_stats_(
+                zc, labels[start:stop], pc, floor=bias is not None
+            )
             if with_entropy:
                 entropy[start:stop] = ent
         del z, p
@@ -167,7 +177,9 @@ class _LogProbsFromHidden(torch.autograd.Function):
             if b is None:
                 pc = log_p.exp_()  # one buffer: the entropy term is absent
             else:
-                pc = torch.exp(log_p.clamp_(min=_LOGP_FLOOR), out=p[: stop - start])
+                if bias is not None:
+                    log_p.clamp_(min=_LOGP_FLOOR)
+                pc = torch.exp(log_p, out=p[: stop - start])
             g = _logit_grad_(
                 log_p, pc, labels[rows], a[rows] if a is not None else None, b[rows] if b is not None else None,
                 entropy[rows] if b is not None else None,
@@ -200,9 +212,9 @@ def logprobs_from_hidden(
     accumulating ``d_hidden[chunk] = G @ W`` and ``d_weight += G.T @ hidden[chunk]`` (G = dL/dlogits).
     Chunked log-softmax as in Liger Kernel (arXiv:2410.10989) and Cut Cross-Entropy (arXiv:2411.09009).
 
-    Peak extra memory is about 2 * chunk_size * V * 4 bytes (one fp32 buffer when `with_entropy` is
-    False in forward) plus the fp32 weight-gradient accumulator when the weight is bf16/fp16.
-    Double backward is not supported.
+    Peak extra memory is one fp32 [chunk_size, V] buffer (two when the entropy is computed in
+    forward or receives a gradient in backward), plus the weight gradient (accumulated in fp32 when
+    the weight is bf16/fp16). Double backward is not supported.
 
     Args:
         hidden: final hidden states, shape [..., H], float32/bfloat16/float16 (float64 for gradcheck).
@@ -257,7 +269,7 @@ class _FusedTokenLoss(torch.autograd.Function):
             rows = slice(start, stop)
             zc = _chunk_logits(hidden[rows], weight, bias, temperature, z[: stop - start])
             pc = p[: stop - start] if with_entropy else None
-            logp[rows], _, ent = _softmax_stats_(zc, labels[rows], pc, normalize=True)
+            logp[rows], _, ent = _softmax_stats_(zc, labels[rows], pc, normalize=True, floor=bias is not None)
             if with_entropy:
                 entropy[rows] = ent
             else:

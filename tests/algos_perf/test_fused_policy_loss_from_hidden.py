@@ -126,3 +126,21 @@ def test_token_input_shape_mismatch_raises():
         fused_policy_loss_from_hidden(
             hidden, weight, labels, lambda lp, ent, x, y: lp, token_inputs=(torch.zeros(2, 3), torch.zeros(3, 2))
         )
+
+
+def test_minus_inf_bias_masks_vocab_without_nan():
+    hidden, weight, labels, _ = make_inputs((6,), 8, 12, seed=21)
+    labels = labels % 9
+    bias = torch.zeros(12)
+    bias[9:] = float("-inf")
+    loss, _, _ = fused_policy_loss_from_hidden(
+        hidden, weight, labels, lambda lp, ent: -lp - 0.1 * ent, chunk_size=4, with_entropy=True, bias=bias
+    )
+    ref_log_probs, ref_entropy = reference_logprobs_and_entropy(hidden, weight[:9], labels)
+    ref_loss = (-ref_log_probs - 0.1 * ref_entropy).sum()
+    torch.testing.assert_close(loss, ref_loss, atol=1e-5, rtol=1e-5)
+    got_h, got_w = grads_of(loss, (hidden, weight))
+    want_h, want_w = grads_of(ref_loss, (hidden, weight))
+    torch.testing.assert_close(got_h, want_h, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_w[:9], want_w[:9], atol=1e-5, rtol=1e-5)
+    assert torch.equal(got_w[9:], torch.zeros(3, 8))
