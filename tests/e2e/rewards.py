@@ -35,3 +35,8 @@ def wrong_length(responses, problems):
 
 def not_a_number(responses, problems):
     return ["high"] * len(responses)
+
+
+def first_char_is_one(responses, problems):
+    """An easy preference a policy learns in a few steps: the response starts with '1'."""
+    return [1.0 if r.startswith("1") else 0.0 for r in responses]
