@@ -1,0 +1,295 @@
+"""End-to-end GRPO throughput: credo against TRL's `GRPOTrainer` on the same work, in one run.
+
+Both frameworks train the quickstart recipe's GRPO phase for `--steps` optimizer steps, one after the
+other (never at once), with the same torch thread count:
+
+- the same starting weights: the recipe's cached SFT warm-up directory (computed first if missing);
+- the same prompts in the same order: credo's per-step prompt draw (`rollout.prompts_per_step` problems,
+  each repeated `rollout.group_size` times) is exported to JSON and TRL walks it unshuffled;
+- the same reward (exact match, as `ArithmeticTask.score`), temperature, top-p, `max_new_tokens`
+  (TRL: `max_completion_length`), learning rate, AdamW betas, weight decay, gradient clip, PPO clip;
+- one optimizer step per batch of prompts_per_step x group_size completions, split into the same number of
+  micro-batches (TRL: `per_device_train_batch_size`, `gradient_accumulation_steps`, `steps_per_generation`);
+- no reference model (`beta=0`), one pass over each batch (`num_iterations=1`), fp32, no vLLM, CPU;
+- token-level loss normalisation: credo's `token-mean` (divide by the batch's response tokens) is TRL's
+  `loss_type="dapo"` (active tokens in the global accumulated batch; with one process this equals "bnpo").
+
+TRL lives in its own virtual environment (`--trl-venv`, created on first use with the project's CPU
+constraints and the project's own transformers version), so it never becomes a credo dependency.
+`benchmarks/trl_grpo_worker.py` is the TRL side.
+
+Measured per step: wall time of the step (credo: `perf/step_time_s`, rollout to weight sync; TRL:
+`on_step_begin` to `on_step_end`, generation to optimizer step; neither includes logging or
+checkpointing) and tokens = prompt + response tokens, response up to and including EOS, no padding
+(credo's `perf/tokens_per_s`, verl's definition; TRL's `num_tokens` count). The first `--warmup`
+steps of each framework are dropped (one-time start-up costs) and reported apart. tokens/s is the sum of
+tokens over the sum of step times of the measured steps. The step-time breakdowns are printed for both.
+
+Usage (from the repository root, with the project venv):
+    .venv/bin/python benchmarks/e2e_throughput.py [--steps 30] [--warmup 2] [--threads 2] [key=value ...]
+Trailing key=value pairs are recipe overrides applied to both frameworks (e.g. rollout.group_size=4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+CREDO_BREAKDOWN = ["perf/rollout_s", "perf/reward_s", "perf/logprob_s", "perf/update_s", "perf/sync_s"]
+TRL_BREAKDOWN = ["rollout_s", "reward_s", "prepare_other_s", "loss_fwd_s", "backward_opt_s"]
+TRL_SPEC = "trl==1.16.0"  # the release this benchmark was written and measured against
+AGG_TO_TRL_LOSS = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
+
+
+def machine_info() -> dict:
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                 platform.processor())
+    return {"nproc": os.cpu_count(), "cpu": model, "python": platform.python_version(),
+            "torch": version("torch"), "transformers": version("transformers")}
+
+
+def loadavg() -> str:
+    return " ".join(open("/proc/loadavg").read().split()[:3])
+
+
+# ------------------------------------------------------------------------------------------- TRL venv
+
+
+def ensure_trl_venv(venv: Path, trl_spec: str) -> Path:
+    """Create the TRL venv if it cannot import trl; pin torch (CPU) and transformers to the project's."""
+    py = venv / "bin" / "python"
+    if py.exists() and subprocess.run([py, "-c", "import trl"], capture_output=True).returncode == 0:
+        return py
+    print(f"creating the TRL virtual environment in {venv} ({trl_spec}) ...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    # constraints-cpu.txt pins torch so pip takes the CPU build; transformers follows the project venv so the
+    # two frameworks run the same model and generate() code
+    subprocess.run([py, "-m", "pip", "install", "-q", "-c", str(ROOT / "constraints-cpu.txt"), trl_spec,
+                    f"transformers=={version('transformers')}"], check=True)
+    return py
+
+
+def venv_versions(py: Path) -> dict:
+    code = ("import json; from importlib.metadata import version as v; "
+            "print(json.dumps({k: v(k) for k in ('trl', 'torch', 'transformers', 'accelerate')}))")
+    return json.loads(subprocess.run([py, "-c", code], check=True, capture_output=True, text=True).stdout)
+
+
+# ------------------------------------------------------------------------------------------------ job
+
+
+def build_job(r, steps: int, threads: int, out_dir: Path) -> dict:
+    """The TRL worker's job: SFT model directory, credo's prompts in step order, mapped hyperparameters."""
+    import torch
+
+    from credo import algos
+    from credo.models import resolve_model_path
+    from credo.rewards.tasks import ArithmeticTask, make_task
+    from credo.sft import run_sft
+    from credo.trainer import _step_seed
+
+    a, ro, o = r.algo, r.rollout, r.optim
+    task = make_task(r.task)
+    if not isinstance(task, ArithmeticTask):
+        raise SystemExit(f"task.name = {r.task.name!r}: the TRL side reproduces the arithmetic task's exact-match reward only")
+    if a.policy_loss != "ppo" or a.advantage != "grpo":
+        raise SystemExit(f"algo.policy_loss/advantage = {a.policy_loss}/{a.advantage}: expected ppo/grpo, the pair both "
+                         "frameworks implement alike")
+    if a.agg_mode not in AGG_TO_TRL_LOSS:
+        raise SystemExit(f"algo.agg_mode = {a.agg_mode!r}: expected one of {sorted(AGG_TO_TRL_LOSS)}")
+    if a.ppo_epochs * a.mini_batches != 1:
+        raise SystemExit("algo.ppo_epochs and algo.mini_batches must be 1 (one optimizer step per rollout batch)")
+    if r.reward.function or r.model.dtype != "float32" or ro.backend != "hf":
+        raise SystemExit("expected the built-in reward, model.dtype=float32 and rollout.backend=hf")
+    clip = {k: p.default for k, p in inspect.signature(algos.POLICY_LOSSES["ppo"]).parameters.items()
+            if p.kind is p.KEYWORD_ONLY} | a.loss_kwargs
+    if clip.get("dual_clip") is not None:
+        raise SystemExit("algo.loss_kwargs.dual_clip has no TRL counterpart")
+
+    torch.set_num_threads(threads)
+    base = resolve_model_path(r.model.path, r.model.tiny)
+    model_dir = base
+    if r.sft.enabled and r.sft.steps > 0:
+        model_dir, _ = run_sft(r, base, task, log=lambda m: print(m, flush=True))
+
+    P, G = ro.prompts_per_step, ro.group_size
+    rows = []
+    for step in range(1, steps + 1):  # credo's Trainer.rollout draw, world size 1
+        gen = torch.Generator().manual_seed(_step_seed(r.run.seed, step, 0))
+        for i in torch.randint(0, len(task), (P,), generator=gen).tolist():
+            p = task.train(i)
+            rows.append({"prompt": p.prompt, "answer": p.answer})
+    # credo splits the batch into this many micro-batches for one optimizer step (Trainer.__init__)
+    grad_accum = min(math.ceil(P * G / a.micro_batch_size), P * G)
+    if (P * G) % grad_accum:
+        raise SystemExit(f"{P * G} completions do not split into {grad_accum} equal TRL micro-batches; "
+                         "pick algo.micro_batch_size dividing prompts_per_step * group_size")
+    std = a.advantage_kwargs.get("norm_std", True)
+    config = {
+        "per_device_train_batch_size": P * G // grad_accum, "gradient_accumulation_steps": grad_accum,
+        "num_generations": G, "max_completion_length": ro.max_new_tokens, "temperature": ro.temperature,
+        "top_p": ro.top_p, "learning_rate": o.lr, "weight_decay": o.weight_decay, "adam_beta1": o.betas[0],
+        "adam_beta2": o.betas[1], "max_grad_norm": o.grad_clip, "beta": a.kl_coef if r.model.ref_model else 0.0,
+        "epsilon": clip["clip_low"], "epsilon_high": clip["clip_high"], "loss_type": AGG_TO_TRL_LOSS[a.agg_mode],
+        "scale_rewards": "group" if std else "none", "entropy_coef": a.entropy_coef,
+        "mask_truncated_completions": a.overlong_filter,
+    }
+    if o.warmup_steps:
+        raise SystemExit("optim.warmup_steps must be 0 (the TRL side runs a constant learning rate)")
+    return {"model": model_dir, "rows": rows, "steps": steps, "seed": r.run.seed, "threads": threads,
+            "output_dir": str(out_dir / "trl"), "config": config}
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+
+def child_env(threads: int) -> dict:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_NO_ADVISORY_WARNINGS="1",
+               WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
+    return env
+
+
+def run_logged(cmd: list, log_path: Path, env: dict) -> float:
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc:
+        tail = "".join(open(log_path).readlines()[-30:])
+        raise SystemExit(f"{cmd[:4]} exited with {rc}; last lines of {log_path}:\n{tail}")
+    return time.perf_counter() - t0
+
+
+def run_credo(recipe: str, overrides: list[str], steps: int, threads: int, out_dir: Path) -> tuple[list[dict], float]:
+    from credo.models import cache_root
+
+    run_dir = out_dir / "credo"
+    cmd = [sys.executable, "-m", "credo.cli", "run", recipe, *overrides, f"run.output_dir={run_dir}",
+           f"run.steps={steps}", "run.eval_every=0", "run.save_every=0", "run.progress=false", "run.plot=false",
+           f"run.threads={threads}"]
+    env = child_env(threads)
+    env["CREDO_CACHE"] = str(cache_root())  # the warm-up the job was built from
+    wall = run_logged(cmd, out_dir / "credo.log", env)
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    rows = [row for row in rows if "perf/step_time_s" in row]
+    for row in rows:
+        row["step_s"] = row["perf/step_time_s"]
+        row["tokens"] = row["perf/tokens_per_s"] * row["perf/step_time_s"]  # one process: per device = total
+    return rows, wall
+
+
+def run_trl(py: Path, job: dict, out_dir: Path) -> tuple[list[dict], float]:
+    job_path, out_path = out_dir / "trl_job.json", out_dir / "trl_steps.jsonl"
+    job_path.write_text(json.dumps(job))
+    cmd = [str(py), str(ROOT / "benchmarks" / "trl_grpo_worker.py"), str(job_path), str(out_path)]
+    wall = run_logged(cmd, out_dir / "trl.log", child_env(job["threads"]))
+    return [json.loads(line) for line in open(out_path)], wall
+
+
+# ------------------------------------------------------------------------------------------- reporting
+
+
+def summarise(rows: list[dict], warmup: int) -> dict:
+    measured = rows[warmup:]
+    times = [row["step_s"] for row in measured]
+    return {"steps": len(measured), "s_per_step": statistics.mean(times),
+            "s_per_step_std": statistics.stdev(times) if len(times) > 1 else 0.0,
+            "tokens_per_step": statistics.mean(row["tokens"] for row in measured),
+            "tokens_per_s": sum(row["tokens"] for row in measured) / sum(times),
+            "warmup_s": [round(row["step_s"], 3) for row in rows[:warmup]]}
+
+
+def breakdown(rows: list[dict], keys: list[str], warmup: int) -> list[tuple[str, float, float]]:
+    measured = rows[warmup:]
+    total = statistics.mean(row["step_s"] for row in measured)
+    return [(k, m, m / total) for k in keys for m in [statistics.mean(row[k] for row in measured)]]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("overrides", nargs="*", help="recipe key=value overrides applied to both frameworks")
+    p.add_argument("--recipe", default="recipes/quickstart.yaml")
+    p.add_argument("--steps", type=int, default=30, help="optimizer steps per framework, warm-up included")
+    p.add_argument("--warmup", type=int, default=2, help="first steps of each framework left out of the averages")
+    p.add_argument("--threads", type=int, default=2, help="torch threads for both frameworks")
+    p.add_argument("--trl-venv", default=str(ROOT / ".cache" / "trl-venv"))
+    p.add_argument("--trl-spec", default=TRL_SPEC, help="pip requirement for TRL when the venv is created")
+    p.add_argument("--out", default=None, help="work folder (default .cache/e2e_throughput/<time>)")
+    args = p.parse_args()
+    if args.steps <= args.warmup + 1:
+        raise SystemExit(f"--steps {args.steps}: expected more than --warmup + 1 = {args.warmup + 1}")
+
+    from credo.config import load_recipe
+
+    r = load_recipe(ROOT / args.recipe, args.overrides)
+    out_dir = Path(args.out or ROOT / ".cache" / "e2e_throughput" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    out_dir.mkdir(parents=True, exist_ok=False)
+    trl_py = ensure_trl_venv(Path(args.trl_venv), args.trl_spec)
+    trl_versions = venv_versions(trl_py)
+    info = machine_info()
+    if trl_versions["torch"] != info["torch"] or trl_versions["transformers"] != info["transformers"]:
+        print(f"warning: TRL venv has torch {trl_versions['torch']} / transformers {trl_versions['transformers']}, "
+              f"credo has {info['torch']} / {info['transformers']}", flush=True)
+    job = build_job(r, args.steps, args.threads, out_dir)
+
+    load = {"start": loadavg()}
+    credo_rows, credo_wall = run_credo(args.recipe, args.overrides, args.steps, args.threads, out_dir)
+    load["after_credo"] = loadavg()
+    trl_rows, trl_wall = run_trl(trl_py, job, out_dir)
+    load["after_trl"] = loadavg()
+
+    ro = r.rollout
+    res = {"credo": summarise(credo_rows, args.warmup), "trl": summarise(trl_rows, args.warmup)}
+    res["credo"]["response_len"] = statistics.mean(row["train/response_len"] for row in credo_rows[args.warmup:])
+    res["trl"]["response_len"] = statistics.mean(row["response_len"] for row in trl_rows[args.warmup:])
+    res["credo"]["reward_mean"] = statistics.mean(row["train/reward_mean"] for row in credo_rows[args.warmup:])
+    res["trl"]["reward_mean"] = statistics.mean(row["reward_mean"] for row in trl_rows[args.warmup:])
+    res["credo"]["process_wall_s"], res["trl"]["process_wall_s"] = credo_wall, trl_wall
+    ratio = res["credo"]["tokens_per_s"] / res["trl"]["tokens_per_s"]
+
+    print(f"\n# e2e GRPO throughput, {args.recipe} {' '.join(args.overrides)}".rstrip())
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {info['nproc']} x {info['cpu']}, threads={args.threads}, "
+          f"load average {load['start']} (start) / {load['after_credo']} (after credo) / {load['after_trl']} (after TRL)")
+    print(f"# torch {info['torch']}, transformers {info['transformers']}, trl {trl_versions['trl']}, "
+          f"accelerate {trl_versions['accelerate']}")
+    print(f"# batch {ro.prompts_per_step} prompts x {ro.group_size} samples, max_new_tokens {ro.max_new_tokens}, "
+          f"{args.steps} steps each, first {args.warmup} dropped; TRL loss_type={job['config']['loss_type']}, "
+          f"{job['config']['gradient_accumulation_steps']} micro-batch(es) per step")
+    print("\n| framework | steps measured | s/step (mean ± std) | tokens/step | tokens/s | response len | reward mean "
+          "| warm-up steps (s) | process wall (s) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, key in (("credo", "credo"), (f"TRL GRPOTrainer {trl_versions['trl']}", "trl")):
+        s = res[key]
+        print(f"| {name} | {s['steps']} | {s['s_per_step']:.3f} ± {s['s_per_step_std']:.3f} | {s['tokens_per_step']:.0f} "
+              f"| {s['tokens_per_s']:.0f} | {s['response_len']:.2f} | {s['reward_mean']:.3f} "
+              f"| {', '.join(map(str, s['warmup_s']))} | {s['process_wall_s']:.0f} |")
+    print(f"\ncredo / TRL tokens/s: {ratio:.2f}x")
+    for title, rows, keys in (("credo", credo_rows, CREDO_BREAKDOWN), ("TRL", trl_rows, TRL_BREAKDOWN)):
+        print(f"\n{title} mean step-time breakdown (measured steps):")
+        print("| part | s/step | share |\n|---|---|---|")
+        for k, m, share in breakdown(rows, keys, args.warmup):
+            print(f"| {k} | {m:.3f} | {share:.0%} |")
+    summary = {"results": res, "ratio": ratio, "load": load, "machine": info, "trl_venv": trl_versions,
+               "args": vars(args), "trl_config": job["config"]}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"\nfiles: {out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
