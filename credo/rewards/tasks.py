@@ -26,11 +26,15 @@ class Problem:
 class ArithmeticTask:
     """`a+b=` / `a-b=` with operands in [0, max_operand]; reward 1 for the exact integer, else 0.
 
+    With `fixed_width`, operands are zero-padded to the width of max_operand and the answer to one more
+    digit, so every digit sits at a fixed position: a tiny model learns the carries far sooner.
+
     The full problem space is shuffled once with the task seed: the first `eval_size` problems are the
     held-out split and never appear in training.
     """
 
-    def __init__(self, train_size: int, eval_size: int, seed: int, max_operand: int = 99, ops: str = "+"):
+    def __init__(self, train_size: int, eval_size: int, seed: int, max_operand: int = 99, ops: str = "+",
+                 fixed_width: bool = False):
         if not ops or any(o not in "+-" for o in ops):
             raise ConfigError(f"task.kwargs.ops = {ops!r}: expected a string of '+' and '-'")
         if max_operand < 1:
@@ -39,12 +43,15 @@ class ArithmeticTask:
         if eval_size >= len(space):
             raise ConfigError(f"task.eval_size = {eval_size} leaves no training problems (the task has {len(space)})")
         random.Random(seed).shuffle(space)
+        self.width = len(str(max_operand)) if fixed_width else 0
         self._eval = space[:eval_size]
         self._train = space[eval_size:][:train_size]
 
-    @staticmethod
-    def _problem(a: int, b: int, o: str) -> Problem:
-        return Problem(prompt=f"{a}{o}{b}=", answer=str(a + b if o == "+" else a - b))
+    def _problem(self, a: int, b: int, o: str) -> Problem:
+        w = self.width  # fixed width zero-pads operands and the answer ("07+45=052"): digits keep their positions
+        value = a + b if o == "+" else a - b
+        answer = f"{'-' if value < 0 else ''}{abs(value):0{w + 1 if w else 0}d}"
+        return Problem(prompt=f"{a:0{w}d}{o}{b:0{w}d}=" if w else f"{a}{o}{b}=", answer=answer)
 
     def __len__(self) -> int:
         return len(self._train)
