@@ -1,0 +1,313 @@
+"""`credo ablate` with a stand-in trainer (tests/ablate/fake_train.py): sweep files, scheduling, resuming, tables.
+
+The stand-in logs eval/accuracy = 1000 * optim.lr + seed / 10 + step / 100 (reward = that - 0.5), so every
+table cell is recomputed here from the formula with plain loops.
+"""
+
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from credo import ablate
+from credo.config import ConfigError, load_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE = Path(__file__).with_name("fake_train.py")
+BASE = REPO / "recipes" / "quickstart.yaml"
+
+
+@pytest.fixture
+def fake_trainer(monkeypatch):
+    monkeypatch.setattr(ablate, "_train_argv", lambda base, overrides: [sys.executable, str(FAKE), "run", str(base), *overrides])
+    for k in ("FAKE_TRAIN_FAIL", "FAKE_TRAIN_WARMUP_S", "FAKE_TRAIN_STEP_S"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def write_sweep(tmp_path, **fields) -> Path:
+    data = {"name": "t", "base": str(BASE), "overrides": ["run.steps=3"], "seeds": [0, 1],
+            "variants": {"a": ["optim.lr=0.0001"], "b": {"optim.lr": 0.0002}},
+            "metrics": [{"key": "eval/accuracy", "reduce": "final"}, {"key": "eval/accuracy", "reduce": "best"},
+                        {"key": "train/reward_mean", "reduce": "last_k_mean", "k": 2}],
+            "output_dir": str(tmp_path / "sweep")}
+    data.update(fields)
+    data = {k: v for k, v in data.items() if v is not None}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def invocations(run_dir: Path) -> list[dict]:
+    p = run_dir / "invocations.txt"
+    return [json.loads(l) for l in p.read_text().splitlines()] if p.exists() else []
+
+
+def acc(lr, seed, step):
+    return 1000 * lr + seed / 10 + step / 100
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+# ---------------------------------------------------------------------------------------- sweep file
+
+
+def test_unknown_sweep_key_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown sweep key 'varaints'"):
+        ablate.load_sweep(write_sweep(tmp_path, varaints={"a": []}, variants=None))
+
+
+def test_recipe_given_as_sweep_gets_a_hint(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown sweep key 'run'.*looks like a recipe"):
+        ablate.load_sweep(BASE)
+
+
+def test_unknown_override_key_fails_before_any_run(tmp_path, fake_trainer):
+    path = write_sweep(tmp_path, variants={"a": [], "bad": ["algo.polcy_loss=ppo"]})
+    with pytest.raises(ConfigError, match=r"variant 'bad' \(seed 0\): unknown config key 'algo.polcy_loss'; did you mean "
+                                          r"'algo.policy_loss'"):
+        ablate.run_sweep(path, jobs=1)
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_bad_value_and_bad_metric_are_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"variant 'a' \(seed 0\): config key 'algo.agg_mode' = 'sum'"):
+        ablate.plan_runs(ablate.load_sweep(write_sweep(tmp_path, variants={"a": ["algo.agg_mode=sum"]})), threads=1)
+    with pytest.raises(ConfigError, match=r"metrics\[0\].reduce = 'median', expected one of final, best, last_k_mean"):
+        ablate.load_sweep(write_sweep(tmp_path, metrics=[{"key": "eval/accuracy", "reduce": "median"}]))
+    with pytest.raises(ConfigError, match=r"unknown key 'metrics\[0\].kk'"):
+        ablate.load_sweep(write_sweep(tmp_path, metrics=[{"key": "eval/accuracy", "reduce": "last_k_mean", "kk": 3}]))
+
+
+@pytest.mark.parametrize("where", ["overrides", "variant"])
+def test_runner_owned_keys_are_refused(tmp_path, where):
+    fields = {"overrides": ["run.seed=3"]} if where == "overrides" else {"variants": {"a": ["run.output_dir=x"]}}
+    with pytest.raises(ConfigError, match=r"sets run\.(seed|output_dir), which credo ablate sets per run"):
+        ablate.load_sweep(write_sweep(tmp_path, **fields))
+
+
+def test_grid_expands_to_named_variants_that_load(tmp_path):
+    grid = {"algo.advantage": ["grpo", "lite_ppo"], "algo.loss_kwargs": [{}, {"clip_low": 0.2, "clip_high": 0.28}],
+            "algo.overlong_filter": [False, True]}
+    sweep = ablate.load_sweep(write_sweep(tmp_path, variants=None, grid=grid))
+    assert len(sweep.variants) == 8
+    name = "advantage=lite_ppo,loss_kwargs=clip_low_0.2_clip_high_0.28,overlong_filter=true"
+    assert sweep.variants[name] == ["algo.advantage=lite_ppo", 'algo.loss_kwargs={"clip_low": 0.2, "clip_high": 0.28}',
+                                    "algo.overlong_filter=true"]
+    runs = ablate.plan_runs(sweep, threads=1)
+    r = next(r for r in runs if r.variant == name and r.seed == 1)
+    assert r.recipe.algo.loss_kwargs == {"clip_low": 0.2, "clip_high": 0.28} and r.recipe.algo.overlong_filter is True
+    assert r.recipe.run.seed == 1 and r.recipe.run.output_dir == str(tmp_path / "sweep" / "runs" / name / "seed1")
+    assert r.recipe.run.steps == 3
+
+
+def test_string_values_that_look_like_numbers_stay_strings():
+    assert ablate._override_str("run.name", "0.5") == 'run.name="0.5"'
+    assert ablate._override_str("optim.lr", 1e-3) == "optim.lr=0.001"
+    assert load_recipe(BASE, [ablate._override_str("run.name", "true")]).run.name == "true"
+
+
+def test_config_hash_ignores_output_and_threads_but_not_science():
+    a = load_recipe(BASE, ["run.output_dir=x", "run.threads=1", "run.progress=false"])
+    b = load_recipe(BASE, ["run.output_dir=y", "run.threads=2"])
+    c = load_recipe(BASE, ["run.output_dir=x", "algo.agg_mode=seq-mean-token-mean"])
+    assert ablate.config_hash(a) == ablate.config_hash(b) != ablate.config_hash(c)
+
+
+def test_reduce_metric_by_hand():
+    rows = [{"step": 0, "eval/accuracy": 0.1}, {"step": 1, "train/reward_mean": 0.2}, {"step": 2, "eval/accuracy": 0.5,
+            "train/reward_mean": 0.4}, {"step": 3, "train/reward_mean": float("nan")},
+            {"step": 4, "eval/accuracy": 0.3, "train/reward_mean": 0.9}]
+    M = ablate.Metric
+    assert ablate.reduce_metric(rows, M("eval/accuracy", "final")) == 0.3
+    assert ablate.reduce_metric(rows, M("eval/accuracy", "best")) == 0.5
+    assert ablate.reduce_metric(rows, M("eval/accuracy", "best", mode="min")) == 0.1
+    # last 2 finite rewards are steps 2 and 4 (step 3 is NaN and skipped): (0.4 + 0.9) / 2
+    assert ablate.reduce_metric(rows, M("train/reward_mean", "last_k_mean", k=2)) == pytest.approx(0.65)
+    assert ablate.reduce_metric(rows, M("train/loss", "final")) is None
+
+
+# ------------------------------------------------------------------------------------------ running
+
+
+def test_sweep_runs_tabulates_and_second_invocation_starts_nothing(tmp_path, fake_trainer, capsys):
+    path = write_sweep(tmp_path)
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    out = tmp_path / "sweep"
+    rows = {r["variant"]: r for r in read_csv(out / "table.csv")}
+    assert list(rows) == ["a", "b"]
+    for variant, lr in (("a", 1e-4), ("b", 2e-4)):
+        finals = [acc(lr, s, 3) for s in (0, 1)]
+        rewards = [(acc(lr, s, 2) - 0.5 + acc(lr, s, 3) - 0.5) / 2 for s in (0, 1)]
+        mean = sum(finals) / 2
+        std = math.sqrt(sum((x - mean) ** 2 for x in finals) / (2 - 1))
+        row = rows[variant]
+        assert row["n"] == "2"
+        assert float(row["eval/accuracy final mean"]) == pytest.approx(mean)
+        assert float(row["eval/accuracy final std"]) == pytest.approx(std)
+        assert float(row["eval/accuracy best mean"]) == pytest.approx(mean)  # increasing curve: best = final
+        assert float(row["train/reward_mean last-2 mean mean"]) == pytest.approx(sum(rewards) / 2)
+        assert row["train/reward_mean last-2 mean n"] == "2"
+    table = (out / "table.md").read_text()
+    assert f"| a | 2 | {acc(1e-4, 0, 3) / 2 + acc(1e-4, 1, 3) / 2:.3f} ± {std:.3f} |" in table
+    assert (out / "curves.png").stat().st_size > 0
+    status = json.loads((out / "sweep.json").read_text())
+    assert [(r["variant"], r["seed"], r["status"]) for r in status["runs"]] == [
+        ("a", 0, "done"), ("a", 1, "done"), ("b", 0, "done"), ("b", 1, "done")]
+    run_dir = out / "runs" / "a" / "seed1"
+    assert json.loads((run_dir / "DONE").read_text())["config_hash"] == status["runs"][1]["config_hash"]
+    first = invocations(run_dir)
+    threads = str(max(1, ablate._cpu_count() // 2))  # cores shared by 2 jobs
+    assert len(first) == 1 and first[0]["threads"] == threads and first[0]["omp"] == threads
+    assert "step 3" in (run_dir / "log.txt").read_text()
+
+    capsys.readouterr()
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    assert "4 finished, 0 to run" in capsys.readouterr().out
+    assert all(len(invocations(out / "runs" / v / f"seed{s}")) == 1 for v in "ab" for s in (0, 1))
+
+
+def test_failed_run_is_reported_others_tabulated_and_rerun_resumes_it(tmp_path, fake_trainer, monkeypatch, capsys):
+    path = write_sweep(tmp_path)
+    monkeypatch.setenv("FAKE_TRAIN_FAIL", "b/seed1")
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 1
+    err = capsys.readouterr().err
+    assert "run b/seed1 failed (exit 1)" in err and "RuntimeError: injected failure at step 1" in err
+    out = tmp_path / "sweep"
+    assert {r["variant"]: r["n"] for r in read_csv(out / "table.csv")} == {"a": "2", "b": "1"}
+    runs = {(r["variant"], r["seed"]): r for r in json.loads((out / "sweep.json").read_text())["runs"]}
+    assert runs[("b", 1)]["status"] == "failed" and "injected failure" in runs[("b", 1)]["error_tail"]
+    assert not (out / "runs" / "b" / "seed1" / "DONE").exists()
+
+    monkeypatch.delenv("FAKE_TRAIN_FAIL")
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    calls = invocations(out / "runs" / "b" / "seed1")
+    assert [c["resume"] for c in calls] == [None, "auto"]
+    assert all(len(invocations(out / "runs" / v / f"seed{s}")) == 1 for v, s in [("a", 0), ("a", 1), ("b", 0)])
+    assert {r["variant"]: r["n"] for r in read_csv(out / "table.csv")} == {"a": "2", "b": "2"}
+    steps = [r["step"] for r in map(json.loads, (out / "runs" / "b" / "seed1" / "metrics.jsonl").read_text().splitlines())]
+    assert steps == [0, 1, 2, 3]
+
+
+def test_sigterm_midway_then_rerun_finishes_without_redoing(tmp_path):
+    """Stop the sweep (SIGTERM) after its first run finished; the second invocation runs only the rest."""
+    path = write_sweep(tmp_path)
+    driver = (f"import sys; from credo import ablate; "
+              f"ablate._train_argv = lambda b, o: [sys.executable, {str(FAKE)!r}, 'run', str(b), *o]; "
+              f"sys.exit(ablate.run_sweep({str(path)!r}, jobs=1, poll_s=0.05))")
+    env = {**os.environ, "FAKE_TRAIN_STEP_S": "0.2", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", driver], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    out = tmp_path / "sweep"
+    first = out / "runs" / "a" / "seed0"
+    deadline = time.time() + 120
+    second = out / "runs" / "a" / "seed1"
+    while not invocations(second) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert (first / "DONE").exists() and invocations(second)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    status = {(r["variant"], r["seed"]): r["status"] for r in json.loads((out / "sweep.json").read_text())["runs"]}
+    assert status[("a", 0)] == "done" and status[("a", 1)] == "interrupted" and status[("b", 1)] == "pending"
+    assert not (second / "DONE").exists()
+
+    rc = subprocess.run([sys.executable, "-c", driver], cwd=REPO, env={**env, "FAKE_TRAIN_STEP_S": "0"}, capture_output=True,
+                        text=True, timeout=120)
+    assert rc.returncode == 0, rc.stderr
+    assert len(invocations(first)) == 1  # finished before the kill: not redone
+    assert [c["resume"] for c in invocations(second)] == [None, "auto"]
+    assert {r["variant"]: r["n"] for r in read_csv(out / "table.csv")} == {"a": "2", "b": "2"}
+
+
+def test_changed_config_finished_run_stops_unfinished_run_restarts(tmp_path, fake_trainer, monkeypatch):
+    path = write_sweep(tmp_path, seeds=[0])
+    monkeypatch.setenv("FAKE_TRAIN_FAIL", "b/seed0")
+    assert ablate.run_sweep(path, jobs=1, poll_s=0.05) == 1
+    monkeypatch.delenv("FAKE_TRAIN_FAIL")
+    changed = write_sweep(tmp_path, seeds=[0], overrides=["run.steps=4"])
+    with pytest.raises(ConfigError, match=r"(?s)1 finished run\(s\) were made with a different config.*runs/a/seed0: "
+                                          r"run\.steps: 3 -> 4"):
+        ablate.run_sweep(changed, jobs=1, poll_s=0.05)
+    # only the unfinished run changed: it starts again from scratch, without run.resume
+    changed = write_sweep(tmp_path, seeds=[0], variants={"a": ["optim.lr=0.0001"], "b": ["optim.lr=0.0003"]})
+    assert ablate.run_sweep(changed, jobs=1, poll_s=0.05) == 0
+    calls = invocations(tmp_path / "sweep" / "runs" / "b" / "seed0")
+    assert [c["resume"] for c in calls] == [None]
+    assert float(read_csv(tmp_path / "sweep" / "table.csv")[1]["eval/accuracy final mean"]) == pytest.approx(acc(3e-4, 0, 3))
+
+
+def test_dry_run_lists_runs_and_writes_nothing(tmp_path, fake_trainer, capsys):
+    path = write_sweep(tmp_path)
+    assert ablate.run_sweep(path, jobs=2, dry_run=True) == 0
+    out = capsys.readouterr().out
+    assert "2 variants x 2 seeds = 4 runs, 0 finished, 4 to run" in out
+    assert "[new    ] b/seed1  optim.lr=0.0002" in out
+    assert "run.seed=0" in out and "run.output_dir=" in out
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_runs_sharing_a_warmup_wait_for_the_first(tmp_path, fake_trainer, monkeypatch):
+    """Same model/task/sft/seed: the second run starts once the first has written metrics (warm-up done)."""
+    monkeypatch.setenv("FAKE_TRAIN_WARMUP_S", "0.5")
+    path = write_sweep(tmp_path, seeds=[0])
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    runs = tmp_path / "sweep" / "runs"
+    a_start = invocations(runs / "a" / "seed0")[0]["start"]
+    b_start = invocations(runs / "b" / "seed0")[0]["start"]
+    assert b_start >= a_start + 0.5
+
+
+def test_different_warmups_run_at_once(tmp_path, fake_trainer, monkeypatch):
+    monkeypatch.setenv("FAKE_TRAIN_WARMUP_S", "1.0")
+    path = write_sweep(tmp_path, variants={"a": ["optim.lr=0.0001"]})  # seeds 0 and 1: two warm-ups
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    runs = tmp_path / "sweep" / "runs" / "a"
+    assert abs(invocations(runs / "seed0")[0]["start"] - invocations(runs / "seed1")[0]["start"]) < 0.9
+
+
+def test_busy_sweep_folder_is_refused(tmp_path, fake_trainer, capsys):
+    import fcntl
+
+    path = write_sweep(tmp_path)
+    (tmp_path / "sweep").mkdir()
+    with open(tmp_path / "sweep" / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert ablate.run_sweep(path, jobs=1) == 1
+    assert "is in use by another `credo ablate`" in capsys.readouterr().err
+    assert not (tmp_path / "sweep" / "runs").exists()
+
+
+# ------------------------------------------------------------------------------------------ recipes
+
+
+def test_tricks_or_traps_sweep_validates_every_run():
+    sweep = ablate.load_sweep(REPO / "recipes" / "ablations" / "tricks_or_traps.yaml")
+    runs = ablate.plan_runs(sweep, threads=1)
+    assert len(sweep.seeds) >= 3 and len(runs) == len(sweep.variants) * len(sweep.seeds)
+    by = {r.variant: r.recipe for r in runs if r.seed == sweep.seeds[0]}
+    assert by["lite_ppo"].algo.advantage == "lite_ppo" and by["lite_ppo"].algo.agg_mode == "token-mean"
+    assert by["grpo"].algo.agg_mode == "seq-mean-token-mean"
+    assert by["batch_norm"].algo.advantage == "reinforce_pp" and by["batch_norm"].algo.advantage_kwargs["token_weighted"] is False
+    dapo = by["dapo"].algo
+    assert dapo.loss_kwargs == {"clip_low": 0.2, "clip_high": 0.28} and dapo.overlong_filter and dapo.agg_mode == "token-mean"
+    # every run of one seed shares one warm-up
+    assert len({r.warmup_group for r in runs}) == len(sweep.seeds)
+
+
+def test_qwen3_4b_recipe_and_sweep_load():
+    r = load_recipe(REPO / "recipes" / "ablations" / "tricks_or_traps_qwen3_4b.yaml")
+    assert r.model.path == "Qwen/Qwen3-4B" and r.optim.lr == 1e-6
+    assert (r.rollout.prompts_per_step, r.rollout.group_size, r.rollout.temperature, r.rollout.top_p) == (128, 8, 0.99, 0.99)
+    sweep = ablate.load_sweep(REPO / "recipes" / "ablations" / "tricks_or_traps_qwen3_4b_sweep.yaml")
+    assert len(ablate.plan_runs(sweep, threads=1)) == len(sweep.variants) * len(sweep.seeds)
