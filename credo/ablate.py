@@ -19,12 +19,15 @@ the metrics to report::
       - {key: train/reward_mean, reduce: last_k_mean, k: 5}   # mean of the last k logged values
     curves: [eval/accuracy, train/reward_mean]         # optional; default: the metric keys
     output_dir: runs/ablations/tricks_or_traps         # optional; default runs/ablations/<name>
+    launcher: torchrun --standalone --nproc_per_node 8 # optional; what starts `-m credo.cli run` (default: this python)
+    gpus_per_run: 8                                    # optional; GPUs per run (CUDA_VISIBLE_DEVICES), default 1
 
 Every run is `python -m credo.cli run BASE <overrides> <variant overrides> run.seed=<s>
 run.output_dir=<output_dir>/runs/<variant>/seed<s>`, its output logged to `log.txt` in its folder. Before
 any run starts, every run's overrides are loaded with `credo.config.load_recipe`, so an unknown key or a
 bad value stops the sweep naming the variant and the key. `--jobs N` runs (default: one per CPU core, or
-per GPU) go at once, each with run.threads and OMP_NUM_THREADS set to cores // jobs.
+one per gpus_per_run GPUs) go at once, each with run.threads and OMP_NUM_THREADS set to cores // jobs
+(divided again by gpus_per_run under a launcher), so the cores are not oversubscribed.
 
 Resuming: a run is finished when its process exited 0 and its metrics.jsonl holds the step run.steps;
 the runner then writes `DONE` (with the run's config hash) into its folder. Invoking the same sweep
@@ -51,6 +54,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -65,7 +69,8 @@ import yaml
 from credo.config import ConfigError, Recipe, load_recipe, recipe_to_dict, recipe_to_yaml
 from credo.tracking import read_metrics
 
-SWEEP_KEYS = ("name", "description", "base", "overrides", "seeds", "variants", "grid", "metrics", "curves", "output_dir")
+SWEEP_KEYS = ("name", "description", "base", "overrides", "seeds", "variants", "grid", "metrics", "curves", "output_dir",
+              "launcher", "gpus_per_run")
 METRIC_KEYS = ("key", "reduce", "k", "mode", "label")
 REDUCES = ("final", "best", "last_k_mean")
 RUNNER_KEYS = ("run.seed", "run.output_dir", "run.resume")  # set per run by the runner
@@ -102,6 +107,10 @@ class Sweep:
     metrics: list[Metric]
     curves: list[str]
     output_dir: Path
+    launcher: list[str] = field(default_factory=list)
+    """Command that starts each run's python, e.g. torchrun --standalone --nproc_per_node 8 (default: this python)."""
+    gpus_per_run: int = 1
+    """GPUs given to each run (CUDA_VISIBLE_DEVICES) when GPUs are present."""
 
 
 @dataclass
@@ -283,8 +292,15 @@ def load_sweep(path: str | Path) -> Sweep:
     description = data.get("description", "")
     if not isinstance(description, str):
         raise _fail(path, "description must be a string")
+    launcher = data.get("launcher") or ""
+    if not isinstance(launcher, str):
+        raise _fail(path, f"launcher = {launcher!r}, expected a command string such as 'torchrun --standalone --nproc_per_node 8'")
+    gpus_per_run = data.get("gpus_per_run", 1)
+    if not isinstance(gpus_per_run, int) or isinstance(gpus_per_run, bool) or gpus_per_run < 1:
+        raise _fail(path, f"gpus_per_run = {gpus_per_run!r}, expected an integer >= 1")
     return Sweep(path=path, name=name, description=description.strip(), base=base, overrides=overrides, seeds=list(seeds),
-                 variants=variants, metrics=metrics, curves=curves, output_dir=Path(out))
+                 variants=variants, metrics=metrics, curves=curves, output_dir=Path(out), launcher=shlex.split(launcher),
+                 gpus_per_run=gpus_per_run)
 
 
 # ---------------------------------------------------------------------------------------------- runs
@@ -512,9 +528,9 @@ def write_sweep_json(sweep: Sweep, runs: list[Run], *, jobs: int, threads: int) 
 # ------------------------------------------------------------------------------------------ running
 
 
-def _train_argv(base: Path, overrides: list[str]) -> list[str]:
+def _train_argv(base: Path, overrides: list[str], launcher: list[str]) -> list[str]:
     """The command line of one run (tests substitute a fake trainer here)."""
-    return [sys.executable, "-m", "credo.cli", "run", str(base), *overrides]
+    return [*(launcher or [sys.executable]), "-m", "credo.cli", "run", str(base), *overrides]
 
 
 def _cpu_count() -> int:
@@ -564,14 +580,15 @@ def _start(run: Run, slot: int, sweep: Sweep, lock_fd: int, gpus: list[str]) -> 
         shutil.rmtree(run.run_dir, ignore_errors=True)
     run.run_dir.mkdir(parents=True, exist_ok=True)
     overrides = run.overrides + (["run.resume=auto"] if run.action == "resume" else [])
-    argv = _train_argv(sweep.base, overrides)
+    argv = _train_argv(sweep.base, overrides, sweep.launcher)
     _atomic_write(run.run_dir / "sweep_run.json", json.dumps(
         {"variant": run.variant, "seed": run.seed, "config_hash": run.config_hash, "argv": argv,
          "config": recipe_to_dict(run.recipe)}, indent=1) + "\n")
     log = open(run.run_dir / "log.txt", "a")
     log.write(f"{ATTEMPT_MARK}{time.strftime('%Y-%m-%d %H:%M:%S')} ({run.action}): {' '.join(argv)}\n")
     log.flush()
-    gpu = gpus[slot % len(gpus)] if gpus else None
+    g = sweep.gpus_per_run
+    gpu = ",".join(gpus[(slot * g + i) % len(gpus)] for i in range(g)) if gpus else None
     # own session: Ctrl-C reaches the runner, which stops runs in order; the inherited lock marks the folder
     # busy for as long as any run lives, even if the runner itself is killed
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -672,7 +689,8 @@ def _print_plan(runs: list[Run], sweep: Sweep, *, jobs: int, threads: int) -> No
         print(f"  [{r.action:7s}] {r.variant}/seed{r.seed}  " + " ".join(sweep.variants[r.variant]))
     if todo:
         r = todo[0]
-        print("first command: " + " ".join(_train_argv(sweep.base, r.overrides + (["run.resume=auto"] if r.action == "resume" else []))))
+        extra = ["run.resume=auto"] if r.action == "resume" else []
+        print("first command: " + " ".join(_train_argv(sweep.base, r.overrides + extra, sweep.launcher)))
 
 
 def run_sweep(path: str | Path, *, jobs: int = 0, dry_run: bool = False, poll_s: float = 0.5) -> int:
@@ -694,9 +712,10 @@ def run_sweep(path: str | Path, *, jobs: int = 0, dry_run: bool = False, poll_s:
     n_runs = len(sweep.variants) * len(sweep.seeds)
     gpus = _gpu_ids()
     cores = _cpu_count()
-    jobs = jobs if jobs > 0 else (len(gpus) or cores)
+    jobs = jobs if jobs > 0 else (len(gpus) // sweep.gpus_per_run if gpus else cores)
     jobs = max(1, min(jobs, n_runs))
-    threads = max(1, cores // jobs)
+    procs = sweep.gpus_per_run if sweep.launcher else 1  # a launcher starts a process per GPU
+    threads = max(1, cores // (jobs * procs))
     runs = plan_runs(sweep, threads=threads)
     for r in runs:
         r.action = classify(r)

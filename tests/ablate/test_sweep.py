@@ -27,7 +27,7 @@ BASE = REPO / "recipes" / "quickstart.yaml"
 
 @pytest.fixture
 def fake_trainer(monkeypatch):
-    monkeypatch.setattr(ablate, "_train_argv", lambda base, overrides: [sys.executable, str(FAKE), "run", str(base), *overrides])
+    monkeypatch.setattr(ablate, "_train_argv", lambda base, overrides, launcher: [sys.executable, str(FAKE), "run", str(base), *overrides])
     for k in ("FAKE_TRAIN_FAIL", "FAKE_TRAIN_WARMUP_S", "FAKE_TRAIN_STEP_S"):
         monkeypatch.delenv(k, raising=False)
 
@@ -199,11 +199,12 @@ def test_failed_run_is_reported_others_tabulated_and_rerun_resumes_it(tmp_path, 
     assert steps == [0, 1, 2, 3]
 
 
+@pytest.mark.slow  # two fresh interpreters importing torch: ~8 s
 def test_sigterm_midway_then_rerun_finishes_without_redoing(tmp_path):
     """Stop the sweep (SIGTERM) after its first run finished; the second invocation runs only the rest."""
     path = write_sweep(tmp_path)
     driver = (f"import sys; from credo import ablate; "
-              f"ablate._train_argv = lambda b, o: [sys.executable, {str(FAKE)!r}, 'run', str(b), *o]; "
+              f"ablate._train_argv = lambda b, o, l: [sys.executable, {str(FAKE)!r}, 'run', str(b), *o]; "
               f"sys.exit(ablate.run_sweep({str(path)!r}, jobs=1, poll_s=0.05))")
     env = {**os.environ, "FAKE_TRAIN_STEP_S": "0.2", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-c", driver], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -307,7 +308,7 @@ def test_tricks_or_traps_sweep_validates_every_run():
 
 def test_qwen3_4b_recipe_and_sweep_load():
     r = load_recipe(REPO / "recipes" / "ablations" / "tricks_or_traps_qwen3_4b.yaml")
-    assert r.model.path == "Qwen/Qwen3-4B" and r.optim.lr == 1e-6
+    assert r.model.path == "Qwen/Qwen3-4B-Base" and r.optim.lr == 1e-6
     assert (r.rollout.prompts_per_step, r.rollout.group_size, r.rollout.temperature, r.rollout.top_p) == (128, 8, 0.99, 0.99)
     sweep = ablate.load_sweep(REPO / "recipes" / "ablations" / "tricks_or_traps_qwen3_4b_sweep.yaml")
     assert len(ablate.plan_runs(sweep, threads=1)) == len(sweep.variants) * len(sweep.seeds)

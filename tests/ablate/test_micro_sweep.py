@@ -1,0 +1,64 @@
+"""A real 2-variant x 2-seed sweep of the trainer (2 steps each), then a second invocation and a resume."""
+
+import csv
+import json
+import shutil
+
+import pytest
+import yaml
+
+from credo import ablate
+from tests.e2e.common import REPO, tiny_overrides
+
+pytestmark = pytest.mark.slow
+
+
+def test_micro_sweep_tabulates_and_resumes(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)  # reward.function names a module of this repository
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # left by in-process trainer tests
+        monkeypatch.delenv(k, raising=False)
+    runner_keys = ("run.output_dir=", "run.seed=", "run.plot=")
+    overrides = [o for o in tiny_overrides("unused", **{"run.steps": 2, "run.eval_every": 2})
+                 if not o.startswith(runner_keys)]
+    sweep = {"name": "micro", "base": str(REPO / "recipes" / "quickstart.yaml"), "overrides": overrides, "seeds": [0, 1],
+             "variants": {"grpo": ["algo.advantage=grpo"], "lite_ppo": ["algo.advantage=lite_ppo"]},
+             "metrics": [{"key": "eval/accuracy", "reduce": "final"},
+                         {"key": "train/reward_mean", "reduce": "last_k_mean", "k": 2}],
+             "output_dir": str(tmp_path / "sweep")}
+    path = tmp_path / "micro.yaml"
+    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    out = tmp_path / "sweep"
+
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.2) == 0, capsys.readouterr().err
+    with open(out / "table.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["variant"], r["n"]) for r in rows] == [("grpo", "2"), ("lite_ppo", "2")]
+    for r in rows:
+        assert 0 <= float(r["eval/accuracy final mean"]) <= 1 and r["train/reward_mean last-2 mean n"] == "2"
+    # the table agrees with the runs' own metrics: grpo's final accuracy is the mean of its seeds' step-2 evals
+    finals = [json.loads(l) for s in (0, 1) for l in (out / "runs" / "grpo" / f"seed{s}" / "metrics.jsonl").read_text()
+              .splitlines()]
+    finals = [row["eval/accuracy"] for row in finals if row["step"] == 2]
+    assert float(rows[0]["eval/accuracy final mean"]) == pytest.approx(sum(finals) / 2)
+    status = json.loads((out / "sweep.json").read_text())["runs"]
+    assert all(r["status"] == "done" and r["exit_code"] == 0 for r in status)
+    assert len({r["config_hash"] for r in status}) == 4
+    assert (out / "curves.png").stat().st_size > 0 and "| grpo | 2 |" in (out / "table.md").read_text()
+
+    logs = {p: p.read_text() for p in out.glob("runs/*/*/log.txt")}
+    capsys.readouterr()
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.2) == 0
+    assert "4 finished, 0 to run" in capsys.readouterr().out
+    assert {p: p.read_text() for p in out.glob("runs/*/*/log.txt")} == logs  # no run started
+
+    # a run cut short (no DONE, no checkpoint, metrics up to step 1): only it runs again, from scratch
+    cut = out / "runs" / "lite_ppo" / "seed1"
+    (cut / "DONE").unlink()
+    shutil.rmtree(cut / "checkpoints")
+    metrics = (cut / "metrics.jsonl").read_text().splitlines()
+    (cut / "metrics.jsonl").write_text("\n".join(metrics[:2]) + "\n")
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.2) == 0
+    assert [json.loads(l)["step"] for l in (cut / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
+    assert (cut / "DONE").exists() and "run.resume=auto" in (cut / "log.txt").read_text()
+    assert {p: t for p, t in logs.items() if p.parent != cut} == {
+        p: p.read_text() for p in out.glob("runs/*/*/log.txt") if p.parent != cut}
