@@ -498,6 +498,7 @@ def plot_sweep_curves(sweep: Sweep, runs: list[Run]) -> None:
         ax.set_title(key)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+    fig.suptitle(f"{sweep.name}: mean ± std over seeds", fontsize=10)
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="outside right upper", fontsize=8)
