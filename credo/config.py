@@ -83,6 +83,8 @@ class SFTConfig:
     """Warm-up learning rate (AdamW, cosine decay)."""
     data_offset: int = 0
     """Index of the first training problem used for warm-up."""
+    seed: Optional[int] = None
+    """Seed of the warm-up (data order); None uses run.seed. Fix it to share one warm-up across RL seeds."""
 
 
 @dataclass

@@ -22,9 +22,13 @@ from credo.config import Recipe
 from credo.models import cache_root, check_vocab, load_causal_lm, load_tokenizer
 
 
+def sft_seed(r: Recipe) -> int:
+    return r.run.seed if r.sft.seed is None else r.sft.seed
+
+
 def sft_cache_key(r: Recipe, base_path: str) -> str:
     payload = {"base": base_path, "tiny": asdict(r.model.tiny) if r.model.path == "tiny" else None,
-               "task": asdict(r.task), "sft": asdict(r.sft), "seed": r.run.seed, "version": 1}
+               "task": asdict(r.task), "sft": asdict(r.sft), "seed": sft_seed(r), "version": 1}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -49,7 +53,7 @@ def run_sft(r: Recipe, base_path: str, task, *, log=print) -> tuple[str, str]:
     opt = torch.optim.AdamW(model.parameters(), lr=r.sft.lr, weight_decay=0.0)
     steps = r.sft.steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(steps, 1))))
-    gen = torch.Generator().manual_seed(r.run.seed + 17)
+    gen = torch.Generator().manual_seed(sft_seed(r) + 17)
     t0 = time.time()
     for step in range(steps):
         idx = torch.randint(0, len(task), (r.sft.batch_size,), generator=gen).tolist()
