@@ -179,6 +179,10 @@ class RunConfig:
     """RL steps."""
     eval_every: int = 10
     """Evaluate every this many steps (and at step 0 and the last step); 0 disables."""
+    eval_temperature: float = 0.0
+    """0 decodes greedily; > 0 samples at this temperature (accuracy then estimates pass@1)."""
+    eval_samples: int = 1
+    """Samples per held-out problem when eval_temperature > 0; accuracy is their mean."""
     save_every: int = 20
     """Checkpoint every this many steps (and at the end); 0 disables periodic checkpoints."""
     keep_last: int = 2
@@ -351,6 +355,10 @@ def validate_recipe(r: Recipe, *, check_registries: bool = True) -> None:
     _check(r.run.steps >= 1, "run.steps", ">= 1", r.run.steps)
     _check(r.run.eval_every >= 0, "run.eval_every", ">= 0", r.run.eval_every)
     _check(r.run.save_every >= 0, "run.save_every", ">= 0", r.run.save_every)
+    _check(r.run.eval_temperature >= 0, "run.eval_temperature", ">= 0", r.run.eval_temperature)
+    _check(r.run.eval_samples >= 1, "run.eval_samples", ">= 1", r.run.eval_samples)
+    _check(r.run.eval_samples == 1 or r.run.eval_temperature > 0, "run.eval_samples", "1 when decoding greedily "
+           "(run.eval_temperature = 0)", r.run.eval_samples)
     _check(r.run.keep_last >= 1, "run.keep_last", ">= 1", r.run.keep_last)
     _check(r.run.max_consecutive_skips >= 1, "run.max_consecutive_skips", ">= 1", r.run.max_consecutive_skips)
     _check(r.run.threads >= 0, "run.threads", ">= 0", r.run.threads)

@@ -440,18 +440,23 @@ class Trainer:
         return row
 
     def evaluate(self) -> float:
-        """Greedy accuracy on the held-out split (sharded over ranks)."""
+        """Accuracy on the held-out split (sharded over ranks): greedy, or the mean over `eval_samples`
+        samples at `eval_temperature` with fixed seeds, so every evaluation sees the same random draws."""
+        r = self.r
         problems = self.task.eval_problems()[self.rank::self.world]
-        prompts = [self.tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
-        samples = self.backend.generate(prompts, max_new_tokens=self.r.rollout.max_new_tokens, temperature=1.0, top_p=1.0,
-                                        seeds=None)
+        k = r.run.eval_samples
+        prompts = [self.tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in problems for _ in range(k)]
+        greedy = r.run.eval_temperature == 0
+        seeds = None if greedy else [_step_seed(r.run.seed, -1, self.rank * len(prompts) + i) for i in range(len(prompts))]
+        samples = self.backend.generate(prompts, max_new_tokens=r.rollout.max_new_tokens,
+                                        temperature=1.0 if greedy else r.run.eval_temperature, top_p=1.0, seeds=seeds)
         correct = 0.0
-        for p, s in zip(problems, samples):
+        for i, s in enumerate(samples):
             try:
-                correct += self.task.score(self.tokenizer.decode(s.response_ids, skip_special_tokens=True), p)
+                correct += self.task.score(self.tokenizer.decode(s.response_ids, skip_special_tokens=True), problems[i // k])
             except Exception:  # noqa: BLE001 - a verifier crash on one answer scores it 0
                 pass
-        tot = all_reduce_sum(torch.tensor([correct, float(len(problems))], dtype=torch.float64))
+        tot = all_reduce_sum(torch.tensor([correct, float(len(samples))], dtype=torch.float64))
         return float(tot[0] / tot[1])
 
     def checkpoint(self, step: int) -> None:

@@ -64,7 +64,12 @@ class ArithmeticTask:
 
     @staticmethod
     def score(response: str, problem: Problem) -> float:
-        return 1.0 if response.strip() == problem.answer else 0.0
+        """1.0 when the response is exactly the integer answer (leading zeros allowed), else 0.0."""
+        text = response.strip()
+        digits = text[1:] if text.startswith("-") else text
+        if not digits.isdigit():
+            return 0.0
+        return 1.0 if int(text) == int(problem.answer) else 0.0
 
 
 class ReasoningGymTask:
