@@ -1,7 +1,8 @@
 """End-to-end GRPO throughput: credo against TRL's `GRPOTrainer` on the same work, in one run.
 
-Both frameworks train the quickstart recipe's GRPO phase for `--steps` optimizer steps, one after the
-other (never at once), with the same torch thread count:
+Both frameworks train the quickstart recipe's GRPO phase for `--steps` optimizer steps, `--rounds` times
+each, one run at a time and in alternating order (credo, TRL, TRL, credo, ...) so that a change in the
+machine's load falls on both alike, with the same torch thread count:
 
 - the same starting weights: the recipe's cached SFT warm-up directory (computed first if missing);
 - the same prompts in the same order: credo's per-step prompt draw (`rollout.prompts_per_step` problems,
@@ -22,11 +23,11 @@ Measured per step: wall time of the step (credo: `perf/step_time_s`, rollout to 
 `on_step_begin` to `on_step_end`, generation to optimizer step; neither includes logging or
 checkpointing) and tokens = prompt + response tokens, response up to and including EOS, no padding
 (credo's `perf/tokens_per_s`, verl's definition; TRL's `num_tokens` count). The first `--warmup`
-steps of each framework are dropped (one-time start-up costs) and reported apart. tokens/s is the sum of
-tokens over the sum of step times of the measured steps. The step-time breakdowns are printed for both.
+steps of each run are dropped (one-time start-up costs) and reported apart. tokens/s is the sum of tokens
+over the sum of step times of all measured steps. The step-time breakdowns are printed for both.
 
 Usage (from the repository root, with the project venv):
-    .venv/bin/python benchmarks/e2e_throughput.py [--steps 30] [--warmup 2] [--threads 2] [key=value ...]
+    .venv/bin/python benchmarks/e2e_throughput.py [--steps 20] [--rounds 2] [--warmup 2] [--threads 2] [key=value ...]
 Trailing key=value pairs are recipe overrides applied to both frameworks (e.g. rollout.group_size=4).
 """
 
@@ -175,16 +176,17 @@ def run_logged(cmd: list, log_path: Path, env: dict) -> float:
     return time.perf_counter() - t0
 
 
-def run_credo(recipe: str, overrides: list[str], steps: int, threads: int, out_dir: Path) -> tuple[list[dict], float]:
+def run_credo(recipe: str, overrides: list[str], steps: int, threads: int, out_dir: Path,
+              tag: str) -> tuple[list[dict], float]:
     from credo.models import cache_root
 
-    run_dir = out_dir / "credo"
+    run_dir = out_dir / tag
     cmd = [sys.executable, "-m", "credo.cli", "run", recipe, *overrides, f"run.output_dir={run_dir}",
            f"run.steps={steps}", "run.eval_every=0", "run.save_every=0", "run.progress=false", "run.plot=false",
            f"run.threads={threads}"]
     env = child_env(threads)
     env["CREDO_CACHE"] = str(cache_root())  # the warm-up the job was built from
-    wall = run_logged(cmd, out_dir / "credo.log", env)
+    wall = run_logged(cmd, out_dir / f"{tag}.log", env)
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     rows = [row for row in rows if "perf/step_time_s" in row]
     for row in rows:
@@ -193,29 +195,32 @@ def run_credo(recipe: str, overrides: list[str], steps: int, threads: int, out_d
     return rows, wall
 
 
-def run_trl(py: Path, job: dict, out_dir: Path) -> tuple[list[dict], float]:
-    job_path, out_path = out_dir / "trl_job.json", out_dir / "trl_steps.jsonl"
+def run_trl(py: Path, job: dict, out_dir: Path, tag: str) -> tuple[list[dict], float]:
+    job_path, out_path = out_dir / "trl_job.json", out_dir / f"{tag}_steps.jsonl"
     job_path.write_text(json.dumps(job))
     cmd = [str(py), str(ROOT / "benchmarks" / "trl_grpo_worker.py"), str(job_path), str(out_path)]
-    wall = run_logged(cmd, out_dir / "trl.log", child_env(job["threads"]))
+    wall = run_logged(cmd, out_dir / f"{tag}.log", child_env(job["threads"]))
     return [json.loads(line) for line in open(out_path)], wall
 
 
 # ------------------------------------------------------------------------------------------- reporting
 
 
-def summarise(rows: list[dict], warmup: int) -> dict:
-    measured = rows[warmup:]
+def summarise(runs: list[list[dict]], warmup: int, response_len: str, reward: str) -> dict:
+    """Pool the measured steps (all but the first `warmup` of each run) of one framework's runs."""
+    measured = [row for rows in runs for row in rows[warmup:]]
     times = [row["step_s"] for row in measured]
     return {"steps": len(measured), "s_per_step": statistics.mean(times),
             "s_per_step_std": statistics.stdev(times) if len(times) > 1 else 0.0,
             "tokens_per_step": statistics.mean(row["tokens"] for row in measured),
             "tokens_per_s": sum(row["tokens"] for row in measured) / sum(times),
-            "warmup_s": [round(row["step_s"], 3) for row in rows[:warmup]]}
+            "response_len": statistics.mean(row[response_len] for row in measured),
+            "reward_mean": statistics.mean(row[reward] for row in measured),
+            "warmup_s": [round(row["step_s"], 2) for rows in runs for row in rows[:warmup]]}
 
 
-def breakdown(rows: list[dict], keys: list[str], warmup: int) -> list[tuple[str, float, float]]:
-    measured = rows[warmup:]
+def breakdown(runs: list[list[dict]], keys: list[str], warmup: int) -> list[tuple[str, float, float]]:
+    measured = [row for rows in runs for row in rows[warmup:]]
     total = statistics.mean(row["step_s"] for row in measured)
     return [(k, m, m / total) for k in keys for m in [statistics.mean(row[k] for row in measured)]]
 
@@ -224,8 +229,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("overrides", nargs="*", help="recipe key=value overrides applied to both frameworks")
     p.add_argument("--recipe", default="recipes/quickstart.yaml")
-    p.add_argument("--steps", type=int, default=30, help="optimizer steps per framework, warm-up included")
-    p.add_argument("--warmup", type=int, default=2, help="first steps of each framework left out of the averages")
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps per run, warm-up included")
+    p.add_argument("--warmup", type=int, default=2, help="first steps of each run left out of the averages")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="runs per framework; the order alternates (credo, TRL, TRL, credo, ...) so that a change in "
+                        "the machine's load falls on both alike")
     p.add_argument("--threads", type=int, default=2, help="torch threads for both frameworks")
     p.add_argument("--trl-venv", default=str(ROOT / ".cache" / "trl-venv"))
     p.add_argument("--trl-spec", default=TRL_SPEC, help="pip requirement for TRL when the venv is created")
@@ -247,29 +255,36 @@ def main() -> int:
               f"credo has {info['torch']} / {info['transformers']}", flush=True)
     job = build_job(r, args.steps, args.threads, out_dir)
 
-    load = {"start": loadavg()}
-    credo_rows, credo_wall = run_credo(args.recipe, args.overrides, args.steps, args.threads, out_dir)
-    load["after_credo"] = loadavg()
-    trl_rows, trl_wall = run_trl(trl_py, job, out_dir)
-    load["after_trl"] = loadavg()
+    runs: dict[str, list] = {"credo": [], "trl": []}
+    wall = {"credo": 0.0, "trl": 0.0}
+    load = [("start", loadavg())]
+    for k in range(args.rounds):
+        for name in (("credo", "trl") if k % 2 == 0 else ("trl", "credo")):
+            print(f"round {k + 1}/{args.rounds}: {name} ...", flush=True)
+            if name == "credo":
+                rows, w = run_credo(args.recipe, args.overrides, args.steps, args.threads, out_dir, f"credo{k + 1}")
+            else:
+                rows, w = run_trl(trl_py, job, out_dir, f"trl{k + 1}")
+            runs[name].append(rows)
+            wall[name] += w
+            load.append((f"after {name}{k + 1}", loadavg()))
 
     ro = r.rollout
-    res = {"credo": summarise(credo_rows, args.warmup), "trl": summarise(trl_rows, args.warmup)}
-    res["credo"]["response_len"] = statistics.mean(row["train/response_len"] for row in credo_rows[args.warmup:])
-    res["trl"]["response_len"] = statistics.mean(row["response_len"] for row in trl_rows[args.warmup:])
-    res["credo"]["reward_mean"] = statistics.mean(row["train/reward_mean"] for row in credo_rows[args.warmup:])
-    res["trl"]["reward_mean"] = statistics.mean(row["reward_mean"] for row in trl_rows[args.warmup:])
-    res["credo"]["process_wall_s"], res["trl"]["process_wall_s"] = credo_wall, trl_wall
+    res = {"credo": summarise(runs["credo"], args.warmup, "train/response_len", "train/reward_mean"),
+           "trl": summarise(runs["trl"], args.warmup, "response_len", "reward_mean")}
+    for name in res:
+        res[name]["process_wall_s"] = wall[name]
     ratio = res["credo"]["tokens_per_s"] / res["trl"]["tokens_per_s"]
 
     print(f"\n# e2e GRPO throughput, {args.recipe} {' '.join(args.overrides)}".rstrip())
-    print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {info['nproc']} x {info['cpu']}, threads={args.threads}, "
-          f"load average {load['start']} (start) / {load['after_credo']} (after credo) / {load['after_trl']} (after TRL)")
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {info['nproc']} x {info['cpu']}, threads={args.threads}")
+    print("# load average (1/5/15 min): " + "; ".join(f"{when} {avg}" for when, avg in load))
     print(f"# torch {info['torch']}, transformers {info['transformers']}, trl {trl_versions['trl']}, "
           f"accelerate {trl_versions['accelerate']}")
-    print(f"# batch {ro.prompts_per_step} prompts x {ro.group_size} samples, max_new_tokens {ro.max_new_tokens}, "
-          f"{args.steps} steps each, first {args.warmup} dropped; TRL loss_type={job['config']['loss_type']}, "
-          f"{job['config']['gradient_accumulation_steps']} micro-batch(es) per step")
+    print(f"# batch {ro.prompts_per_step} prompts x {ro.group_size} samples, max_new_tokens {ro.max_new_tokens}; "
+          f"{args.rounds} runs x {args.steps} steps per framework, first {args.warmup} of each run dropped; "
+          f"TRL loss_type={job['config']['loss_type']}, {job['config']['gradient_accumulation_steps']} micro-batch(es) "
+          "per step")
     print("\n| framework | steps measured | s/step (mean ± std) | tokens/step | tokens/s | response len | reward mean "
           "| warm-up steps (s) | process wall (s) |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -279,11 +294,11 @@ def main() -> int:
               f"| {s['tokens_per_s']:.0f} | {s['response_len']:.2f} | {s['reward_mean']:.3f} "
               f"| {', '.join(map(str, s['warmup_s']))} | {s['process_wall_s']:.0f} |")
     print(f"\ncredo / TRL tokens/s: {ratio:.2f}x")
-    for title, rows, keys in (("credo", credo_rows, CREDO_BREAKDOWN), ("TRL", trl_rows, TRL_BREAKDOWN)):
+    for title, key, keys in (("credo", "credo", CREDO_BREAKDOWN), ("TRL", "trl", TRL_BREAKDOWN)):
         print(f"\n{title} mean step-time breakdown (measured steps):")
         print("| part | s/step | share |\n|---|---|---|")
-        for k, m, share in breakdown(rows, keys, args.warmup):
-            print(f"| {k} | {m:.3f} | {share:.0%} |")
+        for part, m, share in breakdown(runs[key], keys, args.warmup):
+            print(f"| {part} | {m:.3f} | {share:.0%} |")
     summary = {"results": res, "ratio": ratio, "load": load, "machine": info, "trl_venv": trl_versions,
                "args": vars(args), "trl_config": job["config"]}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
