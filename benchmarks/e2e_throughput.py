@@ -24,7 +24,9 @@ Measured per step: wall time of the step (credo: `perf/step_time_s`, rollout to 
 checkpointing) and tokens = prompt + response tokens, response up to and including EOS, no padding
 (credo's `perf/tokens_per_s`, verl's definition; TRL's `num_tokens` count). The first `--warmup`
 steps of each run are dropped (one-time start-up costs) and reported apart. tokens/s is the sum of tokens
-over the sum of step times of all measured steps. The step-time breakdowns are printed for both.
+over the sum of step times of all measured steps; "at median" divides the mean tokens per step by the
+median step time, which a burst of other load on a shared machine moves less. The step-time breakdowns
+(means over the measured steps) are printed for both.
 
 Usage (from the repository root, with the project venv):
     .venv/bin/python benchmarks/e2e_throughput.py [--steps 20] [--rounds 2] [--warmup 2] [--threads 2] [key=value ...]
@@ -210,10 +212,13 @@ def summarise(runs: list[list[dict]], warmup: int, response_len: str, reward: st
     """Pool the measured steps (all but the first `warmup` of each run) of one framework's runs."""
     measured = [row for rows in runs for row in rows[warmup:]]
     times = [row["step_s"] for row in measured]
+    tokens_per_step = statistics.mean(row["tokens"] for row in measured)
     return {"steps": len(measured), "s_per_step": statistics.mean(times),
             "s_per_step_std": statistics.stdev(times) if len(times) > 1 else 0.0,
-            "tokens_per_step": statistics.mean(row["tokens"] for row in measured),
+            "s_per_step_median": statistics.median(times), "tokens_per_step": tokens_per_step,
             "tokens_per_s": sum(row["tokens"] for row in measured) / sum(times),
+            "tokens_per_s_median": tokens_per_step / statistics.median(times),
+            "run_medians": [round(statistics.median(row["step_s"] for row in rows[warmup:]), 3) for rows in runs],
             "response_len": statistics.mean(row[response_len] for row in measured),
             "reward_mean": statistics.mean(row[reward] for row in measured),
             "warmup_s": [round(row["step_s"], 2) for rows in runs for row in rows[:warmup]]}
@@ -275,6 +280,7 @@ def main() -> int:
     for name in res:
         res[name]["process_wall_s"] = wall[name]
     ratio = res["credo"]["tokens_per_s"] / res["trl"]["tokens_per_s"]
+    ratio_median = res["credo"]["tokens_per_s_median"] / res["trl"]["tokens_per_s_median"]
 
     print(f"\n# e2e GRPO throughput, {args.recipe} {' '.join(args.overrides)}".rstrip())
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {info['nproc']} x {info['cpu']}, threads={args.threads}")
@@ -285,21 +291,25 @@ def main() -> int:
           f"{args.rounds} runs x {args.steps} steps per framework, first {args.warmup} of each run dropped; "
           f"TRL loss_type={job['config']['loss_type']}, {job['config']['gradient_accumulation_steps']} micro-batch(es) "
           "per step")
-    print("\n| framework | steps measured | s/step (mean ± std) | tokens/step | tokens/s | response len | reward mean "
-          "| warm-up steps (s) | process wall (s) |")
+    print("\n| framework | steps measured | s/step (mean ± std) | s/step median | tokens/step | tokens/s "
+          "| tokens/s at median | response len | reward mean |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, key in (("credo", "credo"), (f"TRL GRPOTrainer {trl_versions['trl']}", "trl")):
         s = res[key]
-        print(f"| {name} | {s['steps']} | {s['s_per_step']:.3f} ± {s['s_per_step_std']:.3f} | {s['tokens_per_step']:.0f} "
-              f"| {s['tokens_per_s']:.0f} | {s['response_len']:.2f} | {s['reward_mean']:.3f} "
-              f"| {', '.join(map(str, s['warmup_s']))} | {s['process_wall_s']:.0f} |")
-    print(f"\ncredo / TRL tokens/s: {ratio:.2f}x")
+        print(f"| {name} | {s['steps']} | {s['s_per_step']:.3f} ± {s['s_per_step_std']:.3f} | {s['s_per_step_median']:.3f} "
+              f"| {s['tokens_per_step']:.0f} | {s['tokens_per_s']:.0f} | {s['tokens_per_s_median']:.0f} "
+              f"| {s['response_len']:.2f} | {s['reward_mean']:.3f} |")
+    print(f"\ncredo / TRL tokens/s: {ratio:.2f}x (at the median step time: {ratio_median:.2f}x)")
+    for name in ("credo", "trl"):
+        s = res[name]
+        print(f"{name}: median s/step of each run {s['run_medians']}; dropped warm-up steps (s) {s['warmup_s']}; "
+              f"process wall time {s['process_wall_s']:.0f} s in all")
     for title, key, keys in (("credo", "credo", CREDO_BREAKDOWN), ("TRL", "trl", TRL_BREAKDOWN)):
         print(f"\n{title} mean step-time breakdown (measured steps):")
         print("| part | s/step | share |\n|---|---|---|")
         for part, m, share in breakdown(runs[key], keys, args.warmup):
             print(f"| {part} | {m:.3f} | {share:.0%} |")
-    summary = {"results": res, "ratio": ratio, "load": load, "machine": info, "trl_venv": trl_versions,
+    summary = {"results": res, "ratio": ratio, "ratio_median": ratio_median, "load": load, "machine": info, "trl_venv": trl_versions,
                "args": vars(args), "trl_config": job["config"]}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"\nfiles: {out_dir}")
