@@ -85,6 +85,8 @@ class SFTConfig:
     """Index of the first training problem used for warm-up."""
     seed: Optional[int] = None
     """Seed of the warm-up (data order); None uses run.seed. Fix it to share one warm-up across RL seeds."""
+    noisy_frac: float = 0.0
+    """Fraction of warm-up demonstrations whose answer ends with a stray '.', a format defect the verifier rejects."""
 
 
 @dataclass
@@ -375,6 +377,7 @@ def validate_recipe(r: Recipe, *, check_registries: bool = True) -> None:
     _check(r.sft.steps >= 0, "sft.steps", ">= 0", r.sft.steps)
     _check(r.sft.batch_size >= 1, "sft.batch_size", ">= 1", r.sft.batch_size)
     _check(r.sft.lr > 0, "sft.lr", "> 0", r.sft.lr)
+    _check(0 <= r.sft.noisy_frac <= 1, "sft.noisy_frac", "in [0, 1]", r.sft.noisy_frac)
     ro = r.rollout
     _check(ro.backend in ("hf", "vllm"), "rollout.backend", "hf or vllm", ro.backend)
     _check(ro.prompts_per_step >= 1, "rollout.prompts_per_step", ">= 1", ro.prompts_per_step)

@@ -1,5 +1,8 @@
 """Supervised warm-up that produces the base policy, cached by the hash of everything that shapes it.
 
+`sft.noisy_frac` makes a share of the demonstrations end the answer with a stray '.', a format
+defect the verifier rejects: a controlled stand-in for imperfect SFT data that RL has to correct.
+
 Repeated recipes and ablation runs with the same model, task and `sft` settings reuse the cached
 checkpoint instead of retraining. The cache entry is written to a temporary folder and renamed, so a
 killed warm-up never leaves a half-written policy behind.
@@ -57,8 +60,10 @@ def run_sft(r: Recipe, base_path: str, task, *, log=print) -> tuple[str, str]:
     t0 = time.time()
     for step in range(steps):
         idx = torch.randint(0, len(task), (r.sft.batch_size,), generator=gen).tolist()
-        pairs = [encode_pair(tok, task.train(r.sft.data_offset + i).prompt, task.train(r.sft.data_offset + i).answer)
-                 for i in idx]
+        noisy = (torch.rand(len(idx), generator=gen) < r.sft.noisy_frac).tolist()
+        problems = [task.train(r.sft.data_offset + i) for i in idx]
+        # noisy demonstrations stand in for imperfect SFT data: right answer, wrong format
+        pairs = [encode_pair(tok, p.prompt, p.answer + ("." if bad else "")) for p, bad in zip(problems, noisy)]
         width = max(len(ids) for ids, _ in pairs)
         ids = torch.full((len(pairs), width), tok.pad_token_id)
         mask = torch.zeros(len(pairs), width)
