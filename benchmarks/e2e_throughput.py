@@ -7,8 +7,9 @@ machine's load falls on both alike, with the same torch thread count:
 - the same starting weights: the recipe's cached SFT warm-up directory (computed first if missing);
 - the same prompts in the same order: credo's per-step prompt draw (`rollout.prompts_per_step` problems,
   each repeated `rollout.group_size` times) is exported to JSON and TRL walks it unshuffled;
-- the same reward (exact match, as `ArithmeticTask.score`), temperature, top-p, `max_new_tokens`
-  (TRL: `max_completion_length`), learning rate, AdamW betas, weight decay, gradient clip, PPO clip;
+- the same reward (`ArithmeticTask.score`, restated in the worker and checked against it), temperature,
+  top-p, `max_new_tokens` (TRL: `max_completion_length`), learning rate and linear warm-up, AdamW betas,
+  weight decay, gradient clip, PPO clip;
 - one optimizer step per batch of prompts_per_step x group_size completions, split into the same number of
   micro-batches (TRL: `per_device_train_batch_size`, `gradient_accumulation_steps`, `steps_per_generation`);
 - no reference model (`beta=0`), one pass over each batch (`num_iterations=1`), fp32, no vLLM, CPU;
@@ -148,12 +149,27 @@ def build_job(r, steps: int, threads: int, out_dir: Path) -> dict:
         "adam_beta2": o.betas[1], "max_grad_norm": o.grad_clip, "beta": a.kl_coef if r.model.ref_model else 0.0,
         "epsilon": clip["clip_low"], "epsilon_high": clip["clip_high"], "loss_type": AGG_TO_TRL_LOSS[a.agg_mode],
         "scale_rewards": "group" if std else "none", "entropy_coef": a.entropy_coef,
-        "mask_truncated_completions": a.overlong_filter,
+        "mask_truncated_completions": a.overlong_filter, "warmup_steps": o.warmup_steps,
     }
-    if o.warmup_steps:
-        raise SystemExit("optim.warmup_steps must be 0 (the TRL side runs a constant learning rate)")
+    check_verifier(task)
     return {"model": model_dir, "rows": rows, "steps": steps, "seed": r.run.seed, "threads": threads,
             "output_dir": str(out_dir / "trl"), "config": config}
+
+
+def check_verifier(task) -> None:
+    """The TRL worker restates the task's verifier (it runs without credo): make sure the two agree."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from trl_grpo_worker import answer_score
+
+    problems = [task.train(i) for i in range(50)]
+    for p in problems:
+        a = p.answer
+        for response in (a, f" {a}\n", a.lstrip("0") or "0", "0" + a, a + ".", a[:-1], "-" + a, "", "x", f"{int(a) + 1}",
+                         "1e2", " ", "--1", a + " " + a):
+            want, got = task.score(response, p), answer_score(response, a)
+            if want != got:
+                raise SystemExit(f"trl_grpo_worker.answer_score({response!r}, {a!r}) = {got}, but the task's verifier "
+                                 f"gives {want}: update answer_score to match {type(task).__name__}.score")
 
 
 # ------------------------------------------------------------------------------------------------ runs

@@ -22,6 +22,19 @@ import sys
 import time
 
 
+def answer_score(response: str, answer: str) -> float:
+    """credo's `ArithmeticTask.score`: 1.0 when the response is exactly the integer answer (leading zeros allowed).
+
+    Restated here because this script runs without credo; `e2e_throughput.py` checks that the two agree
+    on a set of responses before every run.
+    """
+    text = response.strip()
+    digits = text[1:] if text.startswith("-") else text
+    if not digits.isdigit():
+        return 0.0
+    return 1.0 if int(text) == int(answer) else 0.0
+
+
 def main(job_path: str, out_path: str) -> int:
     job = json.loads(open(job_path).read())
     import torch
@@ -43,8 +56,7 @@ def main(job_path: str, out_path: str) -> int:
     model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32)
 
     def exact_match(completions, answer, **_):
-        # credo's ArithmeticTask.score: 1 for the exact answer after stripping whitespace
-        return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
+        return [answer_score(c, a) for c, a in zip(completions, answer)]
 
     timers: dict[str, float] = {}
     counts = {"tokens": 0, "completion_tokens": 0, "completions": 0}
@@ -105,7 +117,8 @@ def main(job_path: str, out_path: str) -> int:
         gradient_accumulation_steps=cfg["gradient_accumulation_steps"],
         steps_per_generation=cfg["gradient_accumulation_steps"], num_generations=cfg["num_generations"],
         max_completion_length=cfg["max_completion_length"], temperature=cfg["temperature"], top_p=cfg["top_p"],
-        top_k=0, learning_rate=cfg["learning_rate"], lr_scheduler_type="constant", warmup_steps=0,
+        top_k=0, learning_rate=cfg["learning_rate"], warmup_steps=cfg["warmup_steps"],
+        lr_scheduler_type="constant_with_warmup" if cfg["warmup_steps"] else "constant",
         weight_decay=cfg["weight_decay"], adam_beta1=cfg["adam_beta1"], adam_beta2=cfg["adam_beta2"],
         max_grad_norm=cfg["max_grad_norm"], beta=cfg["beta"], num_iterations=1, epsilon=cfg["epsilon"],
         epsilon_high=cfg["epsilon_high"], loss_type=cfg["loss_type"], scale_rewards=cfg["scale_rewards"],
