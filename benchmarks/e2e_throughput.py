@@ -26,7 +26,8 @@ checkpointing) and tokens = prompt + response tokens, response up to and includi
 (credo's `perf/tokens_per_s`, verl's definition; TRL's `num_tokens` count). The first `--warmup`
 steps of each run are dropped (one-time start-up costs) and reported apart. tokens/s is the sum of tokens
 over the sum of step times of all measured steps; "at median" divides the mean tokens per step by the
-median step time, which a burst of other load on a shared machine moves less. The step-time breakdowns
+median step time, and "best run" is the fastest run's tokens/s (timeit's rule): both are moved less by a
+burst of other load on a shared machine (`--wait-load` also helps there). The step-time breakdowns
 (means over the measured steps) are printed for both.
 
 Usage (from the repository root, with the project venv):
@@ -229,11 +230,13 @@ def summarise(runs: list[list[dict]], warmup: int, response_len: str, reward: st
     measured = [row for rows in runs for row in rows[warmup:]]
     times = [row["step_s"] for row in measured]
     tokens_per_step = statistics.mean(row["tokens"] for row in measured)
+    per_run = [sum(row["tokens"] for row in rows[warmup:]) / sum(row["step_s"] for row in rows[warmup:]) for rows in runs]
     return {"steps": len(measured), "s_per_step": statistics.mean(times),
             "s_per_step_std": statistics.stdev(times) if len(times) > 1 else 0.0,
             "s_per_step_median": statistics.median(times), "tokens_per_step": tokens_per_step,
             "tokens_per_s": sum(row["tokens"] for row in measured) / sum(times),
-            "tokens_per_s_median": tokens_per_step / statistics.median(times),
+            "tokens_per_s_median": tokens_per_step / statistics.median(times), "tokens_per_s_best_run": max(per_run),
+            "run_tokens_per_s": [round(x) for x in per_run],
             "run_medians": [round(statistics.median(row["step_s"] for row in rows[warmup:]), 3) for rows in runs],
             "response_len": statistics.mean(row[response_len] for row in measured),
             "reward_mean": statistics.mean(row[reward] for row in measured),
@@ -246,6 +249,13 @@ def breakdown(runs: list[list[dict]], keys: list[str], warmup: int) -> list[tupl
     return [(k, m, m / total) for k in keys for m in [statistics.mean(row[k] for row in measured)]]
 
 
+def wait_for_load(limit: float, timeout_s: float = 300.0) -> None:
+    """Sleep until the 1-minute load average is below `limit` (0: don't wait), at most `timeout_s`."""
+    t0 = time.time()
+    while limit and float(loadavg().split()[0]) >= limit and time.time() - t0 < timeout_s:
+        time.sleep(10)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("overrides", nargs="*", help="recipe key=value overrides applied to both frameworks")
@@ -256,6 +266,8 @@ def main() -> int:
                    help="runs per framework; the order alternates (credo, TRL, TRL, credo, ...) so that a change in "
                         "the machine's load falls on both alike")
     p.add_argument("--threads", type=int, default=2, help="torch threads for both frameworks")
+    p.add_argument("--wait-load", type=float, default=0.0,
+                   help="before each run, wait (up to 5 min) until the 1-minute load average is below this; 0: don't")
     p.add_argument("--trl-venv", default=str(ROOT / ".cache" / "trl-venv"))
     p.add_argument("--trl-spec", default=TRL_SPEC, help="pip requirement for TRL when the venv is created")
     p.add_argument("--out", default=None, help="work folder (default .cache/e2e_throughput/<time>)")
@@ -281,14 +293,16 @@ def main() -> int:
     load = [("start", loadavg())]
     for k in range(args.rounds):
         for name in (("credo", "trl") if k % 2 == 0 else ("trl", "credo")):
-            print(f"round {k + 1}/{args.rounds}: {name} ...", flush=True)
+            wait_for_load(args.wait_load)
+            print(f"round {k + 1}/{args.rounds}: {name} (load average {loadavg()}) ...", flush=True)
+            load.append((f"before {name}{k + 1}", loadavg()))
             if name == "credo":
                 rows, w = run_credo(args.recipe, args.overrides, args.steps, args.threads, out_dir, f"credo{k + 1}")
             else:
                 rows, w = run_trl(trl_py, job, out_dir, f"trl{k + 1}")
             runs[name].append(rows)
             wall[name] += w
-            load.append((f"after {name}{k + 1}", loadavg()))
+    load.append(("end", loadavg()))
 
     ro = r.rollout
     res = {"credo": summarise(runs["credo"], args.warmup, "train/response_len", "train/reward_mean"),
@@ -297,6 +311,7 @@ def main() -> int:
         res[name]["process_wall_s"] = wall[name]
     ratio = res["credo"]["tokens_per_s"] / res["trl"]["tokens_per_s"]
     ratio_median = res["credo"]["tokens_per_s_median"] / res["trl"]["tokens_per_s_median"]
+    ratio_best = res["credo"]["tokens_per_s_best_run"] / res["trl"]["tokens_per_s_best_run"]
 
     print(f"\n# e2e GRPO throughput, {args.recipe} {' '.join(args.overrides)}".rstrip())
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {info['nproc']} x {info['cpu']}, threads={args.threads}")
@@ -308,24 +323,26 @@ def main() -> int:
           f"TRL loss_type={job['config']['loss_type']}, {job['config']['gradient_accumulation_steps']} micro-batch(es) "
           "per step")
     print("\n| framework | steps measured | s/step (mean ± std) | s/step median | tokens/step | tokens/s "
-          "| tokens/s at median | response len | reward mean |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| tokens/s at median | tokens/s best run | response len | reward mean |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, key in (("credo", "credo"), (f"TRL GRPOTrainer {trl_versions['trl']}", "trl")):
         s = res[key]
         print(f"| {name} | {s['steps']} | {s['s_per_step']:.3f} ± {s['s_per_step_std']:.3f} | {s['s_per_step_median']:.3f} "
               f"| {s['tokens_per_step']:.0f} | {s['tokens_per_s']:.0f} | {s['tokens_per_s_median']:.0f} "
+              f"| {s['tokens_per_s_best_run']:.0f} "
               f"| {s['response_len']:.2f} | {s['reward_mean']:.3f} |")
-    print(f"\ncredo / TRL tokens/s: {ratio:.2f}x (at the median step time: {ratio_median:.2f}x)")
+    print(f"\ncredo / TRL tokens/s: {ratio:.2f}x over all measured steps, {ratio_median:.2f}x at the median step time, "
+          f"{ratio_best:.2f}x best run against best run")
     for name in ("credo", "trl"):
         s = res[name]
-        print(f"{name}: median s/step of each run {s['run_medians']}; dropped warm-up steps (s) {s['warmup_s']}; "
+        print(f"{name}: tokens/s of each run {s['run_tokens_per_s']}, median s/step {s['run_medians']}; dropped warm-up steps (s) {s['warmup_s']}; "
               f"process wall time {s['process_wall_s']:.0f} s in all")
     for title, key, keys in (("credo", "credo", CREDO_BREAKDOWN), ("TRL", "trl", TRL_BREAKDOWN)):
         print(f"\n{title} mean step-time breakdown (measured steps):")
         print("| part | s/step | share |\n|---|---|---|")
         for part, m, share in breakdown(runs[key], keys, args.warmup):
             print(f"| {part} | {m:.3f} | {share:.0%} |")
-    summary = {"results": res, "ratio": ratio, "ratio_median": ratio_median, "load": load, "machine": info, "trl_venv": trl_versions,
+    summary = {"results": res, "ratio": ratio, "ratio_median": ratio_median, "ratio_best_run": ratio_best, "load": load, "machine": info, "trl_venv": trl_versions,
                "args": vars(args), "trl_config": job["config"]}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"\nfiles: {out_dir}")
