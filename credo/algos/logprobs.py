@@ -402,7 +402,8 @@ def _check_inputs(hidden, weight, labels, bias, temperature, chunk_size):
     if labels.dtype != torch.int64:
         raise ValueError(f"labels has dtype {labels.dtype}, expected torch.int64")
     if labels.shape != hidden.shape[:-1]:
-        raise ValueError(f"labels has shape {list(labels.shape)}, expected {list(hidden.shape[:-1])} like hidden[..., 0]")
+        expected = list(hidden.shape[:-1])
+        raise ValueError(f"labels has shape {list(labels.shape)}, expected {expected} like hidden[..., 0]")
     if labels.device != hidden.device:
         raise ValueError(f"labels is on {labels.device}, expected {hidden.device} like hidden")
     if bias is not None:

@@ -98,7 +98,8 @@ def test_bf16_inputs_match_fp32_reference_within_bf16_tolerance():
     assert log_probs.dtype == torch.float32 and entropy.dtype == torch.float32
     # The fp32 reference sees exactly the bf16 values the chunked path sees.
     ref_inputs = [t.detach().float().requires_grad_() for t in (hidden, weight, bias)]
-    ref_log_probs, ref_entropy = reference_logprobs_and_entropy(ref_inputs[0], ref_inputs[1], labels, 0.8, ref_inputs[2])
+    ref_hidden, ref_weight, ref_bias = ref_inputs
+    ref_log_probs, ref_entropy = reference_logprobs_and_entropy(ref_hidden, ref_weight, labels, 0.8, ref_bias)
     torch.testing.assert_close(log_probs, ref_log_probs.detach(), atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(entropy, ref_entropy.detach(), atol=3e-2, rtol=3e-2)
 
