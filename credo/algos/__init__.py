@@ -38,7 +38,7 @@ from credo.algos.policy_losses import (
     sapo,
     topr,
 )
-from credo.algos.logprobs import logprobs_from_hidden
+from credo.algos.logprobs import fused_policy_loss_from_hidden, logprobs_from_hidden
 from credo.algos.value import value_loss
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "cispo",
     "dr_grpo",
     "entropy_from_logits",
+    "fused_policy_loss_from_hidden",
     "gae",
     "global_counts",
     "grpo",
