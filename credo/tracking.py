@@ -99,7 +99,7 @@ class Tracker:
             self.wandb.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
         if self.plot:
             plot_curves(self.rows, self.run_dir / "curves.png")
-        if self.bar is not None:
+        if self.bar is not None and row["step"] > 0:  # step 0 is the evaluation before training
             post = {"reward": f"{row.get('train/reward_mean', float('nan')):.3f}"}
             if self.last_eval is not None:
                 post["eval_acc"] = f"{self.last_eval:.3f}"
