@@ -105,13 +105,18 @@ class HFBackend:
                 **kwargs,
             )
         self.model.train(was_training)
-        gen = out.sequences[:, width:].cpu()
-        # scores are the processed logits the sampler drew from (temperature/top-p applied)
-        logp = torch.stack(out.scores, 1).float().log_softmax(-1).cpu() if out.scores else None
+        gen = out.sequences[:, width:]
+        # scores are the processed logits the sampler drew from (temperature/top-p applied); one gather
+        # picks each generated token's log-prob (a per-token Python lookup cost more than the sampling)
+        tok_logp = None
+        if out.scores:
+            logp = torch.stack(out.scores, 1).float().log_softmax(-1)
+            tok_logp = logp.gather(-1, gen[:, : logp.shape[1]].unsqueeze(-1)).squeeze(-1).cpu().tolist()
+        gen = gen.cpu().tolist()
         samples = []
         for i, p in enumerate(prompts):
-            resp, finished = strip_response(gen[i].tolist(), self.eos_id, self.pad_id)
-            lps = [float(logp[i, t, tok]) for t, tok in enumerate(resp)] if logp is not None else []
+            resp, finished = strip_response(gen[i], self.eos_id, self.pad_id)
+            lps = tok_logp[i][: len(resp)] if tok_logp is not None else []
             samples.append(Sample(list(p), resp, [1] * len(resp), lps, finished, self.version))
         return samples
 
