@@ -11,12 +11,14 @@ naming the function.
 from __future__ import annotations
 
 import importlib
+import itertools
 import logging
 import math
 import os
+import queue
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -69,39 +71,76 @@ def import_reward_fn(spec: str) -> GroupRewardFn:
     return fn
 
 
-def _run_with_timeout(fn: Callable, args: tuple, timeout_s: float):
-    """Run fn(*args) in a daemon thread; return ('ok', value) | ('error', exc) | ('timeout', None).
+_worker_ids = itertools.count()
 
-    A thread cannot be killed: a call past its timeout is abandoned and finishes in the background.
-    """
-    box: dict = {}
 
-    def target():
-        try:
-            box["value"] = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - any failure of user code is isolated
-            box["error"] = e
+class _Call:
+    """One reward call: its arguments, when a worker started it, and its outcome."""
 
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    if t.is_alive():
-        return "timeout", None
-    if "error" in box:
-        return "error", box["error"]
-    return "ok", box["value"]
+    __slots__ = ("fn", "args", "started_at", "done", "status", "value", "abandoned")
+
+    def __init__(self, fn: Callable, args: tuple):
+        self.fn, self.args = fn, args
+        self.started_at: float | None = None
+        self.done = threading.Event()
+        self.status, self.value = "error", None
+        self.abandoned = False
 
 
 class RewardWorker:
-    """Evaluates groups of responses with a per-call timeout and failure accounting."""
+    """Evaluates groups of responses with a per-call timeout and failure accounting.
+
+    `workers` daemon threads take calls from a queue. A call past its timeout is abandoned (a thread
+    cannot be killed): its thread exits once the call returns, and a fresh thread takes its place at
+    once, so a hung judge costs a thread, not capacity. Threads are long-lived because starting one
+    per call cost more than a cheap verifier's whole step.
+    """
 
     def __init__(self, fn: GroupRewardFn, *, timeout_s: float, workers: int, max_failure_frac: float):
         self.fn = fn
         self.timeout_s = timeout_s
         self.max_failure_frac = max_failure_frac
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="credo-reward")
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self.thread_name = f"credo-reward-{next(_worker_ids)}"
+        self._workers = workers
         self._seen_kinds: set[str] = set()
         self.name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+        for _ in range(workers):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        threading.Thread(target=self._work, daemon=True, name=self.thread_name).start()
+
+    def _work(self) -> None:
+        while True:
+            call = self._queue.get()
+            if call is None:
+                return
+            call.started_at = time.monotonic()
+            try:
+                status, value = "ok", call.fn(*call.args)
+            except BaseException as e:  # noqa: BLE001 - any failure of user code is isolated
+                status, value = "error", e
+            with self._lock:  # against _wait deciding on a timeout at this very moment
+                if call.abandoned:  # replaced when it timed out; leave so the pool keeps its size
+                    return
+                call.status, call.value = status, value
+                call.done.set()
+
+    def _wait(self, call: _Call) -> tuple[str, object]:
+        """('ok', value) | ('error', exception) | ('timeout', None) once `call` is done or has run timeout_s."""
+        while True:
+            started = call.started_at
+            wait = 0.05 if started is None else started + self.timeout_s - time.monotonic()
+            if not call.done.wait(max(wait, 0.0)) and started is not None:
+                with self._lock:
+                    if not call.done.is_set() and time.monotonic() - started >= self.timeout_s:
+                        call.abandoned = True
+                        self._spawn()
+                        return "timeout", None
+            if call.done.is_set():
+                return call.status, call.value
 
     def _check(self, value, n: int) -> list[float]:
         try:
@@ -126,12 +165,14 @@ class RewardWorker:
 
     def __call__(self, groups: list[tuple[list, list]], *, step: int) -> RewardResult:
         """Score `groups`, a list of (responses, problems) pairs; results are flattened in order."""
-        futures = [self._pool.submit(_run_with_timeout, self.fn, g, self.timeout_s) for g in groups]
+        calls = [_Call(self.fn, g) for g in groups]
+        for call in calls:
+            self._queue.put(call)
         rewards: list[float] = []
         valid: list[bool] = []
         failures = timeouts = 0
-        for (responses, _), fut in zip(groups, futures):
-            status, value = fut.result()
+        for (responses, _), call in zip(groups, calls):
+            status, value = self._wait(call)
             n = len(responses)
             if status == "ok":
                 rewards += self._check(value, n)
@@ -161,4 +202,5 @@ class RewardWorker:
         return RewardResult(rewards, valid, failures, timeouts)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for _ in range(self._workers):
+            self._queue.put(None)

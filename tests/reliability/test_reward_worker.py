@@ -125,3 +125,37 @@ def test_calls_run_concurrently():
 def test_reward_function_spec_errors(spec, expected):
     with pytest.raises(ConfigError, match=f"reward.function = '{spec}'.*{expected}"):
         import_reward_fn(spec)
+
+
+def reward_threads(w) -> int:
+    return sum(t.name == w.thread_name for t in threading.enumerate())
+
+
+def test_hung_calls_cost_no_capacity_and_threads_stay_bounded():
+    """Two workers, both stuck in calls that time out: the next step still runs at full speed, and
+    once the stuck calls return their threads leave, back to the configured two."""
+    w = worker(workers=2, max_failure_frac=1.0)
+    res = w(groups_of(["sleep", "sleep2"]), step=1)  # each sleeps 1.0 s, timeout 0.2 s
+    assert res.timeouts == 2
+    t0 = time.perf_counter()
+    res = w(groups_of(["ok", "ok2", "ok3"]), step=2)
+    assert time.perf_counter() - t0 < 0.5 and all(res.valid)  # replacements took the calls at once
+    assert reward_threads(w) == 4  # two replacements, two still inside their sleep
+    deadline = time.monotonic() + 3.0
+    while reward_threads(w) > 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert reward_threads(w) == 2
+    w.close()
+    deadline = time.monotonic() + 3.0
+    while reward_threads(w) > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert reward_threads(w) == 0
+
+
+def test_late_result_of_a_timed_out_call_is_not_used():
+    w = worker(workers=1, max_failure_frac=1.0)
+    res = w(groups_of(["sleep"]), step=1)
+    assert res.timeouts == 1 and res.rewards == [0.0, 0.0] and res.valid == [False, False]
+    time.sleep(1.0)  # the call has returned [0, 1] by now, too late
+    res = w(groups_of(["ok"]), step=2)
+    assert res.rewards == [0.0, 1.0] and res.valid == [True, True] and res.timeouts == 0
