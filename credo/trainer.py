@@ -16,6 +16,7 @@ Extension points (see docs/architecture.md): `Sample.response_mask` (multi-turn 
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import math
@@ -62,18 +63,26 @@ class Batch:
 def pack(samples: list[Sample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-pad prompt+response; return input_ids, attention_mask, response mask and sampler log-probs."""
     width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
-    B = len(samples)
-    ids = torch.full((B, width), pad_id, dtype=torch.long)
-    attn = torch.zeros(B, width, dtype=torch.long)
-    resp = torch.zeros(B, width - 1, dtype=torch.bool)
-    rlp = torch.zeros(B, width - 1)
+    # rows are built as Python lists and converted once: a tensor per row cost more than the forward
+    # pass of a small model
+    ids, attn, resp, rlp = [], [], [], []
     for i, s in enumerate(samples):
         p, n = len(s.prompt_ids), len(s.response_ids)
-        ids[i, : p + n] = torch.tensor(s.prompt_ids + s.response_ids)
-        attn[i, : p + n] = 1
-        if n:
-            resp[i, p - 1: p - 1 + n] = torch.tensor(s.response_mask, dtype=torch.bool)
-            rlp[i, p - 1: p - 1 + n] = torch.tensor(s.rollout_log_probs[:n] if s.rollout_log_probs else [0.0] * n)
+        if p == 0:
+            raise ValueError(f"sample {i} has an empty prompt_ids; the first response token needs a prompt token to be scored from")
+        if len(s.response_mask) != n or (s.rollout_log_probs and len(s.rollout_log_probs) < n):
+            raise ValueError(f"sample {i}: response_mask has {len(s.response_mask)} and rollout_log_probs "
+                             f"{len(s.rollout_log_probs)} entries for {n} response_ids")
+        tail = width - p - n
+        ids.append(s.prompt_ids + s.response_ids + [pad_id] * tail)
+        attn.append([1] * (p + n) + [0] * tail)
+        resp.append([0] * (p - 1) + list(s.response_mask) + [0] * tail)
+        lps = s.rollout_log_probs[:n] if s.rollout_log_probs else [0.0] * n
+        rlp.append([0.0] * (p - 1) + list(lps) + [0.0] * tail)
+    ids = torch.tensor(ids, dtype=torch.long)
+    attn = torch.tensor(attn, dtype=torch.long)
+    resp = torch.tensor(resp, dtype=torch.bool)
+    rlp = torch.tensor(rlp, dtype=torch.float32)
     return ids, attn, resp, rlp
 
 
@@ -182,6 +191,11 @@ class Trainer:
         wandb_cfg = {"project": r.run.wandb_project, "mode": r.run.wandb_mode} if r.run.wandb else None
         self.tracker = Tracker(self.run_dir, total_steps=r.run.steps, start_step=self.start_step, enabled=self.rank == 0,
                                progress=r.run.progress, plot=r.run.plot, wandb_cfg=wandb_cfg, config=recipe_to_dict(r))
+        # Everything built so far (models, engines, the modules of torch, transformers and DeepSpeed) lives for
+        # the whole run: move it out of the collector's reach, as vLLM does after start-up. Otherwise each
+        # full collection walks it again; one took 0.27 s, longer than a quickstart step.
+        gc.collect()
+        gc.freeze()
 
     # ---- setup helpers
     def _run_dir(self) -> Path:
@@ -233,7 +247,7 @@ class Trainer:
     def _make_backend(self):
         r = self.r
         if r.rollout.backend == "hf":
-            return HFBackend(self.engine.module, self.tokenizer)
+            return HFBackend(self.engine.module, self.tokenizer, max_batch=r.rollout.hf_max_batch)
         from credo.distributed.vllm_backend import VLLMBackend
 
         eager = r.rollout.vllm_enforce_eager
@@ -288,7 +302,7 @@ class Trainer:
         per_rank = P // self.world
         mine = list(range(self.rank * per_rank, (self.rank + 1) * per_rank))
         problems = [self.task.train(idx[i]) for i in mine]
-        prompt_ids = [self.tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
+        prompt_ids = self.tokenizer([p.prompt for p in problems], add_special_tokens=False)["input_ids"]
         prompts = [ids for ids in prompt_ids for _ in range(G)]
         seeds = [_step_seed(r.run.seed, step, 1 + i * G + g) for i in mine for g in range(G)]
         samples = self.backend.generate(prompts, max_new_tokens=r.rollout.max_new_tokens, temperature=r.rollout.temperature,
@@ -298,7 +312,7 @@ class Trainer:
 
     def score(self, problems, samples, step: int):
         G = self.r.rollout.group_size
-        texts = [self.tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+        texts = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
         groups = [(texts[i * G:(i + 1) * G], [p] * G) for i, p in enumerate(problems)]
         res = self.rewards(groups, step=step)
         return torch.tensor(res.rewards), torch.tensor(res.valid), res
@@ -445,15 +459,17 @@ class Trainer:
         r = self.r
         problems = self.task.eval_problems()[self.rank::self.world]
         k = r.run.eval_samples
-        prompts = [self.tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in problems for _ in range(k)]
+        prompts = [ids for ids in self.tokenizer([p.prompt for p in problems], add_special_tokens=False)["input_ids"]
+                   for _ in range(k)]
         greedy = r.run.eval_temperature == 0
         seeds = None if greedy else [_step_seed(r.run.seed, -1, self.rank * len(prompts) + i) for i in range(len(prompts))]
         samples = self.backend.generate(prompts, max_new_tokens=r.rollout.max_new_tokens,
                                         temperature=1.0 if greedy else r.run.eval_temperature, top_p=1.0, seeds=seeds)
+        texts = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
         correct = 0.0
-        for i, s in enumerate(samples):
+        for i, text in enumerate(texts):
             try:
-                correct += self.task.score(self.tokenizer.decode(s.response_ids, skip_special_tokens=True), problems[i // k])
+                correct += self.task.score(text, problems[i // k])
             except Exception:  # noqa: BLE001 - a verifier crash on one answer scores it 0
                 pass
         tot = all_reduce_sum(torch.tensor([correct, float(len(samples))], dtype=torch.float64))
@@ -491,6 +507,8 @@ class Trainer:
 
     def close(self) -> None:
         self.backend.close()
+        self.rewards.close()
+        gc.unfreeze()  # let a process that goes on (tests, notebooks) collect this trainer
 
 
 def param_digests(module: torch.nn.Module) -> list[str]:

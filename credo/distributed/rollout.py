@@ -49,31 +49,43 @@ class RolloutBackend(Protocol):
     def close(self) -> None: ...
 
 
-def strip_response(ids: list[int], eos_id: int, pad_id: int) -> tuple[list[int], bool]:
-    """Cut a generated sequence after its first EOS (kept) and drop padding; report whether it finished."""
-    out = []
-    for t in ids:
-        out.append(t)
-        if t == eos_id:
-            return out, True
-    while out and out[-1] == pad_id and pad_id != eos_id:
-        out.pop()
-    return out, False
+def response_lengths(gen: torch.Tensor, eos_id: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lengths [B] and finished flags [B] of generated rows `gen [B, T]`.
+
+    A row keeps everything up to and including its first EOS (finished); a row without EOS drops its
+    trailing padding (truncated at the length cap).
+    """
+    T = gen.shape[1]
+    is_eos = gen == eos_id
+    finished = is_eos.any(1)
+    first_eos = torch.where(finished, is_eos.int().argmax(1), T)
+    pos = torch.arange(T, device=gen.device)[None, :]
+    keep = pos <= first_eos[:, None]
+    if pad_id != eos_id:
+        not_pad = (gen != pad_id) & keep
+        last_real = torch.where(not_pad.any(1), T - 1 - not_pad.flip(1).int().argmax(1), -1)
+        keep &= finished[:, None] | (pos <= last_real[:, None])
+    return keep.sum(1), finished
 
 
 class HFBackend:
     """transformers `generate` on the trainer's own module: no copy, so weight sync is a no-op.
 
-    Prompts are left-padded and sampled in one call under a forked RNG seeded from `seeds`, so results do
-    not depend on the global RNG (vLLM instead seeds each request).
+    Prompts are left-padded and sampled in one call (or blocks of `max_batch` prompts, 0 = one call)
+    under a forked RNG seeded from `seeds`, so results do not depend on the global RNG (vLLM instead
+    seeds each request). Padding, the EOS cut and the sampler log-probs are tensor operations: with a
+    small model, per-sample Python work after `generate()` cost as much as a quarter of the sampling.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch: int = 256):
+    def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch: int = 0):
+        if max_batch < 0:
+            raise ValueError(f"max_batch must be >= 0 (0 = all prompts in one generate call), got {max_batch}")
         self.model = model
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id
         self.max_batch = max_batch
         self.version = 0
+        self._gen_configs: dict = {}
 
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
         self.model = model
@@ -82,54 +94,60 @@ class HFBackend:
     def close(self) -> None:
         pass
 
+    def _generation_config(self, max_new_tokens: int, temperature: float, top_p: float, greedy: bool):
+        # Built once per setting: passing kwargs makes transformers copy and re-validate the model's
+        # generation config on every call.
+        key = (max_new_tokens, temperature, top_p, greedy)
+        if key not in self._gen_configs:
+            from transformers import GenerationConfig
+
+            sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+            self._gen_configs[key] = GenerationConfig(
+                max_new_tokens=max_new_tokens, eos_token_id=self.eos_id, pad_token_id=self.pad_id, output_scores=True,
+                return_dict_in_generate=True, disable_compile=True, **sampling)
+        return self._gen_configs[key]
+
     @torch.no_grad()
     def _generate_block(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
                         seed: int | None) -> list[Sample]:
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            attn[i, width - len(p):] = 1
-        greedy = seed is None
-        kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
+        attn = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+        config = self._generation_config(max_new_tokens, temperature, top_p, greedy=seed is None)
         was_training = self.model.training
         self.model.eval()
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
-            out = self.model.generate(
-                input_ids=ids.to(device), attention_mask=attn.to(device), max_new_tokens=max_new_tokens,
-                eos_token_id=self.eos_id, pad_token_id=self.pad_id, output_scores=True, return_dict_in_generate=True,
-                **kwargs,
-            )
+            out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=config)
         self.model.train(was_training)
-        gen = out.sequences[:, width:]
-        # scores are the processed logits the sampler drew from (temperature/top-p applied); one gather
-        # picks each generated token's log-prob (a per-token Python lookup cost more than the sampling)
-        tok_logp = None
+        gen = out.sequences[:, width:].cpu()
+        lengths, finished = response_lengths(gen, self.eos_id, self.pad_id)
+        lengths = lengths.tolist()
+        # scores are the processed logits the sampler drew from (temperature/top-p applied)
         if out.scores:
-            logp = torch.stack(out.scores, 1).float().log_softmax(-1)
-            tok_logp = logp.gather(-1, gen[:, : logp.shape[1]].unsqueeze(-1)).squeeze(-1).cpu().tolist()
-        gen = gen.cpu().tolist()
-        samples = []
-        for i, p in enumerate(prompts):
-            resp, finished = strip_response(gen[i], self.eos_id, self.pad_id)
-            lps = tok_logp[i][: len(resp)] if tok_logp is not None else []
-            samples.append(Sample(list(p), resp, [1] * len(resp), lps, finished, self.version))
-        return samples
+            logp = torch.stack(out.scores, 1).float().log_softmax(-1).cpu()
+            tok_logp = logp.gather(-1, gen[:, : logp.shape[1]].unsqueeze(-1)).squeeze(-1).tolist()
+        else:
+            tok_logp = [[] for _ in prompts]
+        gen_rows, done = gen.tolist(), finished.tolist()
+        return [Sample(list(p), gen_rows[i][:n], [1] * n, tok_logp[i][:n], done[i], self.version)
+                for i, (p, n) in enumerate(zip(prompts, lengths))]
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float,
                  seeds: list[int] | None) -> list[Sample]:
         """Sample one response per prompt; `seeds=None` decodes greedily."""
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"seeds has length {len(seeds)}, expected {len(prompts)} like prompts")
+        if not prompts:
+            return []
         # One RNG stream for the whole call, derived from all seeds: the same prompts and seeds give the
         # same samples (what resume needs) while the batch stays one generate call (what speed needs).
         block_seed = None if seeds is None else int.from_bytes(hashlib.sha256(repr(list(seeds)).encode()).digest()[:4], "little")
+        block = self.max_batch or len(prompts)
         samples: list[Sample] = []
-        for start in range(0, len(prompts), self.max_batch):
+        for start in range(0, len(prompts), block):
             seed = None if block_seed is None else block_seed + start
-            samples += self._generate_block(prompts[start:start + self.max_batch], max_new_tokens, temperature, top_p, seed)
+            samples += self._generate_block(prompts[start:start + block], max_new_tokens, temperature, top_p, seed)
         return samples
