@@ -87,11 +87,19 @@ def _inputs(args):
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    hidden = torch.randn(args.n, HIDDEN, requires_grad=True)
-    weight = (torch.randn(args.vocab, HIDDEN) * HIDDEN**-0.5).requires_grad_(True)
-    labels = torch.randint(0, args.vocab, (args.n,))
-    grad_logp, grad_entropy = torch.randn(args.n), torch.randn(args.n)
+    dev, dtype = args.device, getattr(torch, args.dtype)
+    hidden = torch.randn(args.n, HIDDEN, device=dev, dtype=dtype, requires_grad=True)
+    weight = (torch.randn(args.vocab, HIDDEN, device=dev) * HIDDEN**-0.5).to(dtype).requires_grad_(True)
+    labels = torch.randint(0, args.vocab, (args.n,), device=dev)
+    grad_logp, grad_entropy = torch.randn(args.n, device=dev), torch.randn(args.n, device=dev)
     return hidden, weight, labels, grad_logp, grad_entropy
+
+
+def _sync(args):
+    if args.device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def _warm_up(method, hidden, weight, labels, grad_logp, grad_entropy, with_entropy):
@@ -104,11 +112,21 @@ def _memory_worker(args):
     method, chunk_size = args.cases[0].split(":")
     inputs = _inputs(args)
     _warm_up(method, *inputs, args.entropy)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    baseline = _rss_kib("VmRSS")
-    grads = _step(method, *inputs, args.entropy, int(chunk_size))
-    peak = _rss_kib("VmHWM") - baseline
+    if args.device == "cuda":  # peak allocated device memory above what the inputs hold
+        import torch
+
+        torch.cuda.synchronize()
+        baseline = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        grads = _step(method, *inputs, args.entropy, int(chunk_size))
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - baseline) / 1024
+    else:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        baseline = _rss_kib("VmRSS")
+        grads = _step(method, *inputs, args.entropy, int(chunk_size))
+        peak = _rss_kib("VmHWM") - baseline
     del grads
     print(json.dumps({"peak_mib": peak / 1024}))
 
@@ -123,8 +141,10 @@ def _time_worker(args):
     for round_index in range(args.rounds):
         shift = round_index % len(cases)  # rotate the order so no case always follows the same one
         for case in cases[shift:] + cases[:shift]:
+            _sync(args)
             wall_start, cpu_start = time.perf_counter(), time.process_time()
             grads = _step(case[0], *inputs, args.entropy, case[1])
+            _sync(args)
             wall[case].append(time.perf_counter() - wall_start)
             cpu[case].append(time.process_time() - cpu_start)
             del grads
@@ -134,7 +154,7 @@ def _time_worker(args):
 def _run_worker(kind, cases, vocab, n, entropy, args):
     cmd = [
         sys.executable, __file__, "--worker", kind, "--cases", *cases, "--vocab", str(vocab), "--n", str(n),
-        "--rounds", str(args.rounds), "--threads", str(args.threads),
+        "--rounds", str(args.rounds), "--threads", str(args.threads), "--device", args.device, "--dtype", args.dtype,
     ]  # fmt: skip
     if entropy:
         cmd.append("--entropy")
@@ -156,6 +176,9 @@ def main():
     parser.add_argument("--chunk-sizes", type=int, nargs="+", default=[1024])
     parser.add_argument("--rounds", type=int, default=3, help="timed forward+backward steps per method")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="cuda: peak memory is torch.cuda.max_memory_allocated above the inputs")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="hidden and weight dtype")
     args = parser.parse_args()
     if args.worker == "memory":
         _memory_worker(args)
@@ -164,7 +187,7 @@ def main():
         _time_worker(args)
         return
 
-    print(f"hidden={HIDDEN}, fp32 CPU, torch threads={args.threads}, T={TEMPERATURE}; time = min over "
+    print(f"hidden={HIDDEN}, {args.dtype} {args.device}, torch threads={args.threads}, T={TEMPERATURE}; time = min over "
           f"{args.rounds} interleaved rounds (wall clock, and process CPU time)")  # fmt: skip
     header = (
         "| V | N | outputs | method | chunk | peak MiB | memory vs naive | fwd+bwd wall s | wall vs naive "
