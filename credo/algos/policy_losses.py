@@ -32,6 +32,7 @@ All losses here clamp log-ratios to [-20, 20] before ``exp`` (see ``LOG_RATIO_CL
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Callable
 
 import torch
@@ -88,13 +89,18 @@ def per_token_policy_loss(token_loss_fn: Callable) -> Callable:
         loss = aggregate(token_loss * weights * w_correction, mask, agg_mode, ...)
 
     and adds ``ratio_mean/max/min`` (pi_theta/pi_old over masked tokens; 1 when the mask is
-    empty) and the correction metrics to the kernel's metrics. Extra keywords go to the kernel.
+    empty) and the correction metrics to the kernel's metrics (a kernel metric of the same name
+    wins, e.g. a chunk ratio). Extra keywords go to the kernel. A kernel that declares a
+    ``rollout_log_probs`` keyword also receives the sampler log-probs (validated, detached, 0
+    outside the mask, or None), e.g. to drop chunks whose train/inference mismatch is too large.
 
     Raises:
         ValueError: wrong shapes/dtypes (naming the argument), non-finite values in masked-in
             positions of log_probs, old_log_probs, advantages, weights or rollout_log_probs, or
             ``correction`` set without ``rollout_log_probs``.
     """
+
+    wants_rollout = "rollout_log_probs" in inspect.signature(token_loss_fn).parameters
 
     @functools.wraps(token_loss_fn)
     def loss_fn(
@@ -128,20 +134,28 @@ def per_token_policy_loss(token_loss_fn: Callable) -> Callable:
         old = masked_fill_zero(old_log_probs.detach(), m)
         adv = masked_fill_zero(advantages.detach(), m)
 
-        token_loss, metrics = token_loss_fn(lp, old, adv, m, **kwargs)
-        metrics = dict(metrics)
+        rollout = None
+        if rollout_log_probs is not None:
+            check_like("rollout_log_probs", rollout_log_probs, "log_probs", log_probs)
+            check_finite("rollout_log_probs", rollout_log_probs, m)
+            rollout = masked_fill_zero(rollout_log_probs.detach(), m)
+        elif correction is not None:
+            raise ValueError(f"correction={correction!r} needs rollout_log_probs (log-probs of the sampler)")
+        if wants_rollout:
+            kwargs["rollout_log_probs"] = rollout
+
+        token_loss, kernel_metrics = token_loss_fn(lp, old, adv, m, **kwargs)
+        metrics = _ratio_metrics(lp.detach(), old, m)
 
         w = None
         if weights is not None:
             check_like("weights", weights, "log_probs", log_probs)
             check_finite("weights", weights, m)
             w = masked_fill_zero(weights, m)
-        if rollout_log_probs is not None:
-            check_like("rollout_log_probs", rollout_log_probs, "log_probs", log_probs)
-            check_finite("rollout_log_probs", rollout_log_probs, m)
+        if rollout is not None:
             cw, _, cmetrics = _correction(
                 old,
-                masked_fill_zero(rollout_log_probs.detach(), m),
+                rollout,
                 m,
                 mode=correction,
                 level=correction_level,
@@ -152,15 +166,13 @@ def per_token_policy_loss(token_loss_fn: Callable) -> Callable:
             metrics.update(cmetrics)
             if correction is not None:
                 w = cw if w is None else w * cw
-        elif correction is not None:
-            raise ValueError(f"correction={correction!r} needs rollout_log_probs (log-probs of the sampler)")
         if w is not None:
             token_loss = token_loss * w
 
         loss = aggregate(
             token_loss, m, agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_len=norm_len
         )
-        metrics.update(_ratio_metrics(lp.detach(), old, m))
+        metrics.update(kernel_metrics)
         return loss, metrics
 
     return loss_fn

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from credo.algos._validate import as_bool_mask, check_finite, check_like, check_tensor
-from credo.algos.aggregation import aggregate
-from credo.algos.corrections import train_infer_correction
-from credo.algos.policy_losses import register_policy_loss
+from credo.algos._validate import check_like
+from credo.algos.policy_losses import per_token_policy_loss, register_policy_loss
 from credo.credit import chunks as _chunks
 from credo.credit.chunks import (
     chunk_ids,
@@ -42,14 +40,15 @@ def _fraction(flags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 @register_policy_loss("ipa")
+@per_token_policy_loss
 def ipa_loss(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    chunk_ids: torch.Tensor | None = None,
     rollout_log_probs: torch.Tensor | None = None,
+    chunk_ids: torch.Tensor | None = None,
     ratio_low: float | None = 0.8,
     ratio_high: float | None = 1.2,
     diff_low: float | None = None,
@@ -57,16 +56,6 @@ def ipa_loss(
     positive_weight: float = 1.0,
     negative_weight: float = 1.0,
     max_log_ratio: float = 20.0,
-    weights: torch.Tensor | None = None,
-    correction: str | None = None,
-    correction_level: str = "token",
-    correction_cap: float = 2.0,
-    correction_low: float = 0.5,
-    correction_high: float = 2.0,
-    agg_mode: str = "token-mean",
-    global_tokens=None,
-    global_seqs=None,
-    norm_len: int | float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """IPA chunk-level TOPR policy loss (arXiv 2512.24873, Eq. 8-9 and Sec. 3.3).
 
@@ -119,16 +108,9 @@ def ipa_loss(
         ValueError: wrong shapes (naming the argument), NaN/Inf in masked-in positions, masked
             tokens without a chunk, or ``correction`` without ``rollout_log_probs``.
     """
-    check_tensor("log_probs", log_probs, ndim=2, floating=True)
-    check_like("old_log_probs", old_log_probs, "log_probs", log_probs)
-    check_like("advantages", advantages, "log_probs", log_probs)
-    m = as_bool_mask(mask, "log_probs", log_probs)
-    for name, value in (
-        ("log_probs", log_probs),
-        ("old_log_probs", old_log_probs),
-        ("advantages", advantages),
-    ):
-        check_finite(name, value, m)
+    # per_token_policy_loss has validated the tensors, made `mask` bool and zeroed everything outside it;
+    # it applies `weights` and `correction` and aggregates what this returns
+    m, lp, old, adv = mask, log_probs, old_log_probs, advantages
     if chunk_ids is None:
         ids = _chunks.chunk_ids(m)
     else:
@@ -138,51 +120,13 @@ def ipa_loss(
         ids = chunk_ids
     ids = torch.where(m, ids, torch.full_like(ids, -1))  # chunks only count masked-in tokens
 
-    zero = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
-    lp = torch.where(m, log_probs, zero)
-    old = torch.where(m, old_log_probs.detach(), zero)
-    adv = torch.where(m, advantages.detach(), zero)
-
     ratio = chunk_ratio(lp.detach(), old, ids, max_log_ratio=max_log_ratio)
     positive = adv > 0
     coef = torch.where(positive, positive_weight, negative_weight * ratio.clamp(0.0, 1.0))
-    token_loss = -coef * adv * lp
-
-    metrics: dict[str, torch.Tensor] = {}
     keep = m
     if rollout_log_probs is not None:
-        check_like("rollout_log_probs", rollout_log_probs, "log_probs", log_probs)
-        check_finite("rollout_log_probs", rollout_log_probs, m)
-        rollout = torch.where(m, rollout_log_probs.detach(), zero)
-        keep = chunk_mismatch_mask(old, rollout, ids, ratio_low, ratio_high, diff_low, diff_high)
-        correction_weight, _, correction_metrics = train_infer_correction(
-            old,
-            rollout,
-            m,
-            mode=correction,
-            level=correction_level,
-            cap=correction_cap,
-            low=correction_low,
-            high=correction_high,
-        )
-        metrics.update(correction_metrics)
-        if correction is not None:
-            token_loss = token_loss * correction_weight
-    elif correction is not None:
-        raise ValueError(f"correction={correction!r} needs rollout_log_probs, got None")
-    if weights is not None:
-        check_like("weights", weights, "log_probs", log_probs)
-        check_finite("weights", weights, m)
-        token_loss = token_loss * torch.where(m, weights, zero)
-    token_loss = torch.where(keep, token_loss, zero)
-    loss = aggregate(
-        token_loss,
-        m,
-        agg_mode,
-        global_tokens=global_tokens,
-        global_seqs=global_seqs,
-        norm_len=norm_len,
-    )
+        keep = chunk_mismatch_mask(old, rollout_log_probs, ids, ratio_low, ratio_high, diff_low, diff_high)
+    token_loss = torch.where(keep, -coef * adv * lp, torch.zeros((), dtype=lp.dtype, device=lp.device))
 
     with torch.no_grad():
         dropped = m & ~keep
@@ -190,18 +134,16 @@ def ipa_loss(
         chunk_dropped = chunk_mean(dropped.to(lp.dtype), ids)[0] > 0
         one = torch.ones((), dtype=ratio.dtype, device=ratio.device)
         any_token = m.any()
-        metrics.update(
-            {
-                "positive_frac": _fraction(positive, m),
-                "truncated_frac": _fraction(~positive & (ratio > 1), m),
-                "chunk_masked_frac": _fraction(dropped, m),
-                "chunk_dropped_frac": (chunk_dropped & chunk_has_token).sum().float()
-                / chunk_has_token.sum().clamp(min=1).float(),
-                "ratio_mean": torch.where(
-                    any_token, torch.where(m, ratio, 0.0).sum() / m.sum().clamp(min=1), one
-                ),
-                "ratio_max": torch.where(any_token, torch.where(m, ratio, -torch.inf).max(), one),
-                "ratio_min": torch.where(any_token, torch.where(m, ratio, torch.inf).min(), one),
-            }
-        )
-    return loss, metrics
+        metrics = {
+            "positive_frac": _fraction(positive, m),
+            "truncated_frac": _fraction(~positive & (ratio > 1), m),
+            "chunk_masked_frac": _fraction(dropped, m),
+            "chunk_dropped_frac": (chunk_dropped & chunk_has_token).sum().float()
+            / chunk_has_token.sum().clamp(min=1).float(),
+            "ratio_mean": torch.where(
+                any_token, torch.where(m, ratio, 0.0).sum() / m.sum().clamp(min=1), one
+            ),
+            "ratio_max": torch.where(any_token, torch.where(m, ratio, -torch.inf).max(), one),
+            "ratio_min": torch.where(any_token, torch.where(m, ratio, torch.inf).min(), one),
+        }
+    return token_loss, metrics
