@@ -312,3 +312,23 @@ def test_qwen3_4b_recipe_and_sweep_load():
     assert (r.rollout.prompts_per_step, r.rollout.group_size, r.rollout.temperature, r.rollout.top_p) == (128, 8, 0.99, 0.99)
     sweep = ablate.load_sweep(REPO / "recipes" / "ablations" / "tricks_or_traps_qwen3_4b_sweep.yaml")
     assert len(ablate.plan_runs(sweep, threads=1)) == len(sweep.variants) * len(sweep.seeds)
+
+
+def test_every_sweep_file_plans_valid_runs():
+    """Each sweep in recipes/ablations loads strictly and every run's recipe validates."""
+    import credo.algos as A
+
+    for path in sorted((REPO / "recipes" / "ablations").glob("*.yaml")):
+        if path.name == "tricks_or_traps_qwen3_4b.yaml":  # a recipe, not a sweep
+            continue
+        sweep = ablate.load_sweep(path)
+        runs = ablate.plan_runs(sweep, threads=1)
+        assert len(runs) == len(sweep.variants) * len(sweep.seeds), path.name
+    adv = ablate.load_sweep(REPO / "recipes" / "ablations" / "advantages.yaml")
+    outcome = {n for n, kind in A.ADVANTAGE_INPUTS.items() if kind == "outcome"}
+    assert {r.recipe.algo.advantage for r in ablate.plan_runs(adv, threads=1)} == outcome
+    kl = ablate.plan_runs(ablate.load_sweep(REPO / "recipes" / "ablations" / "kl_estimators.yaml"), threads=1)
+    assert {r.recipe.algo.kl_estimator for r in kl if r.recipe.algo.kl_coef > 0} == set(A.KL_ESTIMATORS)
+    assert all(r.recipe.model.ref_model for r in kl)
+    losses = ablate.load_sweep(REPO / "recipes" / "ablations" / "policy_losses.yaml")
+    assert {r.recipe.algo.policy_loss for r in ablate.plan_runs(losses, threads=1)} == set(A.POLICY_LOSSES)
