@@ -202,5 +202,7 @@ class RewardWorker:
         return RewardResult(rewards, valid, failures, timeouts)
 
     def close(self) -> None:
-        for _ in range(self._workers):
+        """Let the worker threads exit once idle (calls still queued run first); safe to call twice."""
+        workers, self._workers = self._workers, 0
+        for _ in range(workers):
             self._queue.put(None)
