@@ -122,15 +122,17 @@ class HFBackend:
                 torch.manual_seed(seed)
             out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=config)
         self.model.train(was_training)
-        gen = out.sequences[:, width:].cpu()
-        lengths, finished = response_lengths(gen, self.eos_id, self.pad_id)
-        lengths = lengths.tolist()
-        # scores are the processed logits the sampler drew from (temperature/top-p applied)
+        gen = out.sequences[:, width:]
+        # scores are the processed logits the sampler drew from (temperature/top-p applied); taken step by
+        # step on the device, so neither a [B, T, V] log-softmax nor a copy of the scores to the CPU is made
         if out.scores:
-            logp = torch.stack(out.scores, 1).float().log_softmax(-1).cpu()
-            tok_logp = logp.gather(-1, gen[:, : logp.shape[1]].unsqueeze(-1)).squeeze(-1).tolist()
+            tok_logp = torch.stack([s.float().log_softmax(-1).gather(-1, tok[:, None])[:, 0]
+                                    for s, tok in zip(out.scores, gen.unbind(1))], 1).cpu().tolist()
         else:
             tok_logp = [[] for _ in prompts]
+        gen = gen.cpu()
+        lengths, finished = response_lengths(gen, self.eos_id, self.pad_id)
+        lengths = lengths.tolist()
         gen_rows, done = gen.tolist(), finished.tolist()
         return [Sample(list(p), gen_rows[i][:n], [1] * n, tok_logp[i][:n], done[i], self.version)
                 for i, (p, n) in enumerate(zip(prompts, lengths))]
