@@ -77,10 +77,10 @@ _worker_ids = itertools.count()
 class _Call:
     """One reward call: its arguments, when a worker started it, and its outcome."""
 
-    __slots__ = ("fn", "args", "started_at", "done", "status", "value", "abandoned")
+    __slots__ = ("args", "started_at", "done", "status", "value", "abandoned")
 
-    def __init__(self, fn: Callable, args: tuple):
-        self.fn, self.args = fn, args
+    def __init__(self, args: tuple):
+        self.args = args
         self.started_at: float | None = None
         self.done = threading.Event()
         self.status, self.value = "error", None
@@ -119,7 +119,7 @@ class RewardWorker:
                 return
             call.started_at = time.monotonic()
             try:
-                status, value = "ok", call.fn(*call.args)
+                status, value = "ok", self.fn(*call.args)
             except BaseException as e:  # noqa: BLE001 - any failure of user code is isolated
                 status, value = "error", e
             with self._lock:  # against _wait deciding on a timeout at this very moment
@@ -165,7 +165,7 @@ class RewardWorker:
 
     def __call__(self, groups: list[tuple[list, list]], *, step: int) -> RewardResult:
         """Score `groups`, a list of (responses, problems) pairs; results are flattened in order."""
-        calls = [_Call(self.fn, g) for g in groups]
+        calls = [_Call(g) for g in groups]
         for call in calls:
             self._queue.put(call)
         rewards: list[float] = []
