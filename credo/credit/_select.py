@@ -9,17 +9,6 @@ import torch
 SIGN_MODES = ("both", "positive", "negative")
 
 
-def selection_count(fraction: float, n: int) -> int:
-    """How many of ``n`` items a top-``fraction`` selection keeps.
-
-    The nearest integer to ``fraction * n`` (halves round up), at least 1 when ``n > 0`` and
-    ``fraction > 0``, at most ``n``. The papers say "top 40%" without a rounding rule.
-    """
-    if n <= 0 or fraction <= 0:
-        return 0
-    return max(1, min(n, int(math.floor(fraction * n + 0.5 + 1e-9))))
-
-
 def top_fraction_mask(
     scores: torch.Tensor, valid: torch.Tensor, fraction: float, *, largest: bool = True
 ) -> torch.Tensor:
@@ -31,7 +20,9 @@ def top_fraction_mask(
     Args:
         scores: ``[..., N]`` float.
         valid: ``[..., N]`` bool, the entries that may be selected and that count for ``n``.
-        fraction: share of the valid entries to select, see :func:`selection_count`.
+        fraction: share of the valid entries to select: the nearest integer to ``fraction * n``
+            (halves round up), at least 1 when ``n > 0`` and ``fraction > 0``, at most ``n``. The
+            papers say "top 40%" without a rounding rule.
         largest: select the largest (True) or the smallest (False) scores.
 
     Returns:

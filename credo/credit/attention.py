@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from credo.credit._select import apply_sign_mode, response_rows, selection_count, top_fraction_mask
+from credo.credit._select import apply_sign_mode, response_rows, top_fraction_mask
 
 __all__ = [
     "head_span",

@@ -26,6 +26,9 @@ import math
 
 import torch
 
+from credo.credit._select import response_rows
+from credo.credit.flow import _check_token_mask
+
 __all__ = ["attention_from_qk", "streaming_head_stats", "streaming_flow_throughput"]
 
 
@@ -155,12 +158,7 @@ def streaming_head_stats(
         raise ValueError(f"window={window}, expected a non-negative int")
     if not 0 <= h_lo <= h_hi:
         raise ValueError(f"h_lo={h_lo}, h_hi={h_hi}, expected 0 <= h_lo <= h_hi")
-    if response_mask is None:
-        response = torch.ones(n, dtype=torch.bool, device=q.device)
-    elif response_mask.shape != (n,):
-        raise ValueError(f"response_mask has shape {list(response_mask.shape)}, expected [{n}]")
-    else:
-        response = response_mask.bool()
+    response = response_rows(response_mask, torch.Size([n]), q.device)
     dtype = _compute_dtype(q)
     heads = q_flat.shape[0]
     span_sum = torch.zeros(heads, dtype=dtype, device=q.device)
@@ -234,10 +232,8 @@ def streaming_flow_throughput(
     q_flat, k_flat, kv_index = _flatten_heads(q, k)
     n, d = q.shape[-2:]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    for name, mask in (("question_mask", question_mask), ("answer_mask", answer_mask)):
-        if mask.shape != (n,):
-            raise ValueError(f"{name} has shape {list(mask.shape)}, expected [{n}] (one per token)")
-    answer = answer_mask.bool()
+    question = _check_token_mask("question_mask", question_mask, n)
+    answer = _check_token_mask("answer_mask", answer_mask, n)
     device = q.device
     heads = q_flat.shape[0]
     f64 = torch.float64
@@ -285,7 +281,7 @@ def streaming_flow_throughput(
     # f_J = src_J + h_J * (C_J,<J u_<J + C_JJ u_J)  ->  (I - diag(h_J) C_JJ diag(e_J)) f_J = ...
     live = (~answer) & (potential > 0)
     push = torch.where(live, inv_out / potential.clamp(min=1e-300), torch.zeros_like(potential))
-    question = question_mask.bool() & (potential > 0)
+    question = question & (potential > 0)
     source = question.to(f64) / question.sum().clamp(min=1)
     flow = torch.zeros(n, dtype=f64, device=device)
     pushed = torch.zeros(n, dtype=f64, device=device)  # u
