@@ -179,7 +179,11 @@ def per_token_policy_loss(token_loss_fn: Callable) -> Callable:
 
 
 def _ratio_metrics(lp, old, m):
-    ratio = log_ratio(lp, old).exp()
+    return ratio_summary(log_ratio(lp, old).exp(), m)
+
+
+def ratio_summary(ratio: torch.Tensor, m: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``ratio_mean/max/min`` of ``ratio [B, T]`` over the bool mask ``m`` (all 1 for an empty mask)."""
     one = torch.ones((), dtype=ratio.dtype, device=ratio.device)
     any_token = m.any()
     return {

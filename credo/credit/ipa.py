@@ -2,8 +2,8 @@
 Optimization, "Let It Flow", arXiv 2512.24873).
 
 Registers the policy loss ``"ipa"``. The chunk building blocks (chunk ids, chunk-level returns,
-geometric chunk ratio, chunk mismatch mask) live in :mod:`credo.credit.chunks` and are re-exported
-here. This is the only module of :mod:`credo.credit` that imports :mod:`credo.algos`.
+geometric chunk ratio, chunk mismatch mask) live in :mod:`credo.credit.chunks`.
+This is the only module of :mod:`credo.credit` that imports :mod:`credo.algos`.
 """
 
 from __future__ import annotations
@@ -11,32 +11,11 @@ from __future__ import annotations
 import torch
 
 from credo.algos._validate import check_like
-from credo.algos.policy_losses import per_token_policy_loss, register_policy_loss
+from credo.algos.policy_losses import _frac, per_token_policy_loss, ratio_summary, register_policy_loss
 from credo.credit import chunks as _chunks
-from credo.credit.chunks import (
-    chunk_ids,
-    chunk_mean,
-    chunk_mismatch_mask,
-    chunk_ratio,
-    chunk_returns,
-    chunk_returns_from_rewards,
-    num_chunks,
-)
+from credo.credit.chunks import chunk_mean, chunk_mismatch_mask, chunk_ratio
 
-__all__ = [
-    "chunk_ids",
-    "chunk_mean",
-    "chunk_mismatch_mask",
-    "chunk_ratio",
-    "chunk_returns",
-    "chunk_returns_from_rewards",
-    "ipa_loss",
-    "num_chunks",
-]
-
-
-def _fraction(flags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (flags & mask).sum().float() / mask.sum().clamp(min=1).float()
+__all__ = ["ipa_loss"]
 
 
 @register_policy_loss("ipa")
@@ -130,20 +109,14 @@ def ipa_loss(
 
     with torch.no_grad():
         dropped = m & ~keep
-        chunk_has_token = chunk_mean(m.to(lp.dtype), ids)[1] > 0
-        chunk_dropped = chunk_mean(dropped.to(lp.dtype), ids)[0] > 0
-        one = torch.ones((), dtype=ratio.dtype, device=ratio.device)
-        any_token = m.any()
+        dropped_share, chunk_len = chunk_mean(dropped.to(lp.dtype), ids)
+        chunk_has_token = chunk_len > 0
         metrics = {
-            "positive_frac": _fraction(positive, m),
-            "truncated_frac": _fraction(~positive & (ratio > 1), m),
-            "chunk_masked_frac": _fraction(dropped, m),
-            "chunk_dropped_frac": (chunk_dropped & chunk_has_token).sum().float()
+            "positive_frac": _frac(positive, m),
+            "truncated_frac": _frac(~positive & (ratio > 1), m),
+            "chunk_masked_frac": _frac(dropped, m),
+            "chunk_dropped_frac": ((dropped_share > 0) & chunk_has_token).sum().float()
             / chunk_has_token.sum().clamp(min=1).float(),
-            "ratio_mean": torch.where(
-                any_token, torch.where(m, ratio, 0.0).sum() / m.sum().clamp(min=1), one
-            ),
-            "ratio_max": torch.where(any_token, torch.where(m, ratio, -torch.inf).max(), one),
-            "ratio_min": torch.where(any_token, torch.where(m, ratio, torch.inf).min(), one),
+            **ratio_summary(ratio, m),
         }
     return token_loss, metrics
