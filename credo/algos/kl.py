@@ -42,9 +42,8 @@ def register_kl_estimator(name: str) -> Callable[[Callable], Callable]:
 def _log_ratio(log_probs, ref_log_probs, mask):
     check_tensor("log_probs", log_probs, floating=True)
     check_like("ref_log_probs", ref_log_probs, "log_probs", log_probs)
-    d = log_probs - ref_log_probs.detach()
     if mask is None:
-        return d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), None
+        return (log_probs - ref_log_probs.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), None
     m = as_bool_mask(mask, "log_probs", log_probs)
     d = masked_fill_zero(log_probs, m) - masked_fill_zero(ref_log_probs.detach(), m)
     return d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), m
