@@ -115,7 +115,11 @@ def normalize_rewards(
             raise ValueError("sample_weights has negative values, expected weights >= 0")
     r = rewards.detach()
 
-    def stats(scope):
+    computed: dict[str, tuple] = {}
+
+    def stats(scope):  # once per scope: GRPO-style presets use the same scope for mean and std
+        if scope in computed:
+            return computed[scope]
         if scope == "group":
             _, seg = torch.unique(group_ids, return_inverse=True)
             n_seg = int(seg.max()) + 1 if seg.numel() else 0
@@ -123,7 +127,8 @@ def normalize_rewards(
             seg = torch.zeros_like(group_ids, dtype=torch.long)
             n_seg = 1
         mean, std, degenerate = _segment_stats(r, seg, n_seg, w, unbiased)
-        return mean[seg], std[seg], degenerate[seg]
+        computed[scope] = mean[seg], std[seg], degenerate[seg]
+        return computed[scope]
 
     out = r
     if mean_scope != "none":
