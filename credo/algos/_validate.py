@@ -84,3 +84,20 @@ def masked_fill_zero(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``x`` where ``mask`` else 0, via ``torch.where`` so NaN/Inf outside the mask cannot leak into
     values or gradients (a multiplication by 0 would give NaN)."""
     return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def register(registry: dict, kind: str, name: str, fn):
+    """Record ``fn`` under ``name`` in ``registry`` and return it.
+
+    Registering a *different* function under a taken name raises ValueError naming both;
+    re-registering the same function (a module reload) is allowed.
+    """
+    old = registry.get(name)
+    if old is not None and _qualified(old) != _qualified(fn):
+        raise ValueError(f"{kind} {name!r} is already registered by {_qualified(old)}")
+    registry[name] = fn
+    return fn
+
+
+def _qualified(fn) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"

@@ -24,7 +24,9 @@ from typing import Callable
 
 import torch
 
-from credo.algos._validate import as_bool_mask, check_choice, check_finite, check_like, check_tensor, masked_fill_zero
+from credo.algos._validate import (
+    as_bool_mask, check_choice, check_finite, check_like, check_tensor, masked_fill_zero, register,
+)
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
 ADVANTAGE_INPUTS: dict[str, str] = {}
@@ -39,10 +41,7 @@ def register_advantage_estimator(name: str, *, inputs: str = "outcome") -> Calla
     :data:`ADVANTAGE_INPUTS`). ``inputs="outcome"`` promises the shared outcome signature."""
 
     def decorator(fn: Callable) -> Callable:
-        old = ADVANTAGE_ESTIMATORS.get(name)
-        if old is not None and (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ValueError(f"advantage estimator {name!r} is already registered by {old.__module__}.{old.__qualname__}")
-        ADVANTAGE_ESTIMATORS[name] = fn
+        register(ADVANTAGE_ESTIMATORS, "advantage estimator", name, fn)
         ADVANTAGE_INPUTS[name] = inputs
         return fn
 

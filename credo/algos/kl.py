@@ -21,22 +21,14 @@ from typing import Callable
 
 import torch
 
-from credo.algos._validate import LOG_RATIO_CLAMP, as_bool_mask, check_like, check_tensor, masked_fill_zero
+from credo.algos._validate import LOG_RATIO_CLAMP, as_bool_mask, check_like, check_tensor, masked_fill_zero, register
 
 KL_ESTIMATORS: dict[str, Callable] = {}
 
 
 def register_kl_estimator(name: str) -> Callable[[Callable], Callable]:
     """Decorator recording a KL estimator in :data:`KL_ESTIMATORS`."""
-
-    def decorator(fn: Callable) -> Callable:
-        old = KL_ESTIMATORS.get(name)
-        if old is not None and (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ValueError(f"KL estimator {name!r} is already registered by {old.__module__}.{old.__qualname__}")
-        KL_ESTIMATORS[name] = fn
-        return fn
-
-    return decorator
+    return lambda fn: register(KL_ESTIMATORS, "KL estimator", name, fn)
 
 
 def _log_ratio(log_probs, ref_log_probs, mask):

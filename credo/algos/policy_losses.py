@@ -45,6 +45,7 @@ from credo.algos._validate import (
     check_like,
     check_tensor,
     masked_fill_zero,
+    register,
 )
 from credo.algos.aggregation import AGG_MODES, aggregate, masked_mean
 from credo.algos.corrections import _correction
@@ -59,19 +60,7 @@ def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
     returned unchanged. Registering a *different* function under a taken name raises ValueError;
     re-registering the same function (a module reload) is allowed.
     """
-
-    def decorator(fn: Callable) -> Callable:
-        old = POLICY_LOSSES.get(name)
-        if old is not None and _qualified(old) != _qualified(fn):
-            raise ValueError(f"policy loss {name!r} is already registered by {_qualified(old)}")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorator
-
-
-def _qualified(fn) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    return lambda fn: register(POLICY_LOSSES, "policy loss", name, fn)
 
 
 def log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor) -> torch.Tensor:
