@@ -23,6 +23,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from credo.distributed.engine import all_reduce_sum, barrier
+
 log = logging.getLogger("credo.checkpoint")
 TAG = "state"
 
@@ -76,10 +78,7 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, *, meta: dict, keep_last
     """Collective: every rank calls it. Returns the final folder (rank 0), or None when refused."""
     rank = dist.get_rank()
     bad = params_finite(engine.module)
-    flag = torch.tensor([1 if bad else 0])
-    if dist.get_world_size() > 1:
-        dist.all_reduce(flag)
-    if flag.item():
+    if all_reduce_sum(torch.tensor([1 if bad else 0])).item():
         log.error("not writing checkpoint at step %d: parameter %s is not finite", step, bad or "(on another rank)")
         return None
     final = ckpt_root / f"step_{step:08d}"
@@ -87,10 +86,10 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, *, meta: dict, keep_last
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    _barrier()
+    barrier()
     engine.save_checkpoint(str(tmp), tag=TAG, save_latest=False)
     torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
-    _barrier()
+    barrier()
     if rank == 0:
         manifest = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
                     for p in sorted(tmp.rglob("*")) if p.is_file()}
@@ -104,7 +103,7 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, *, meta: dict, keep_last
         os.close(fd)
         for old in list_checkpoints(ckpt_root)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
-    _barrier()
+    barrier()
     return final
 
 
@@ -178,8 +177,3 @@ def load_checkpoint(engine, path: Path, *, verify: bool = True) -> dict:
     else:  # resumed on more ranks than it was saved from: sampling is seeded per step, but exactness is not promised
         log.warning("checkpoint %s has no RNG state for rank %d; this rank keeps its fresh RNG", path, dist.get_rank())
     return json.loads((path / "meta.json").read_text())
-
-
-def _barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()

@@ -32,7 +32,7 @@ from credo import algos
 from credo.checkpoint import (find_resume_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint,
                              verify_checkpoint)
 from credo.config import ConfigError, Recipe, recipe_to_dict, recipe_to_yaml
-from credo.distributed.engine import all_gather_cat, all_reduce_sum, barrier, build_engine, setup_distributed
+from credo.distributed.engine import all_gather_cat, all_reduce_sum, barrier, build_engine, device, setup_distributed
 from credo.distributed.rollout import HFBackend, Sample
 from credo.models import check_vocab, load_causal_lm, load_tokenizer, resolve_model_path
 from credo.rewards.tasks import make_task
@@ -107,8 +107,8 @@ def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature:
                                          with_entropy=with_entropy, bias=getattr(head, "bias", None))
         lp_rows, ent_rows = (out if with_entropy else (out, None))
     else:  # ZeRO-3 partitions the head weight; let the model's own forward gather it
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
-        sel = logits[token_mask]
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+        sel = logits[token_mask].float() / temperature  # response rows only, before any fp32 copy
         logp = sel.log_softmax(-1)
         lp_rows = logp.gather(-1, input_ids[:, 1:][token_mask].unsqueeze(-1)).squeeze(-1)
         ent_rows = algos.entropy_from_logits(sel) if with_entropy else None
@@ -170,7 +170,7 @@ class Trainer:
         self._check_context(model)
         self.ref = None
         if r.model.ref_model:
-            self.ref = load_causal_lm(self.policy_path, r.model.dtype).eval().requires_grad_(False)
+            self.ref = load_causal_lm(self.policy_path, r.model.dtype).to(device()).eval().requires_grad_(False)
         local = r.rollout.prompts_per_step // self.world * r.rollout.group_size
         mini = math.ceil(local / r.algo.mini_batches)
         self.grad_accum = min(math.ceil(mini / r.algo.micro_batch_size), mini)
@@ -182,6 +182,7 @@ class Trainer:
         fn = import_reward_fn(r.reward.function) if r.reward.function else per_sample(self.task.score)
         self.rewards = RewardWorker(fn, timeout_s=r.reward.timeout_s, workers=r.reward.workers,
                                     max_failure_frac=r.reward.max_failure_frac)
+        self.fault_nan_steps = fault_nan_steps()  # test hook, read once
         self.consecutive_skips = 0
         self.skipped_total = 0
         self.reward_failures_total = 0
@@ -326,11 +327,11 @@ class Trainer:
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
         skipped = 0
+        zero0_norm = float("nan")  # the norm this loop checks on ZeRO-0, where DeepSpeed reports none
         for epoch in range(a.ppo_epochs):
             for mb in torch.arange(B).tensor_split(a.mini_batches):
-                gt = all_reduce_sum(batch.loss_mask[mb].sum())
-                gs = all_reduce_sum((batch.loss_mask[mb].sum(-1) > 0).sum())
-                gt, gs = gt.clamp_min(1), gs.clamp_min(1)
+                mb_mask = batch.loss_mask[mb]
+                gt, gs = all_reduce_sum(torch.stack([mb_mask.sum(), (mb_mask.sum(-1) > 0).sum()])).clamp_min(1)
                 bad = None
                 for micro in mb.tensor_split(self.grad_accum):
                     m = batch.loss_mask[micro]
@@ -348,7 +349,7 @@ class Trainer:
                         kl = algos.KL_ESTIMATORS[a.kl_estimator](lp, ref_log_probs[micro])
                         kl_term = algos.aggregate(kl, m, a.agg_mode, **agg)
                         loss = loss + a.kl_coef * kl_term
-                    if step in fault_nan_steps():
+                    if step in self.fault_nan_steps:
                         loss = loss * float("nan")
                     if not torch.isfinite(loss):
                         bad = bad or "loss"
@@ -356,8 +357,11 @@ class Trainer:
                         loss = sum(p.sum() for p in engine.module.parameters() if p.requires_grad) * float("nan")
                     # the loss is already normalised by global counts: no 1/grad_accum, and undo DP averaging
                     engine.backward(loss * self.world, scale_wrt_gas=False)
-                    if (engine.is_gradient_accumulation_boundary() and r.optim.zero_stage == 0
-                            and not math.isfinite(_grad_norm(engine.module))):
+                    nonfinite = False
+                    if engine.is_gradient_accumulation_boundary() and r.optim.zero_stage == 0:
+                        zero0_norm = _grad_norm(engine.module)
+                        nonfinite = not math.isfinite(zero0_norm)
+                    if nonfinite:
                         bad = bad or "grad_norm"
                         _step_without_update(engine)  # ZeRO-0 has no overflow check of its own
                     else:
@@ -374,14 +378,14 @@ class Trainer:
                     skipped += 1
                     log.error("step %d: optimizer step skipped, non-finite %s", step, bad or "grad_norm")
         out = {}
-        for k, v in sums.items():
-            total = float(all_reduce_sum(torch.tensor(v)))
+        totals = all_reduce_sum(torch.tensor(list(sums.values()), dtype=torch.float64)).tolist()
+        for k, total in zip(sums, totals):
             # loss pieces are sums of globally normalised parts (divide by passes); loss metrics are means
             out[k] = total / (a.ppo_epochs * a.mini_batches) if counts[k] == 1 else total / (counts[k] * self.world)
         out["train/loss"] = out.get("train/pg_loss", 0.0) - a.entropy_coef * out.get("train/entropy", 0.0) + \
             a.kl_coef * out.get("train/kl", 0.0)
-        norm = engine.get_global_grad_norm()
-        out["train/grad_norm"] = float(norm) if norm is not None else float("nan")
+        norm = engine.get_global_grad_norm()  # None on ZeRO-0 with a torch optimizer: use the norm checked above
+        out["train/grad_norm"] = float(norm) if norm is not None else zero0_norm
         out["train/skipped_steps"] = skipped
         return out, skipped
 
@@ -398,20 +402,24 @@ class Trainer:
         if r.algo.overlong_filter:
             keep &= finished
         loss_mask = resp & keep[:, None]
-        adv_seq = compute_advantages(r.algo.advantage, r.algo.advantage_kwargs, all_gather_cat(rewards),
-                                     all_gather_cat(group_ids), all_gather_cat(resp.sum(-1)), all_gather_cat(valid))
+        rew_all, val_all = all_gather_cat(rewards), all_gather_cat(valid)
+        adv_seq = compute_advantages(r.algo.advantage, r.algo.advantage_kwargs, rew_all, all_gather_cat(group_ids),
+                                     all_gather_cat(resp.sum(-1)), val_all)
         B = len(samples)
         adv_seq = adv_seq[self.rank * B:(self.rank + 1) * B]
-        batch = Batch(ids, attn, loss_mask, rlp, adv_seq[:, None].expand_as(rlp) * loss_mask)
+        dev = device()
+        batch = Batch(ids.to(dev), attn.to(dev), loss_mask.to(dev), rlp.to(dev),
+                      (adv_seq[:, None].expand_as(rlp) * loss_mask).to(dev))
         old_lp = ref_lp = None
         with torch.no_grad():
             if r.algo.ppo_epochs * r.algo.mini_batches > 1:  # off-policy passes need pi_old from before the update
-                old_lp, _ = policy_forward(self.engine.module, ids, attn, loss_mask, temperature=r.rollout.temperature,
-                                           chunk_size=r.algo.logprob_chunk_size, with_entropy=False,
-                                           hidden_path=r.optim.zero_stage < 3)
+                old_lp, _ = policy_forward(self.engine.module, batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                           temperature=r.rollout.temperature, chunk_size=r.algo.logprob_chunk_size,
+                                           with_entropy=False, hidden_path=r.optim.zero_stage < 3)
             if self.ref is not None:
-                ref_lp, _ = policy_forward(self.ref, ids, attn, loss_mask, temperature=r.rollout.temperature,
-                                           chunk_size=r.algo.logprob_chunk_size, with_entropy=False)
+                ref_lp, _ = policy_forward(self.ref, batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                           temperature=r.rollout.temperature, chunk_size=r.algo.logprob_chunk_size,
+                                           with_entropy=False)
         t_lp = time.perf_counter()
         metrics, skipped = self.update(batch, old_lp, ref_lp, step)
         t_upd = time.perf_counter()
@@ -424,9 +432,7 @@ class Trainer:
             raise TrainingError(f"{self.consecutive_skips} consecutive optimizer steps skipped for non-finite values "
                                 f"(run.max_consecutive_skips={r.run.max_consecutive_skips}); stopping at step {step}")
         n_tok = all_reduce_sum(attn.sum()).item()
-        rew_all = all_gather_cat(rewards)
-        val_all = all_gather_cat(valid)
-        fails = int(all_reduce_sum(torch.tensor(res.failures + res.timeouts)).item())
+        fails, timeouts = (int(v) for v in all_reduce_sum(torch.tensor([res.failures + res.timeouts, res.timeouts])))
         self.reward_failures_total += fails
         lengths = all_gather_cat(torch.tensor([float(len(s.response_ids)) for s in samples]))
         elapsed = t_sync - t0
@@ -438,7 +444,7 @@ class Trainer:
             "train/response_len": float(lengths.mean()),
             "train/truncated_frac": float(1 - all_gather_cat(finished.float()).mean()),
             "train/reward_failures": fails,
-            "train/reward_timeouts": int(all_reduce_sum(torch.tensor(res.timeouts)).item()),
+            "train/reward_timeouts": timeouts,
             "train/skipped_total": self.skipped_total,
             "train/lr": self.engine.get_lr()[0],
             "perf/rollout_s": t_roll - t0,

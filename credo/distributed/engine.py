@@ -69,20 +69,22 @@ def build_engine(model: torch.nn.Module, *, lr: float, betas, weight_decay: floa
 
 
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum across ranks (in place on a copy); a no-op in a world of one."""
-    x = x.clone()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(x, op=dist.ReduceOp.SUM)
-    return x
+    """Sum across ranks, returned on x's device (NCCL needs the GPU copy); a copy of x in a world of one."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return x.clone()
+    y = x.to(device(), copy=True)
+    dist.all_reduce(y, op=dist.ReduceOp.SUM)
+    return y.to(x.device)
 
 
 def all_gather_cat(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate equally-shaped tensors from all ranks along dim 0."""
+    """Concatenate equally-shaped tensors from all ranks along dim 0, returned on x's device."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return x
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, x.contiguous())
-    return torch.cat(parts, 0)
+    y = x.to(device()).contiguous()
+    parts = [torch.empty_like(y) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, y)
+    return torch.cat(parts, 0).to(x.device)
 
 
 def barrier() -> None:
