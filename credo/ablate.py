@@ -66,7 +66,7 @@ from pathlib import Path
 
 import yaml
 
-from credo.config import ConfigError, Recipe, load_recipe, recipe_to_dict, recipe_to_yaml
+from credo.config import ConfigError, Recipe, RunConfig, load_recipe, recipe_to_dict, recipe_to_yaml
 from credo.tracking import read_metrics
 
 SWEEP_KEYS = ("name", "description", "base", "overrides", "seeds", "variants", "grid", "metrics", "curves", "output_dir",
@@ -306,18 +306,24 @@ def load_sweep(path: str | Path) -> Sweep:
 # ---------------------------------------------------------------------------------------------- runs
 
 
+RESULT_NEUTRAL = ("output_dir", "threads", "progress", "plot", "resume")
+"""`run.*` settings that do not change a run's results (where it writes, threads, display, resuming)."""
+
+
 def config_hash(r: Recipe) -> str:
-    """Hash of the resolved recipe without the settings that do not change results (output, threads, display)."""
-    run = dataclasses.replace(r.run, output_dir=None, threads=0, progress=True, plot=True, resume=None)
+    """Hash of the resolved recipe without the settings in RESULT_NEUTRAL (reset to their defaults)."""
+    defaults = RunConfig()
+    run = dataclasses.replace(r.run, **{k: getattr(defaults, k) for k in RESULT_NEUTRAL})
     return hashlib.sha256(recipe_to_yaml(dataclasses.replace(r, run=run)).encode()).hexdigest()[:16]
 
 
 def _warmup_group(r: Recipe) -> str | None:
+    """The SFT warm-up a run needs, as the trainer's cache key (runs that share it share one warm-up)."""
     if not (r.sft.enabled and r.sft.steps > 0):
         return None
-    payload = {"model": dataclasses.asdict(r.model), "task": dataclasses.asdict(r.task), "sft": dataclasses.asdict(r.sft),
-               "seed": r.run.seed}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    from credo.sft import sft_cache_key
+
+    return sft_cache_key(r, r.model.path)
 
 
 def plan_runs(sweep: Sweep, *, threads: int) -> list[Run]:
@@ -365,7 +371,7 @@ def _config_diff(run: Run) -> list[str]:
     if not old:
         return []
     new = _flatten(recipe_to_dict(run.recipe))
-    ignore = {"run.output_dir", "run.threads", "run.progress", "run.plot", "run.resume"}
+    ignore = {f"run.{k}" for k in RESULT_NEUTRAL}
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
             if k not in ignore and old.get(k) != new.get(k)]
 
@@ -576,12 +582,15 @@ def _child_env(threads: int, gpu: str | None) -> dict:
     return env
 
 
+def _invocation_overrides(run: Run) -> list[str]:
+    return run.overrides + (["run.resume=auto"] if run.action == "resume" else [])
+
+
 def _start(run: Run, slot: int, sweep: Sweep, lock_fd: int, gpus: list[str]) -> _Job:
     if run.action == "restart":
         shutil.rmtree(run.run_dir, ignore_errors=True)
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    overrides = run.overrides + (["run.resume=auto"] if run.action == "resume" else [])
-    argv = _train_argv(sweep.base, overrides, sweep.launcher)
+    argv = _train_argv(sweep.base, _invocation_overrides(run), sweep.launcher)
     _atomic_write(run.run_dir / "sweep_run.json", json.dumps(
         {"variant": run.variant, "seed": run.seed, "config_hash": run.config_hash, "argv": argv,
          "config": recipe_to_dict(run.recipe)}, indent=1) + "\n")
@@ -689,9 +698,7 @@ def _print_plan(runs: list[Run], sweep: Sweep, *, jobs: int, threads: int) -> No
     for r in runs:
         print(f"  [{r.action:7s}] {r.variant}/seed{r.seed}  " + " ".join(sweep.variants[r.variant]))
     if todo:
-        r = todo[0]
-        extra = ["run.resume=auto"] if r.action == "resume" else []
-        print("first command: " + " ".join(_train_argv(sweep.base, r.overrides + extra, sweep.launcher)))
+        print("first command: " + " ".join(_train_argv(sweep.base, _invocation_overrides(todo[0]), sweep.launcher)))
 
 
 def run_sweep(path: str | Path, *, jobs: int = 0, dry_run: bool = False, poll_s: float = 0.5) -> int:
