@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 
@@ -309,7 +309,7 @@ def load_recipe(path: str | Path | None, overrides: list[str] = (), *, validate_
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         msg = str(e).splitlines()[0]
-        if "Missing mandatory value" in msg:
+        if "missing mandatory value" in msg.lower():  # OmegaConf words it "...has missing mandatory value"
             raise ConfigError(f"config key '{key}' is required but was not set") from None
         raise ConfigError(f"config key '{key}': {msg}") from None
     if recipe.run.name in (None, "") and path is not None:

@@ -86,3 +86,10 @@ def test_every_recipe_in_repo_loads():
         if "base" in (yaml.safe_load(path.read_text()) or {}):  # a sweep file (credo ablate), checked in tests/ablate
             continue
         load_recipe(path)
+
+
+def test_recipe_without_run_name_says_the_key_is_required(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("task: {name: arithmetic}\n")
+    with pytest.raises(ConfigError, match=r"config key 'run.name' is required but was not set"):
+        load_recipe(path)
