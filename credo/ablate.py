@@ -574,8 +574,9 @@ class _Interrupted(Exception):
 
 def _child_env(threads: int, gpu: str | None) -> dict:
     # each run is a world of one that picks its own rendezvous port
-    dist_keys = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK"}
-    env = {k: v for k, v in os.environ.items() if k not in dist_keys}
+    from credo.distributed.engine import DIST_ENV_VARS
+
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS}
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu

@@ -16,6 +16,11 @@ import torch.distributed as dist
 from credo.models import cache_root
 
 
+DIST_ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+"""Process-group variables a launcher (or an in-process trainer, see setup_distributed) sets; a child run
+started from such a process must drop them to be a world of its own."""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

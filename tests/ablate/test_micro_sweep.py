@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from credo import ablate
+from credo.distributed.engine import DIST_ENV_VARS
 from tests.e2e.common import REPO, tiny_overrides
 
 pytestmark = pytest.mark.slow
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 def test_micro_sweep_tabulates_and_resumes(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(REPO)  # reward.function names a module of this repository
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # left by in-process trainer tests
+    for k in DIST_ENV_VARS:  # left by in-process trainer tests
         monkeypatch.delenv(k, raising=False)
     runner_keys = ("run.output_dir=", "run.seed=", "run.plot=")
     overrides = [o for o in tiny_overrides("unused", **{"run.steps": 2, "run.eval_every": 2})

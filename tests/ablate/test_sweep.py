@@ -146,11 +146,12 @@ def test_sweep_runs_tabulates_and_second_invocation_starts_nothing(tmp_path, fak
     out = tmp_path / "sweep"
     rows = {r["variant"]: r for r in read_csv(out / "table.csv")}
     assert list(rows) == ["a", "b"]
+    stds = {}
     for variant, lr in (("a", 1e-4), ("b", 2e-4)):
         finals = [acc(lr, s, 3) for s in (0, 1)]
         rewards = [(acc(lr, s, 2) - 0.5 + acc(lr, s, 3) - 0.5) / 2 for s in (0, 1)]
         mean = sum(finals) / 2
-        std = math.sqrt(sum((x - mean) ** 2 for x in finals) / (2 - 1))
+        std = stds[variant] = math.sqrt(sum((x - mean) ** 2 for x in finals) / (2 - 1))
         row = rows[variant]
         assert row["n"] == "2"
         assert float(row["eval/accuracy final mean"]) == pytest.approx(mean)
@@ -159,7 +160,7 @@ def test_sweep_runs_tabulates_and_second_invocation_starts_nothing(tmp_path, fak
         assert float(row["train/reward_mean last-2 mean mean"]) == pytest.approx(sum(rewards) / 2)
         assert row["train/reward_mean last-2 mean n"] == "2"
     table = (out / "table.md").read_text()
-    assert f"| a | 2 | {acc(1e-4, 0, 3) / 2 + acc(1e-4, 1, 3) / 2:.3f} ± {std:.3f} |" in table
+    assert f"| a | 2 | {acc(1e-4, 0, 3) / 2 + acc(1e-4, 1, 3) / 2:.3f} ± {stds['a']:.3f} |" in table
     assert (out / "curves.png").stat().st_size > 0
     status = json.loads((out / "sweep.json").read_text())
     assert [(r["variant"], r["seed"], r["status"]) for r in status["runs"]] == [
@@ -319,17 +320,16 @@ def test_every_sweep_file_plans_valid_runs():
     """Each sweep in recipes/ablations loads strictly and every run's recipe validates."""
     import credo.algos as A
 
+    planned = {}
     for path in sorted((REPO / "recipes" / "ablations").glob("*.yaml")):
         if path.name == "tricks_or_traps_qwen3_4b.yaml":  # a recipe, not a sweep
             continue
         sweep = ablate.load_sweep(path)
-        runs = ablate.plan_runs(sweep, threads=1)
+        runs = planned[path.stem] = ablate.plan_runs(sweep, threads=1)
         assert len(runs) == len(sweep.variants) * len(sweep.seeds), path.name
-    adv = ablate.load_sweep(REPO / "recipes" / "ablations" / "advantages.yaml")
     outcome = {n for n, kind in A.ADVANTAGE_INPUTS.items() if kind == "outcome"}
-    assert {r.recipe.algo.advantage for r in ablate.plan_runs(adv, threads=1)} == outcome
-    kl = ablate.plan_runs(ablate.load_sweep(REPO / "recipes" / "ablations" / "kl_estimators.yaml"), threads=1)
+    assert {r.recipe.algo.advantage for r in planned["advantages"]} == outcome
+    kl = planned["kl_estimators"]
     assert {r.recipe.algo.kl_estimator for r in kl if r.recipe.algo.kl_coef > 0} == set(A.KL_ESTIMATORS)
     assert all(r.recipe.model.ref_model for r in kl)
-    losses = ablate.load_sweep(REPO / "recipes" / "ablations" / "policy_losses.yaml")
-    assert {r.recipe.algo.policy_loss for r in ablate.plan_runs(losses, threads=1)} == set(A.POLICY_LOSSES)
+    assert {r.recipe.algo.policy_loss for r in planned["policy_losses"]} == set(A.POLICY_LOSSES)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from credo.distributed.engine import DIST_ENV_VARS
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -31,8 +33,7 @@ def read_rows(run_dir) -> list[dict]:
 
 def run_cli(args: list[str], *, env_extra: dict | None = None, timeout: float = 600, launcher: list[str] | None = None):
     # an in-process Trainer in this pytest process sets RANK/MASTER_PORT...; a child must pick its own
-    dist_keys = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK"}
-    env = {k: v for k, v in os.environ.items() if k not in dist_keys}
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS}
     env.update({"OMP_NUM_THREADS": "1", **(env_extra or {})})
     cmd = (launcher or [sys.executable, "-m", "credo.cli"]) + args
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)

@@ -1,20 +1,14 @@
 """Two processes, data-parallel through gloo on CPU: parameters stay identical across ranks."""
 
 import json
-import socket
 import sys
 
 import pytest
 
+from credo.distributed.engine import _free_port
 from tests.e2e.common import read_rows, run_cli, tiny_overrides
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("zero_stage", [1])

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from credo.distributed.engine import DIST_ENV_VARS
 from tests.e2e.common import REPO, read_rows, tiny_overrides
 
 
@@ -23,12 +24,9 @@ def kill_recipe(out_dir, **extra) -> list[str]:
     return ["run", "recipes/quickstart.yaml"] + tiny_overrides(out_dir, **o)
 
 
-DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
 def env(**extra) -> dict:
     """This environment for a child run, less the process-group variables an in-process Trainer set here."""
-    base = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
+    base = {k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS}
     return {**base, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra}
 
 

@@ -14,7 +14,7 @@ import torch
 
 from credo.config import load_recipe
 from tests.e2e.common import read_rows, tiny_overrides
-from tests.reliability.common import run_cli_expecting_error
+from tests.reliability.common import final_params, run_cli_expecting_error
 
 pytestmark = pytest.mark.slow
 
@@ -126,11 +126,7 @@ def test_nan_loss_step_is_skipped_and_never_saved(tmp_path, monkeypatch, caplog,
             n += 1
     assert n > 0
 
-    def params(step):
-        return torch.load(tmp_path / "run" / "checkpoints" / f"step_{step:08d}" / "state" / "mp_rank_00_model_states.pt",
-                          weights_only=False)["module"]
-
-    p1, p2, p3 = params(1), params(2), params(3)
+    p1, p2, p3 = (final_params(tmp_path / "run", s) for s in (1, 2, 3))
     assert all(torch.equal(p1[k], p2[k]) for k in p1), "the skipped step must not move the weights"
     # nor the optimizer: Adam moments and step counts in the checkpoints before and after it are equal
     before, after = list(checkpoint_tensors(ckpts[0])), list(checkpoint_tensors(ckpts[1]))
