@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import math
 import os
 import platform
 import statistics
@@ -104,7 +103,7 @@ def build_job(r, steps: int, threads: int, out_dir: Path) -> dict:
     from credo.models import resolve_model_path
     from credo.rewards.tasks import ArithmeticTask, make_task
     from credo.sft import run_sft
-    from credo.trainer import _step_seed
+    from credo.trainer import grad_accum_steps, step_problem_indices
 
     a, ro, o = r.algo, r.rollout, r.optim
     task = make_task(r.task)
@@ -133,12 +132,10 @@ def build_job(r, steps: int, threads: int, out_dir: Path) -> dict:
     P, G = ro.prompts_per_step, ro.group_size
     rows = []
     for step in range(1, steps + 1):  # credo's Trainer.rollout draw, world size 1
-        gen = torch.Generator().manual_seed(_step_seed(r.run.seed, step, 0))
-        for i in torch.randint(0, len(task), (P,), generator=gen).tolist():
+        for i in step_problem_indices(r.run.seed, step, len(task), P):
             p = task.train(i)
             rows.append({"prompt": p.prompt, "answer": p.answer})
-    # credo splits the batch into this many micro-batches for one optimizer step (Trainer.__init__)
-    grad_accum = min(math.ceil(P * G / a.micro_batch_size), P * G)
+    grad_accum = grad_accum_steps(P * G, 1, a.micro_batch_size)  # as Trainer.__init__ (mini_batches is 1 here)
     if (P * G) % grad_accum:
         raise SystemExit(f"{P * G} completions do not split into {grad_accum} equal TRL micro-batches; "
                          "pick algo.micro_batch_size dividing prompts_per_step * group_size")

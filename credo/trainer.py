@@ -148,6 +148,18 @@ def _step_seed(seed: int, step: int, salt: int) -> int:
     return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
 
 
+def step_problem_indices(seed: int, step: int, n_problems: int, prompts_per_step: int) -> list[int]:
+    """The training problems of `step` (all ranks), deterministic in seed and step."""
+    gen = torch.Generator().manual_seed(_step_seed(seed, step, 0))
+    return torch.randint(0, n_problems, (prompts_per_step,), generator=gen).tolist()
+
+
+def grad_accum_steps(local_samples: int, mini_batches: int, micro_batch_size: int) -> int:
+    """Micro-batches per optimizer step for one rank's `local_samples` split into `mini_batches`."""
+    mini = math.ceil(local_samples / mini_batches)
+    return min(math.ceil(mini / micro_batch_size), mini)
+
+
 class Trainer:
     def __init__(self, r: Recipe):
         self.r = r
@@ -172,8 +184,7 @@ class Trainer:
         if r.model.ref_model:
             self.ref = load_causal_lm(self.policy_path, r.model.dtype).to(device()).eval().requires_grad_(False)
         local = r.rollout.prompts_per_step // self.world * r.rollout.group_size
-        mini = math.ceil(local / r.algo.mini_batches)
-        self.grad_accum = min(math.ceil(mini / r.algo.micro_batch_size), mini)
+        self.grad_accum = grad_accum_steps(local, r.algo.mini_batches, r.algo.micro_batch_size)
         self.engine = build_engine(
             model, lr=r.optim.lr, betas=r.optim.betas, weight_decay=r.optim.weight_decay, grad_clip=r.optim.grad_clip,
             zero_stage=r.optim.zero_stage, warmup_steps=r.optim.warmup_steps, micro_batch=r.algo.micro_batch_size,
@@ -298,8 +309,7 @@ class Trainer:
         """This rank's prompts for `step` (deterministic in seed and step) and their G responses."""
         r = self.r
         P, G = r.rollout.prompts_per_step, r.rollout.group_size
-        gen = torch.Generator().manual_seed(_step_seed(r.run.seed, step, 0))
-        idx = torch.randint(0, len(self.task), (P,), generator=gen).tolist()
+        idx = step_problem_indices(r.run.seed, step, len(self.task), P)
         per_rank = P // self.world
         mine = list(range(self.rank * per_rank, (self.rank + 1) * per_rank))
         problems = [self.task.train(idx[i]) for i in mine]
