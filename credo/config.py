@@ -207,6 +207,10 @@ class RunConfig:
     """Show a progress bar."""
     plot: bool = True
     """Redraw curves.png as the run goes."""
+    dump_rollouts_every: int = 0
+    """Write rollouts/step_<N>.jsonl (one row per sample: text, ids, mask, reward, advantage) every N steps; 0 = off."""
+    allow_config_change: bool = False
+    """Let a resume run with settings that differ from the checkpoint's (each segment's config is kept)."""
 
 
 @dataclass
@@ -366,6 +370,7 @@ def validate_recipe(r: Recipe, *, check_registries: bool = True) -> None:
     _check(r.run.keep_last >= 1, "run.keep_last", ">= 1", r.run.keep_last)
     _check(r.run.max_consecutive_skips >= 1, "run.max_consecutive_skips", ">= 1", r.run.max_consecutive_skips)
     _check(r.run.threads >= 0, "run.threads", ">= 0", r.run.threads)
+    _check(r.run.dump_rollouts_every >= 0, "run.dump_rollouts_every", ">= 0", r.run.dump_rollouts_every)
     _check(r.run.wandb_mode in ("offline", "online", "disabled"), "run.wandb_mode", "offline, online or disabled", r.run.wandb_mode)
     _check(r.model.dtype in ("float32", "bfloat16"), "model.dtype", "float32 or bfloat16", r.model.dtype)
     t = r.model.tiny
