@@ -172,6 +172,26 @@ class RewardConfig:
 
 
 @dataclass
+class StagesConfig:
+    rollout: str = "default"
+    """Rollout source: 'default' (the task's single-turn prompts), a registered name, or 'package.module:factory'."""
+    rollout_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments of a non-default rollout source's factory."""
+    reward: str = "default"
+    """Reward model: 'default' (reward.function or the task's verifier), a registered name, or 'package.module:factory'."""
+    reward_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments of a non-default reward model's factory."""
+    advantage: str = "default"
+    """Advantage stage: 'default' (the outcome estimator algo.advantage), a registered name, or 'package.module:factory'."""
+    advantage_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments of a non-default advantage stage's factory."""
+    probes: list = field(default_factory=list)
+    """Probes on the log-prob recompute (registered names or 'package.module:factory'); an output named 'weights' scales the loss per token."""
+    probe_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments per probe, keyed by its entry in `probes`."""
+
+
+@dataclass
 class RunConfig:
     name: str = MISSING
     """Name of the run; the default output directory is runs/<name>/<timestamp>."""
@@ -231,6 +251,8 @@ class Recipe:
     """Optimizer and DeepSpeed settings."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Reward-call isolation."""
+    stages: StagesConfig = field(default_factory=StagesConfig)
+    """Which stage of each kind a step runs (built-ins by default; plug-ins by name or import spec)."""
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -418,6 +440,9 @@ def validate_recipe(r: Recipe, *, check_registries: bool = True) -> None:
         _check_name(a.kl_estimator, algos.KL_ESTIMATORS, "algo.kl_estimator")
         _check_kwargs(algos.POLICY_LOSSES[a.policy_loss], a.loss_kwargs, "algo.loss_kwargs", LOSS_RESERVED)
         _check_kwargs(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs, "algo.advantage_kwargs", ADV_RESERVED)
+        from credo.train.registry import check_stages
+
+        check_stages(r.stages)
 
 
 def recipe_to_yaml(r: Recipe) -> str:

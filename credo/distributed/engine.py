@@ -7,6 +7,8 @@ ignored cache folder (TORCH_EXTENSIONS_DIR), so runs after the first skip the co
 
 from __future__ import annotations
 
+import copy
+import math
 import os
 import socket
 
@@ -82,6 +84,21 @@ def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     return y.to(x.device)
 
 
+def all_reduce_max(x: torch.Tensor) -> torch.Tensor:
+    """Maximum across ranks, returned on x's device; a copy of x in a world of one."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return x.clone()
+    y = x.to(device(), copy=True)
+    dist.all_reduce(y, op=dist.ReduceOp.MAX)
+    return y.to(x.device)
+
+
+def rank_and_world() -> tuple[int, int]:
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def all_gather_cat(x: torch.Tensor) -> torch.Tensor:
     """Concatenate equally-shaped tensors from all ranks along dim 0, returned on x's device."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
@@ -95,3 +112,117 @@ def all_gather_cat(x: torch.Tensor) -> torch.Tensor:
 def barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+# ----------------------------------------------------------------------------- the policy engine's step
+# DeepSpeed specifics of the update live here, so the update loop reads as backward / step.
+
+def backward(engine, loss: torch.Tensor, world: int) -> None:
+    """Backpropagate a loss already normalised by global token/sequence counts.
+
+    No 1/grad_accum (the counts already cover the mini-batch) and undo DeepSpeed's data-parallel
+    averaging (the counts already cover every rank).
+    """
+    engine.backward(loss * world, scale_wrt_gas=False)
+
+
+def optimizer_step(engine, zero_stage: int) -> tuple[bool, float | None]:
+    """`engine.step()` at every micro-batch (DeepSpeed applies it at the accumulation boundary).
+
+    Returns (gradients finite, the gradient norm checked here: ZeRO-0 at a boundary, else None). On ZeRO-0
+    DeepSpeed has no overflow check of its own: a non-finite norm is caught here and the step taken
+    without an update.
+    """
+    norm = None
+    if engine.is_gradient_accumulation_boundary() and zero_stage == 0:
+        norm = grad_norm(engine.module)
+        if not math.isfinite(norm):
+            step_without_update(engine)
+            return False, norm
+    engine.step()
+    return True, norm
+
+
+def nan_loss(engine) -> torch.Tensor:
+    """A loss whose backward poisons every gradient, so the step is skipped as a whole on every ZeRO stage."""
+    return sum(p.sum() for p in engine.module.parameters() if p.requires_grad) * float("nan")
+
+
+def step_without_update(engine) -> None:
+    """`engine.step()` that moves no weight, optimizer moment or LR: DeepSpeed's overflow skip, for ZeRO-0.
+
+    The gradients are dropped (torch optimizers pass over parameters without one), clipping is off for the
+    call (it fails on no gradients), and the optimizer reports an overflow, so DeepSpeed counts a skipped
+    step and holds the LR schedule as ZeRO-1/2/3 do, while its micro-step counters advance as usual.
+    Touches DeepSpeed's `_config.gradient_clipping` and the optimizer's `overflow` flag: keep it here.
+    """
+    for p in engine.module.parameters():
+        p.grad = None
+    opt, cfg = engine.optimizer, engine._config
+    clip, had, overflow = cfg.gradient_clipping, hasattr(opt, "overflow"), getattr(opt, "overflow", None)
+    cfg.gradient_clipping, opt.overflow = 0.0, True
+    try:
+        engine.step()
+    finally:
+        cfg.gradient_clipping = clip
+        if had:
+            opt.overflow = overflow
+        else:
+            del opt.overflow
+
+
+def grad_norm(module: torch.nn.Module) -> float:
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return 0.0
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+
+
+def reported_grad_norm(engine, checked_norm: float) -> float:
+    """DeepSpeed's global grad norm of the last step; None on ZeRO-0 with a torch optimizer: use the one checked."""
+    norm = engine.get_global_grad_norm()
+    return float(norm) if norm is not None else checked_norm
+
+
+# ------------------------------------------------------------------------ in-memory engine state (rollback)
+_ENGINE_COUNTERS = ("global_steps", "global_samples", "micro_steps", "skipped_steps")
+
+
+def engine_state_dict(engine) -> dict:
+    """A detached copy of everything an optimizer step changes: weights, fp32 master partitions, optimizer
+    moments, the LR schedule and DeepSpeed's step counters (ZeRO 0-2; ZeRO-3 partitions the weights).
+
+    Checkpoints on disk use DeepSpeed's own format; this copy is for rolling back a step in memory.
+    """
+    if getattr(engine, "zero_optimization_stage", lambda: 0)() >= 3:
+        raise NotImplementedError("in-memory rollback of a ZeRO-3 engine is not supported (its weights are "
+                                  "partitioned); use optim.zero_stage <= 2")
+    opt = engine.optimizer
+    base = getattr(opt, "optimizer", opt)  # ZeRO-1/2 wrap the torch optimizer, which owns the moments
+    state = {
+        "module": {k: v.detach().clone() for k, v in engine.module.state_dict().items()},
+        "optimizer": copy.deepcopy(base.state_dict()),
+        "scheduler": copy.deepcopy(engine.lr_scheduler.state_dict()) if engine.lr_scheduler is not None else None,
+        "counters": {a: getattr(engine, a) for a in _ENGINE_COUNTERS},
+    }
+    if hasattr(opt, "single_partition_of_fp32_groups"):
+        state["fp32_partitions"] = [t.detach().clone() for t in opt.single_partition_of_fp32_groups]
+    return state
+
+
+def load_engine_state_dict(engine, state: dict) -> None:
+    """Put an `engine_state_dict` copy back, bit for bit; gradients are dropped."""
+    opt = engine.optimizer
+    base = getattr(opt, "optimizer", opt)
+    with torch.no_grad():
+        live = engine.module.state_dict()
+        for k, v in state["module"].items():
+            live[k].copy_(v)
+        for t, saved in zip(getattr(opt, "single_partition_of_fp32_groups", []), state.get("fp32_partitions", [])):
+            t.copy_(saved)
+    base.load_state_dict(copy.deepcopy(state["optimizer"]))
+    if state["scheduler"] is not None:
+        engine.lr_scheduler.load_state_dict(state["scheduler"])
+    for a, v in state["counters"].items():
+        setattr(engine, a, v)
+    engine.module.zero_grad(set_to_none=True)

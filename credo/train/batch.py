@@ -1,0 +1,131 @@
+"""The one batch type that flows through the stages of a train step, and `pack`.
+
+    source.rollout(step) -> Batch(samples, problems, group_ids)     a rollout source fills the samples
+    reward(batch)        -> rewards, valid                          a reward model scores them
+    batch.pack(...)      -> input_ids ... loss_mask                 padded tensors, label-aligned
+    advantage(batch)     -> advantages [B, T]                       outcome estimators, critics
+    scorer.recompute     -> old/ref log-probs, probe extras, weights
+    updater.update(batch)                                           the objective reads it, nothing else
+
+Every stage reads and writes fields of this record; no stage passes tensors around it. Tensor fields
+are label-aligned (torchtune's `Trajectory` convention for causal LMs): column j of a [B, T] field
+scores token j+1 of `input_ids`, so T = L - 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from credo.distributed.rollout import Sample
+
+
+@dataclass
+class Batch:
+    """One rank's share of a step: B samples (all G responses of a prompt stay on one rank).
+
+    Filled stage by stage; a field is None until the stage that owns it has run.
+    """
+
+    samples: list[Sample]
+    """B rollout records: token ids, sampler log-probs, response mask, policy version, per-turn meta."""
+    problems: list[Any]
+    """B task problems (prompt, answer, metadata), one per sample."""
+    group_ids: torch.Tensor
+    """[B] long: the prompt each sample answers, global across ranks (samples of a group share it)."""
+    step: int = 0
+    """The optimizer step this batch trains (the weights that sampled it are `samples[i].policy_version`)."""
+
+    rewards: torch.Tensor | None = None
+    """[B] float: outcome reward per sample (0.0 where the reward call failed)."""
+    valid: torch.Tensor | None = None
+    """[B] bool: False where the reward call raised or timed out; such samples train on nothing."""
+    finished: torch.Tensor | None = None
+    """[B] bool: the response ended with EOS (False: it hit the length cap)."""
+
+    input_ids: torch.Tensor | None = None
+    """[B, L] long: prompt + response, right-padded."""
+    attention_mask: torch.Tensor | None = None
+    """[B, L] long: 1 on real tokens."""
+    response_mask: torch.Tensor | None = None
+    """[B, T] bool: tokens the policy generated (mask 1 of `Sample.response_mask`), label-aligned."""
+    loss_mask: torch.Tensor | None = None
+    """[B, T] bool: the tokens the loss trains on: response tokens of kept samples (valid, and finished
+    when the overlong filter is on)."""
+    rollout_log_probs: torch.Tensor | None = None
+    """[B, T] float: the sampler's log-probs (0 outside the response)."""
+    old_log_probs: torch.Tensor | None = None
+    """[B, T] float: log pi_old from before the update; None when the update is one on-policy pass
+    (then pi_old = pi_theta detached, taken inside the update)."""
+    ref_log_probs: torch.Tensor | None = None
+    """[B, T] float: the frozen reference policy's log-probs (KL term); None without a reference."""
+    values: torch.Tensor | None = None
+    """[B, T] float: critic values (value-model advantage stages)."""
+    advantages: torch.Tensor | None = None
+    """[B, T] float: per-token advantages, 0 outside `loss_mask`."""
+    weights: torch.Tensor | None = None
+    """[B, T] float: per-token loss weights from credit stages and probes (None = all 1)."""
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Probe outputs, '<probe>/<name>' -> [B, T] (e.g. attention statistics)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Per-step metrics the stages report (logged as they are)."""
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def to(self, device: torch.device) -> "Batch":
+        """Move every tensor field (and the extras) to `device`, in place."""
+        for name in ("input_ids", "attention_mask", "response_mask", "loss_mask", "rollout_log_probs", "old_log_probs",
+                     "ref_log_probs", "values", "advantages", "weights"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.to(device))
+        self.extras = {k: v.to(device) for k, v in self.extras.items()}
+        return self
+
+
+def pack(samples: list[Sample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad prompt+response.
+
+    Returns:
+        input_ids [B, L] long, attention_mask [B, L] long, response_mask [B, L-1] bool and the sampler's
+        log-probs [B, L-1] float, the last two label-aligned.
+    """
+    width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    # rows are built as Python lists and converted once: a tensor per row cost more than the forward
+    # pass of a small model
+    ids, attn, resp, rlp = [], [], [], []
+    for i, s in enumerate(samples):
+        p, n = len(s.prompt_ids), len(s.response_ids)
+        if p == 0:
+            raise ValueError(f"sample {i} has an empty prompt_ids; the first response token needs a prompt token to be scored from")
+        if len(s.response_mask) != n or (s.rollout_log_probs and len(s.rollout_log_probs) < n):
+            raise ValueError(f"sample {i}: response_mask has {len(s.response_mask)} and rollout_log_probs "
+                             f"{len(s.rollout_log_probs)} entries for {n} response_ids")
+        tail = width - p - n
+        ids.append(s.prompt_ids + s.response_ids + [pad_id] * tail)
+        attn.append([1] * (p + n) + [0] * tail)
+        resp.append([0] * (p - 1) + list(s.response_mask) + [0] * tail)
+        lps = s.rollout_log_probs[:n] if s.rollout_log_probs else [0.0] * n
+        rlp.append([0.0] * (p - 1) + list(lps) + [0.0] * tail)
+    ids = torch.tensor(ids, dtype=torch.long)
+    attn = torch.tensor(attn, dtype=torch.long)
+    resp = torch.tensor(resp, dtype=torch.bool)
+    rlp = torch.tensor(rlp, dtype=torch.float32)
+    return ids, attn, resp, rlp
+
+
+def pack_batch(batch: Batch, pad_id: int, *, overlong_filter: bool) -> None:
+    """Fill the padded tensor fields and the loss mask of a scored batch, in place.
+
+    The loss mask is the response mask of the samples that train: those with a valid reward, and with
+    `overlong_filter` (DAPO) only those that finished.
+    """
+    batch.input_ids, batch.attention_mask, batch.response_mask, batch.rollout_log_probs = pack(batch.samples, pad_id)
+    batch.finished = torch.tensor([s.finished for s in batch.samples])
+    keep = batch.valid.clone()
+    if overlong_filter:
+        keep &= batch.finished
+    batch.loss_mask = batch.response_mask & keep[:, None]

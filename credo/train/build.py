@@ -1,0 +1,218 @@
+"""Recipe -> stages: the only code besides `credo.config` that reads a `Recipe`.
+
+`build(recipe)` sets up the process group, the run folder, the warm-up policy, the DeepSpeed engine and
+the rollout engine, then binds every stage once from the recipe:
+
+    source     a RolloutSource      (stages.rollout: default = the task's single-turn prompts)
+    reward     a RewardModel        (stages.reward: default = reward.function or the task's verifier)
+    advantage  an AdvantageStage    (stages.advantage: default = the outcome estimator algo.advantage)
+    scorer     a PolicyScorer       (temperature, chunking, ZeRO-3 path, reference model, stages.probes)
+    objective  an Objective         (policy loss + KL + entropy, algo.*)
+    updater    an Updater           (epochs, mini/micro-batches, non-finite skip)
+    state      a TrainState         (engine, RNG, counters, the stages' own states)
+
+Registries (`credo.algos`, `credo.train.registry`) are read here and in config validation, nowhere else.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from credo import algos
+from credo.checkpoint import list_checkpoints
+from credo.config import ConfigError, Recipe, recipe_to_dict, recipe_to_yaml
+from credo.distributed.engine import build_engine, device, setup_distributed
+from credo.distributed.rollout import HFBackend
+from credo.models import check_vocab, load_causal_lm, load_tokenizer, resolve_model_path
+from credo.rewards.tasks import make_task
+from credo.rewards.worker import RewardWorker, import_reward_fn, per_sample
+from credo.train.advantage import OutcomeAdvantage
+from credo.train.evaluate import Evaluator
+from credo.train.objective import Objective
+from credo.train.registry import StageContext, resolve
+from credo.train.reward import FunctionReward
+from credo.train.rollout import PromptRollout
+from credo.train.scoring import PolicyScorer
+from credo.train.state import TrainState
+from credo.train.update import Updater, grad_accum_steps
+
+
+@dataclass
+class Components:
+    """Everything a `Trainer` runs, built once."""
+
+    rank: int
+    world: int
+    run_dir: Path
+    tokenizer: Any
+    task: Any
+    engine: Any
+    source: Any
+    reward: Any
+    advantage: Any
+    scorer: PolicyScorer
+    objective: Objective
+    updater: Updater
+    state: TrainState
+    evaluate: Evaluator | None
+    # run bookkeeping the loop needs
+    steps: int
+    eval_every: int
+    save_every: int
+    keep_last: int
+    overlong_filter: bool
+    dump_every: int
+    resume: str | None
+    allow_config_change: bool
+    config: dict
+    config_yaml: str
+    tracker_args: dict
+
+
+def fault_nan_steps() -> frozenset[int]:
+    """Test hook: CREDO_FAULT_NAN_STEP=N (or `2,5` or `3-6`) forces the loss of those steps to NaN."""
+    steps: set[int] = set()
+    for part in filter(None, os.environ.get("CREDO_FAULT_NAN_STEP", "").replace(" ", "").split(",")):
+        lo, _, hi = part.partition("-")
+        steps.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(steps)
+
+
+def build(r: Recipe) -> Components:
+    rank, world = setup_distributed()
+    torch.set_num_threads(r.run.threads or max(1, (os.cpu_count() or 1) // world))
+    if r.rollout.prompts_per_step % world:
+        raise ConfigError(f"config key 'rollout.prompts_per_step' = {r.rollout.prompts_per_step} must be divisible "
+                          f"by the number of processes ({world})")
+    run_dir = _run_dir(r, world)
+    torch.manual_seed(r.run.seed)
+    task = make_task(r.task)
+    policy_path, sft_key = _prepare_policy(r, task, rank, world)
+    tokenizer = load_tokenizer(policy_path)
+    model = load_causal_lm(policy_path, r.model.dtype)
+    check_vocab(model, tokenizer, policy_path)
+    _check_context(r, model, tokenizer, task)
+    ref = None
+    if r.model.ref_model:
+        ref = load_causal_lm(policy_path, r.model.dtype).to(device()).eval().requires_grad_(False)
+    ro, a, o = r.rollout, r.algo, r.optim
+    grad_accum = grad_accum_steps(ro.prompts_per_step // world * ro.group_size, a.mini_batches, a.micro_batch_size)
+    engine = build_engine(model, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
+                          zero_stage=o.zero_stage, warmup_steps=o.warmup_steps, micro_batch=a.micro_batch_size,
+                          grad_accum=grad_accum, bf16=r.model.dtype == "bfloat16")
+    backend = _make_backend(r, engine, tokenizer, policy_path)
+    sampling = dict(prompts_per_step=ro.prompts_per_step, group_size=ro.group_size, max_new_tokens=ro.max_new_tokens,
+                    temperature=ro.temperature, top_p=ro.top_p)
+    ctx = StageContext(rank=rank, world=world, seed=r.run.seed, tokenizer=tokenizer, task=task, backend=backend,
+                       engine=engine, rollout=sampling)
+
+    ctx.default = PromptRollout(task, tokenizer, backend, seed=r.run.seed, rank=rank, world=world, **sampling)
+    source = _stage(ctx, "rollout", r.stages.rollout, r.stages.rollout_kwargs)
+    fn = import_reward_fn(r.reward.function) if r.reward.function else per_sample(task.score)
+    worker = RewardWorker(fn, timeout_s=r.reward.timeout_s, workers=r.reward.workers,
+                          max_failure_frac=r.reward.max_failure_frac)
+    ctx.default = FunctionReward(worker, tokenizer, ro.group_size)
+    reward = _stage(ctx, "reward", r.stages.reward, r.stages.reward_kwargs)
+    ctx.default = OutcomeAdvantage(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs)
+    advantage = _stage(ctx, "advantage", r.stages.advantage, r.stages.advantage_kwargs)
+    ctx.default = None
+    probes = [_stage(ctx, "probe", spec, r.stages.probe_kwargs.get(spec, {})) for spec in r.stages.probes]
+
+    scorer = PolicyScorer(temperature=ro.temperature, chunk_size=a.logprob_chunk_size, hidden_path=o.zero_stage < 3,
+                          needs_old_log_probs=a.ppo_epochs * a.mini_batches > 1, ref_model=ref, probes=probes)
+    objective = Objective(algos.POLICY_LOSSES[a.policy_loss], a.loss_kwargs, agg_mode=a.agg_mode,
+                          entropy_coef=a.entropy_coef, kl_coef=a.kl_coef,
+                          kl_estimator=algos.KL_ESTIMATORS[a.kl_estimator] if ref is not None else None,
+                          norm_len=ro.max_new_tokens)
+    updater = Updater(engine, scorer, objective, ppo_epochs=a.ppo_epochs, mini_batches=a.mini_batches,
+                      grad_accum=grad_accum, zero_stage=o.zero_stage, world=world, fault_nan_steps=fault_nan_steps())
+    config = recipe_to_dict(r)
+    components = {name: stage for name, stage in (("source", source), ("advantage", advantage))
+                  if hasattr(stage, "state_dict")}
+    state = TrainState(engine, components, config=config, sft_key=sft_key, policy_path=policy_path,
+                       max_consecutive_skips=r.run.max_consecutive_skips)
+    evaluate = Evaluator(task, tokenizer, source, seed=r.run.seed, temperature=r.run.eval_temperature,
+                         samples=r.run.eval_samples, rank=rank, world=world) if r.run.eval_every else None
+    wandb_cfg = {"project": r.run.wandb_project, "mode": r.run.wandb_mode} if r.run.wandb else None
+    return Components(
+        rank=rank, world=world, run_dir=run_dir, tokenizer=tokenizer, task=task, engine=engine, source=source,
+        reward=reward, advantage=advantage, scorer=scorer, objective=objective, updater=updater, state=state,
+        evaluate=evaluate, steps=r.run.steps, eval_every=r.run.eval_every, save_every=r.run.save_every,
+        keep_last=r.run.keep_last, overlong_filter=a.overlong_filter, dump_every=r.run.dump_rollouts_every,
+        resume=r.run.resume, allow_config_change=r.run.allow_config_change, config=config,
+        config_yaml=recipe_to_yaml(r),
+        tracker_args=dict(total_steps=r.run.steps, progress=r.run.progress, plot=r.run.plot, wandb_cfg=wandb_cfg))
+
+
+def _stage(ctx: StageContext, kind: str, spec: str, kwargs: dict):
+    factory = resolve(kind, spec, f"stages.{kind}")
+    return ctx.default if factory is None else factory(ctx, **kwargs)
+
+
+def _run_dir(r: Recipe, world: int) -> Path:
+    path = [r.run.output_dir or os.path.join("runs", r.run.name, time.strftime("%Y%m%d-%H%M%S"))]
+    if world > 1:
+        dist.broadcast_object_list(path, src=0)
+    run_dir = Path(path[0])
+    previous = [p.name for p in (run_dir / "metrics.jsonl", *list_checkpoints(run_dir / "checkpoints")) if p.exists()]
+    if previous and not r.run.resume:  # a fresh run here would append to its metrics and prune its checkpoints
+        raise ConfigError(f"config key 'run.output_dir' = '{run_dir}' already holds a run ({', '.join(previous)}); "
+                          "expected run.resume=auto to continue it, or a new run.output_dir")
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def _prepare_policy(r: Recipe, task, rank: int, world: int) -> tuple[str, str | None]:
+    """The base policy's folder: the SFT warm-up's (cached) output, or the model itself."""
+    import logging
+
+    out: list = [None, None]
+    if rank == 0:
+        base = resolve_model_path(r.model.path, r.model.tiny)
+        if r.sft.enabled and r.sft.steps > 0:
+            from credo.sft import run_sft
+
+            out = list(run_sft(r, base, task, log=lambda m: logging.getLogger("credo").info(m)))
+        else:
+            out = [base, None]
+    if world > 1:
+        dist.broadcast_object_list(out, src=0)
+    return out[0], out[1]
+
+
+def _check_context(r: Recipe, model, tokenizer, task) -> None:
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is None:
+        return
+    longest, where = 0, None
+    for i, p in enumerate(task.eval_problems()[:1000]):
+        n = len(tokenizer(p.prompt, add_special_tokens=False)["input_ids"])
+        if n > longest:
+            longest, where = n, f"eval problem {i}"
+    for i in range(min(len(task), 2000)):
+        n = len(tokenizer(task.train(i).prompt, add_special_tokens=False)["input_ids"])
+        if n > longest:
+            longest, where = n, f"train problem {i}"
+    if longest + r.rollout.max_new_tokens > limit:
+        raise ConfigError(
+            f"prompt too long: {where} has {longest} tokens + rollout.max_new_tokens={r.rollout.max_new_tokens}"
+            f" > the model's context of {limit} tokens (max_position_embeddings); shorten prompts or max_new_tokens")
+
+
+def _make_backend(r: Recipe, engine, tokenizer, policy_path: str):
+    ro = r.rollout
+    if ro.backend == "hf":
+        return HFBackend(engine.module, tokenizer, max_batch=ro.hf_max_batch)
+    from credo.distributed.vllm_backend import VLLMBackend
+
+    eager = ro.vllm_enforce_eager
+    return VLLMBackend(policy_path, dtype=r.model.dtype, seed=r.run.seed, kv_cache_gib=ro.vllm_kv_cache_gib,
+                       gpu_memory_utilization=ro.vllm_gpu_memory_utilization,
+                       enforce_eager=(not torch.cuda.is_available()) if eager is None else eager)

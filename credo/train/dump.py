@@ -1,0 +1,40 @@
+"""Rollout dumps: `rollouts/step_<N>.jsonl`, one row per sample, for looking at what a run trains on.
+
+A row holds the prompt and response text, the token ids and response mask, the reward (and whether its
+call succeeded), the per-token advantages (aligned with the response ids), the sampler's log-probs, the policy version, and the sample's
+`meta` (per-turn fields of multi-turn sources). Each rank writes its own rows to its own file part
+(`step_<N>.rank<r>.jsonl` beside rank 0's `step_<N>.jsonl`), so no gather is needed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from credo.train.batch import Batch
+
+
+def dump_rollouts(batch: Batch, tokenizer, out_dir: Path, *, rank: int = 0) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / (f"step_{batch.step}.jsonl" if rank == 0 else f"step_{batch.step}.rank{rank}.jsonl")
+    prompts = tokenizer.batch_decode([s.prompt_ids for s in batch.samples], skip_special_tokens=False)
+    responses = tokenizer.batch_decode([s.response_ids for s in batch.samples], skip_special_tokens=False)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        for i, s in enumerate(batch.samples):
+            p, n = len(s.prompt_ids), len(s.response_ids)
+            token_adv = batch.advantages[i, p - 1:p - 1 + n] if batch.advantages is not None else None
+            row = {
+                "step": batch.step, "index": i, "group_id": int(batch.group_ids[i]),
+                "prompt": prompts[i], "response": responses[i],
+                "prompt_ids": s.prompt_ids, "response_ids": s.response_ids, "response_mask": s.response_mask,
+                "reward": float(batch.rewards[i]), "reward_valid": bool(batch.valid[i]), "finished": s.finished,
+                "trained": bool(batch.loss_mask[i].any()),
+                "advantages": None if token_adv is None else [round(float(a), 6) for a in token_adv],
+                "rollout_log_probs": s.rollout_log_probs,
+                "policy_version": s.policy_version, "answer": getattr(batch.problems[i], "answer", None),
+                "meta": s.meta,
+            }
+            f.write(json.dumps(row, default=str) + "\n")
+    tmp.replace(path)
+    return path

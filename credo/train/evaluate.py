@@ -1,0 +1,37 @@
+"""Held-out evaluation: accuracy of the current policy on the task's eval split, sharded over ranks."""
+
+from __future__ import annotations
+
+import torch
+
+from credo.distributed.engine import all_reduce_sum
+from credo.train.rollout import step_seed
+
+
+class Evaluator:
+    """Greedy accuracy, or the mean over `samples` draws per problem at `temperature` with fixed seeds
+    (the same draws at every evaluation, so the curve moves only with the policy)."""
+
+    def __init__(self, task, tokenizer, source, *, seed: int, temperature: float, samples: int, rank: int = 0,
+                 world: int = 1):
+        self.task, self.tokenizer, self.source = task, tokenizer, source
+        self.seed, self.temperature, self.samples = seed, temperature, samples
+        self.rank, self.world = rank, world
+
+    def __call__(self) -> float:
+        problems = self.task.eval_problems()[self.rank::self.world]
+        k = self.samples
+        prompts = [ids for ids in self.tokenizer([p.prompt for p in problems], add_special_tokens=False)["input_ids"]
+                   for _ in range(k)]
+        greedy = self.temperature == 0
+        seeds = None if greedy else [step_seed(self.seed, -1, self.rank * len(prompts) + i) for i in range(len(prompts))]
+        samples = self.source.generate(prompts, temperature=1.0 if greedy else self.temperature, seeds=seeds)
+        texts = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
+        correct = 0.0
+        for i, text in enumerate(texts):
+            try:
+                correct += self.task.score(text, problems[i // k])
+            except Exception:  # noqa: BLE001 - a verifier crash on one answer scores it 0
+                pass
+        tot = all_reduce_sum(torch.tensor([correct, float(len(samples))], dtype=torch.float64))
+        return float(tot[0] / tot[1])

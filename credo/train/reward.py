@@ -1,0 +1,44 @@
+"""Reward models: a scored batch in, rewards [B] and a validity mask [B] out.
+
+    class RewardModel(Protocol):
+        def __call__(self, batch: Batch) -> None    # sets batch.rewards, batch.valid, adds metrics
+        def close(self) -> None
+
+`FunctionReward` runs a group reward function (the task's verifier by default) on the round-1
+`RewardWorker`: per-call timeout, failures masked and counted. A batched LLM judge is another
+`RewardModel` with the same two methods.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from credo.rewards.worker import RewardWorker
+from credo.train.batch import Batch
+
+
+class RewardModel(Protocol):
+    def __call__(self, batch: Batch) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class FunctionReward:
+    """Score each group (a prompt's G responses) with `worker`'s function on the decoded responses."""
+
+    def __init__(self, worker: RewardWorker, tokenizer, group_size: int):
+        self.worker, self.tokenizer, self.G = worker, tokenizer, group_size
+
+    def __call__(self, batch: Batch) -> None:
+        G = self.G
+        texts = self.tokenizer.batch_decode([s.response_ids for s in batch.samples], skip_special_tokens=True)
+        groups = [(texts[i:i + G], batch.problems[i:i + G]) for i in range(0, len(texts), G)]
+        res = self.worker(groups, step=batch.step)
+        batch.rewards, batch.valid = torch.tensor(res.rewards), torch.tensor(res.valid)
+        batch.metrics["reward/failures"] = res.failures + res.timeouts
+        batch.metrics["reward/timeouts"] = res.timeouts
+
+    def close(self) -> None:
+        self.worker.close()

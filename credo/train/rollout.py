@@ -1,0 +1,91 @@
+"""Rollout sources: prompts -> samples. Single-turn today; multi-turn and asynchronous sources plug in here.
+
+    class RolloutSource(Protocol):
+        def rollout(self, step: int) -> Batch          # this rank's samples, problems and group ids
+        def sync(self, model, step: int) -> None       # the rollout engine takes the new weights
+        def generate(self, prompts, **sampling)         # raw sampling, for evaluation and judges
+        def state_dict(self) -> dict / load_state_dict  # Stateful: a source's position in its data
+        def close(self) -> None
+
+The step's prompts and every sampling seed are functions of (run seed, step), so a resumed run draws
+the same prompts and responses as an uninterrupted one and the source has no position to save.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Protocol
+
+import torch
+
+from credo.train.batch import Batch
+
+
+class RolloutSource(Protocol):
+    def rollout(self, step: int) -> Batch: ...
+
+    def sync(self, model: torch.nn.Module, step: int) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def step_seed(seed: int, step: int, salt: int) -> int:
+    """A 31-bit seed that is a pure function of (seed, step, salt)."""
+    h = hashlib.sha256(f"{seed}:{step}:{salt}".encode()).digest()
+    return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
+
+
+def step_problem_indices(seed: int, step: int, n_problems: int, prompts_per_step: int) -> list[int]:
+    """The training problems of `step` (all ranks), deterministic in seed and step."""
+    gen = torch.Generator().manual_seed(step_seed(seed, step, 0))
+    return torch.randint(0, n_problems, (prompts_per_step,), generator=gen).tolist()
+
+
+class PromptRollout:
+    """Single-turn rollout: each rank samples `group_size` responses to its share of the step's prompts.
+
+    Temperature and top-p are bound here once; the scorer that recomputes log-probs is built with the
+    same temperature by the builder.
+    """
+
+    def __init__(self, task, tokenizer, backend, *, seed: int, prompts_per_step: int, group_size: int,
+                 max_new_tokens: int, temperature: float, top_p: float, rank: int = 0, world: int = 1):
+        self.task, self.tokenizer, self.backend = task, tokenizer, backend
+        self.seed, self.P, self.G = seed, prompts_per_step, group_size
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.rank, self.world = rank, world
+
+    def rollout(self, step: int) -> Batch:
+        P, G = self.P, self.G
+        idx = step_problem_indices(self.seed, step, len(self.task), P)
+        per_rank = P // self.world
+        mine = list(range(self.rank * per_rank, (self.rank + 1) * per_rank))
+        problems = [self.task.train(idx[i]) for i in mine]
+        prompt_ids = self.tokenizer([p.prompt for p in problems], add_special_tokens=False)["input_ids"]
+        prompts = [ids for ids in prompt_ids for _ in range(G)]
+        seeds = [step_seed(self.seed, step, 1 + i * G + g) for i in mine for g in range(G)]
+        samples = self.backend.generate(prompts, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                                        top_p=self.top_p, seeds=seeds)
+        group_ids = torch.tensor([i for i in mine for _ in range(G)])
+        return Batch(samples=samples, problems=[p for p in problems for _ in range(G)], group_ids=group_ids, step=step)
+
+    def generate(self, prompts: list[list[int]], *, temperature: float, seeds: list[int] | None):
+        """Sample (or, with `seeds=None`, greedily decode) one response per prompt at the rollout's length cap."""
+        return self.backend.generate(prompts, max_new_tokens=self.max_new_tokens, temperature=temperature, top_p=1.0,
+                                     seeds=seeds)
+
+    def sync(self, model: torch.nn.Module, step: int) -> None:
+        self.backend.sync_weights(model, step)
+
+    def state_dict(self) -> dict:
+        return {}  # prompts and seeds are functions of (seed, step): nothing to save
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        self.backend.close()

@@ -1,0 +1,121 @@
+"""The policy scorer: log-probs and entropy of a batch's tokens, with probes on the recompute forward.
+
+`PolicyScorer` binds the sampling temperature, the log-prob chunk size and the ZeRO-3 path once, so
+every forward over training tokens (the old-policy recompute, the reference model, each micro-batch of
+the update) scores tokens the same way the sampler drew them.
+
+Probes ride the batch-level recompute, the one no-grad forward over the training tokens before the
+update:
+
+    class Probe(Protocol):
+        name: str
+        def capture(self, model) -> ContextManager      # forward hooks live while this is entered
+        def result(self, batch: Batch, log_probs, entropy) -> dict[str, Tensor]   # each [B, T]
+
+A probe's outputs land in `batch.extras['<name>/<key>']`; an output named `weights` is a per-token
+loss weight and is multiplied into `batch.weights`, which the objective passes to the loss as
+`weights=`. So a credit method that produces weights needs no trainer edit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import ContextManager, Protocol
+
+import torch
+
+from credo import algos
+from credo.train.batch import Batch
+
+
+class Probe(Protocol):
+    name: str
+
+    def capture(self, model: torch.nn.Module) -> ContextManager: ...
+
+    def result(self, batch: Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None) -> dict[str, torch.Tensor]: ...
+
+
+def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature: float, chunk_size: int,
+                   with_entropy: bool, hidden_path: bool = True):
+    """Log-probs (and entropy) of input_ids[:, 1:] at `token_mask` positions.
+
+    Args:
+        input_ids: [B, L] long. attention_mask: [B, L]. token_mask: [B, L-1] bool, the rows to score.
+    Returns:
+        log_probs [B, L-1] float32 and entropy [B, L-1] float32 (None without `with_entropy`), 0 off the mask.
+
+    Takes the last hidden layer and computes log-softmax only on the selected rows with
+    `credo.algos.logprobs_from_hidden`, so the [N, V] logits are never held at once.
+    """
+    B, T = token_mask.shape
+    zero = torch.zeros(B, T, dtype=torch.float32, device=input_ids.device)
+    if hidden_path:
+        base = getattr(model, model.base_model_prefix)
+        hidden = base(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+        head = model.get_output_embeddings()
+        rows = hidden[token_mask]
+        labels = input_ids[:, 1:][token_mask]
+        out = algos.logprobs_from_hidden(rows, head.weight, labels, temperature=temperature, chunk_size=chunk_size,
+                                         with_entropy=with_entropy, bias=getattr(head, "bias", None))
+        lp_rows, ent_rows = (out if with_entropy else (out, None))
+    else:  # ZeRO-3 partitions the head weight; let the model's own forward gather it
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+        sel = logits[token_mask].float() / temperature  # response rows only, before any fp32 copy
+        logp = sel.log_softmax(-1)
+        lp_rows = logp.gather(-1, input_ids[:, 1:][token_mask].unsqueeze(-1)).squeeze(-1)
+        ent_rows = algos.entropy_from_logits(sel) if with_entropy else None
+    log_probs = zero.masked_scatter(token_mask, lp_rows.float())
+    entropy = zero.masked_scatter(token_mask, ent_rows.float()) if ent_rows is not None else None
+    return log_probs, entropy
+
+
+class PolicyScorer:
+    """Scores batches with the policy (and the frozen reference), at one temperature bound at build time."""
+
+    def __init__(self, *, temperature: float, chunk_size: int, hidden_path: bool, needs_old_log_probs: bool,
+                 ref_model: torch.nn.Module | None = None, probes: list[Probe] = ()):
+        self.temperature, self.chunk_size, self.hidden_path = temperature, chunk_size, hidden_path
+        self.needs_old_log_probs = needs_old_log_probs
+        self.ref_model = ref_model
+        self.probes = list(probes)
+
+    def __call__(self, model, input_ids, attention_mask, token_mask, *, with_entropy: bool, hidden_path: bool | None = None):
+        """Log-probs (and entropy) [B, T] of `model` on the given rows; see `policy_forward`."""
+        return policy_forward(model, input_ids, attention_mask, token_mask, temperature=self.temperature,
+                              chunk_size=self.chunk_size, with_entropy=with_entropy,
+                              hidden_path=self.hidden_path if hidden_path is None else hidden_path)
+
+    @torch.no_grad()
+    def recompute(self, model: torch.nn.Module, batch: Batch) -> None:
+        """Fill `batch.old_log_probs` (off-policy passes), `batch.ref_log_probs` and the probes' outputs.
+
+        The policy forward runs when old log-probs are needed or a probe asks for it; an on-policy
+        single pass takes pi_old inside the update instead.
+        """
+        if self.needs_old_log_probs or self.probes:
+            with contextlib.ExitStack() as hooks:
+                for probe in self.probes:
+                    hooks.enter_context(probe.capture(model))
+                lp, ent = self(model, batch.input_ids, batch.attention_mask, batch.loss_mask, with_entropy=bool(self.probes))
+            if self.needs_old_log_probs:
+                batch.old_log_probs = lp
+            for probe in self.probes:
+                for key, value in probe.result(batch, lp, ent).items():
+                    _check_probe_output(probe, key, value, batch)
+                    if key == "weights":
+                        batch.weights = value if batch.weights is None else batch.weights * value
+                    else:
+                        batch.extras[f"{probe.name}/{key}"] = value
+        if self.ref_model is not None:
+            batch.ref_log_probs, _ = self(self.ref_model, batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                          with_entropy=False, hidden_path=True)
+
+
+def _check_probe_output(probe, key: str, value, batch: Batch) -> None:
+    shape = tuple(batch.loss_mask.shape)
+    if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape:
+        got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(f"probe '{probe.name}' output '{key}' has shape {got}, expected {list(shape)} like batch.loss_mask")
+    if key == "weights" and not torch.isfinite(value[batch.loss_mask]).all():
+        raise ValueError(f"probe '{probe.name}' returned non-finite weights on loss tokens")

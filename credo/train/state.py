@@ -1,0 +1,189 @@
+"""Trainer state: every stateful component behind `state_dict` / `load_state_dict` (torch's `Stateful`).
+
+    TrainState.state_dict()  ->  {"engine": weights + optimizer + LR schedule + DeepSpeed counters,
+                                  "rng": python/numpy/torch RNG, "counters": skip and failure counts,
+                                  "<component>": source, advantage stage, critics, ...}
+
+One dict serves three uses:
+- **rollback** of a step in memory (`snapshot()` before, `restore(snap)` after): bit-exact;
+- **checkpoints**: DeepSpeed writes the engine in its own (sharded) format, each rank its RNG, and
+  `meta.json` the counters and the components' states (`credo.checkpoint`);
+- **resume**: the newest good checkpoint is loaded and the run's recipe is compared with the one the
+  checkpoint was written with.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch.distributed as dist
+
+from credo.checkpoint import (find_resume_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state,
+                              verify_checkpoint)
+from credo.config import ConfigError
+from credo.distributed.engine import engine_state_dict, load_engine_state_dict
+from credo.tracking import truncate_metrics
+
+log = logging.getLogger("credo")
+
+# keys that may differ between the segments of a resumed run without run.allow_config_change
+RESUME_FREE_KEYS = ("run.steps", "run.resume", "run.output_dir", "run.allow_config_change")
+
+
+class TrainingError(RuntimeError):
+    """The run cannot continue (repeated non-finite steps, broken reward function, bad input)."""
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass
+class Counters:
+    """Run-level counts that survive resume."""
+
+    consecutive_skips: int = 0
+    skipped_total: int = 0
+    reward_failures_total: int = 0
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+
+class TrainState:
+    """The engine, RNG, counters and the stages' own states, saved, restored and rolled back as one."""
+
+    def __init__(self, engine, components: dict[str, Stateful], *, config: dict, sft_key: str | None,
+                 policy_path: str, max_consecutive_skips: int):
+        self.engine = engine
+        self.counters = Counters()
+        self.components = {"counters": self.counters, **components}
+        self.config, self.sft_key, self.policy_path = config, sft_key, policy_path
+        self.max_consecutive_skips = max_consecutive_skips
+        self.config_changed: dict = {}  # keys a resume accepted with run.allow_config_change
+
+    # ---- one dict
+    def state_dict(self) -> dict:
+        """A detached copy of the whole trainer state (in memory)."""
+        return {"engine": engine_state_dict(self.engine), "rng": copy.deepcopy(rng_state()),
+                **{k: copy.deepcopy(c.state_dict()) for k, c in self.components.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        load_engine_state_dict(self.engine, state["engine"])
+        set_rng_state(state["rng"])
+        for k, c in self.components.items():
+            c.load_state_dict(copy.deepcopy(state[k]))
+
+    snapshot, restore = state_dict, load_state_dict  # the names a rollback reads best with
+
+    # ---- per step
+    def record_step(self, skipped: int, reward_failures: int, step: int) -> None:
+        c = self.counters
+        c.consecutive_skips = c.consecutive_skips + 1 if skipped else 0
+        c.skipped_total += skipped
+        c.reward_failures_total += reward_failures
+        if c.consecutive_skips >= self.max_consecutive_skips:
+            raise TrainingError(f"{c.consecutive_skips} consecutive optimizer steps skipped for non-finite values "
+                                f"(run.max_consecutive_skips={self.max_consecutive_skips}); stopping at step {step}")
+
+    # ---- disk
+    def save(self, ckpt_root: Path, step: int, *, keep_last: int, param_digests: list[str]) -> None:
+        if len(set(param_digests)) > 1:
+            raise TrainingError(f"data-parallel ranks hold different parameters at step {step}: {param_digests}")
+        meta = {"data_position": step, "sft_key": self.sft_key, "policy_path": self.policy_path,
+                "param_digests": param_digests, "config": self.config,
+                "components": {k: c.state_dict() for k, c in self.components.items() if k != "counters"},
+                "counters": self.counters.state_dict()}
+        saved = save_checkpoint(self.engine, ckpt_root, step, meta=meta, keep_last=keep_last)
+        if saved is None:  # the model holds NaN/Inf: training on is pointless, the last checkpoint is still good
+            raise TrainingError(f"the model holds non-finite parameters at step {step}; no checkpoint written. "
+                                "Resume from the last checkpoint (run.resume=auto) with a lower optim.lr")
+
+    def resume(self, spec: str | None, run_dir: Path, *, rank: int, world: int, allow_config_change: bool) -> int:
+        """Load the checkpoint `spec` names ('auto': the newest good one); return its step (0: fresh start)."""
+        if not spec:
+            return 0
+        ckpt_root = run_dir / "checkpoints"
+        if spec == "auto":
+            # rank 0 verifies (and sets corrupt folders aside) once; every rank loads the folder it chose
+            found = [find_resume_checkpoint(ckpt_root, tidy=True) if rank == 0 else None]
+            if world > 1:
+                dist.broadcast_object_list(found, src=0)
+            path = found[0]
+        else:
+            path = Path(spec)
+            problem = "the folder does not exist" if not path.is_dir() else verify_checkpoint(path)
+            if problem is not None:
+                raise ConfigError(f"config key 'run.resume' = '{spec}': not a usable checkpoint ({problem}); "
+                                  "expected 'auto' or a checkpoints/step_<N> folder")
+        if path is None:
+            metrics = run_dir / "metrics.jsonl"
+            if rank == 0 and metrics.exists():  # a fresh start must not write over the record of what ran
+                aside = _free_name(metrics.with_name("metrics.before-restart.jsonl"))
+                os.replace(metrics, aside)
+                log.warning("run.resume=auto: no usable checkpoint in %s; starting from step 0 "
+                            "(the previous metrics.jsonl was moved to %s)", ckpt_root, aside.name)
+            else:
+                log.warning("run.resume=auto: no usable checkpoint in %s; starting from step 0", ckpt_root)
+            return 0
+        meta = load_checkpoint(self.engine, path, verify=False)
+        if meta.get("sft_key") != self.sft_key:
+            raise ConfigError(f"checkpoint {path} was trained from a different warm-up (sft_key {meta.get('sft_key')} "
+                              f"!= {self.sft_key}); resume with the recipe it was made with")
+        self.config_changed = changed = config_changes(meta.get("config"), self.config)
+        if changed and not allow_config_change:
+            lines = "\n".join(f"  {k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
+            raise ConfigError(f"resuming {path} with settings that differ from the checkpoint's:\n{lines}\n"
+                              "resume with the recipe it was made with, or set run.allow_config_change=true")
+        self.counters.load_state_dict(meta.get("counters", {}))
+        for k, state in meta.get("components", {}).items():
+            if k in self.components:
+                self.components[k].load_state_dict(state)
+        if rank == 0:
+            truncate_metrics(run_dir / "metrics.jsonl", meta["step"])
+        log.info("resumed from %s (step %d)", path, meta["step"])
+        return meta["step"]
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    """Nested recipe dict -> dotted keys; dict-valued keys (`*kwargs`) are leaves."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and not k.endswith("kwargs"):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_changes(old: dict | None, new: dict) -> dict[str, tuple]:
+    """Recipe keys whose value differs between a checkpoint's config and this run's, `key -> (old, new)`.
+
+    Sections are compared key by key (dict-valued keys such as `algo.loss_kwargs` as a whole); the keys in
+    `RESUME_FREE_KEYS` may change freely. A checkpoint without a config (written before configs were kept)
+    is not compared.
+    """
+    if old is None:
+        return {}
+    a, b = _flatten(old), _flatten(new)
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
+            if k not in RESUME_FREE_KEYS and a.get(k) != b.get(k)}
+
+
+def _free_name(path: Path) -> Path:
+    n, candidate = 1, path
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.stem}.{n}{path.suffix}")
+    return candidate

@@ -1,0 +1,90 @@
+"""The updater: the epoch / mini-batch / micro-batch loop, and the non-finite skip.
+
+For each of `ppo_epochs` passes, the batch is split into `mini_batches` optimizer steps, each
+accumulated over micro-batches of at most `micro_batch_size` sequences. A mini-batch whose loss or
+gradient is non-finite is skipped as a whole (no weight, moment or LR moves). DeepSpeed specifics
+(backward scaling, ZeRO-0's overflow check) live in `credo.distributed.engine`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from credo.distributed.engine import all_reduce_sum, backward, nan_loss, optimizer_step, reported_grad_norm
+from credo.train.batch import Batch
+from credo.train.objective import Objective
+from credo.train.scoring import PolicyScorer
+
+log = logging.getLogger("credo")
+
+
+def grad_accum_steps(local_samples: int, mini_batches: int, micro_batch_size: int) -> int:
+    """Micro-batches per optimizer step for one rank's `local_samples` split into `mini_batches`."""
+    mini = math.ceil(local_samples / mini_batches)
+    return min(math.ceil(mini / micro_batch_size), mini)
+
+
+class Updater:
+    """Runs the policy update of one batch on a DeepSpeed engine; returns its metrics and skip count."""
+
+    def __init__(self, engine, scorer: PolicyScorer, objective: Objective, *, ppo_epochs: int, mini_batches: int,
+                 grad_accum: int, zero_stage: int, world: int, fault_nan_steps: frozenset[int] = frozenset()):
+        self.engine, self.scorer, self.objective = engine, scorer, objective
+        self.ppo_epochs, self.mini_batches, self.grad_accum = ppo_epochs, mini_batches, grad_accum
+        self.zero_stage, self.world = zero_stage, world
+        self.fault_nan_steps = fault_nan_steps  # test hook: the loss of these steps is forced to NaN
+
+    def update(self, batch: Batch) -> tuple[dict[str, float], int]:
+        engine, B = self.engine, len(batch)
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        skipped = 0
+        checked_norm = float("nan")  # the norm checked on ZeRO-0, where DeepSpeed reports none
+        for _ in range(self.ppo_epochs):
+            for mb in torch.arange(B).tensor_split(self.mini_batches):
+                mb_mask = batch.loss_mask[mb]
+                gt, gs = all_reduce_sum(torch.stack([mb_mask.sum(), (mb_mask.sum(-1) > 0).sum()])).clamp_min(1)
+                bad = None
+                for micro in mb.tensor_split(self.grad_accum):
+                    m = batch.loss_mask[micro]
+                    lp, ent = self.scorer(engine.module, batch.input_ids[micro], batch.attention_mask[micro], m,
+                                          with_entropy=True)
+                    loss, terms, metrics = self.objective(
+                        lp, ent, old_log_probs=lp.detach() if batch.old_log_probs is None else batch.old_log_probs[micro],
+                        advantages=batch.advantages[micro], mask=m, rollout_log_probs=batch.rollout_log_probs[micro],
+                        ref_log_probs=None if batch.ref_log_probs is None else batch.ref_log_probs[micro],
+                        weights=None if batch.weights is None else batch.weights[micro], global_tokens=gt, global_seqs=gs)
+                    if batch.step in self.fault_nan_steps:
+                        loss = loss * float("nan")
+                    if not torch.isfinite(loss):
+                        bad = bad or "loss"
+                        loss = nan_loss(engine)
+                    backward(engine, loss, self.world)
+                    finite, norm = optimizer_step(engine, self.zero_stage)
+                    if norm is not None:
+                        checked_norm = norm
+                    if not finite:
+                        bad = bad or "grad_norm"
+                    for k, v in terms.items():
+                        if v is not None:
+                            sums[k] = sums.get(k, 0.0) + float(v.detach())
+                            counts[k] = 1
+                    for k, v in metrics.items():
+                        sums[f"loss/{k}"] = sums.get(f"loss/{k}", 0.0) + float(v)
+                        counts[f"loss/{k}"] = counts.get(f"loss/{k}", 0) + 1
+                if not (engine.was_step_applied() and bad is None):
+                    skipped += 1
+                    log.error("step %d: optimizer step skipped, non-finite %s", batch.step, bad or "grad_norm")
+        out = {}
+        totals = all_reduce_sum(torch.tensor(list(sums.values()), dtype=torch.float64)).tolist()
+        passes = self.ppo_epochs * self.mini_batches
+        for k, total in zip(sums, totals):
+            # loss pieces are sums of globally normalised parts (divide by passes); loss metrics are means
+            out[k] = total / passes if counts[k] == 1 else total / (counts[k] * self.world)
+        out["train/loss"] = self.objective.total(out)
+        out["train/grad_norm"] = reported_grad_norm(engine, checked_norm)
+        out["train/skipped_steps"] = skipped
+        return out, skipped
