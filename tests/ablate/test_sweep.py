@@ -411,6 +411,7 @@ def test_every_sweep_file_plans_valid_runs():
         sweep = ablate.load_sweep(path)
         runs = planned[path.stem] = ablate.plan_runs(sweep, threads=1)
         assert len(runs) == len(sweep.variants) * len(sweep.seeds), path.name
+        assert sweep.baseline in sweep.variants, f"{path.name} names no baseline variant"
     outcome = {n for n, kind in A.ADVANTAGE_INPUTS.items() if kind == "outcome"}
     assert {r.recipe.algo.advantage for r in planned["advantages"]} == outcome
     kl = planned["kl_estimators"]
