@@ -1,7 +1,8 @@
 """`credo ablate` with a stand-in trainer (tests/ablate/fake_train.py): sweep files, scheduling, resuming, tables.
 
 The stand-in logs eval/accuracy = 1000 * optim.lr + seed / 10 + step / 100 (reward = that - 0.5), so every
-table cell is recomputed here from the formula with plain loops.
+table cell is recomputed here from the formula with plain loops, and every interval from the closed forms of
+Student's t with 1 and 2 degrees of freedom.
 """
 
 import csv
@@ -18,6 +19,7 @@ import pytest
 import yaml
 
 from credo import ablate
+from credo.ablate import scheduler, spec
 from credo.config import ConfigError, load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +29,7 @@ BASE = REPO / "recipes" / "quickstart.yaml"
 
 @pytest.fixture
 def fake_trainer(monkeypatch):
-    monkeypatch.setattr(ablate, "_train_argv", lambda base, overrides, launcher: [sys.executable, str(FAKE), "run", str(base), *overrides])
+    monkeypatch.setattr(scheduler, "_train_argv", lambda base, overrides, launcher: [sys.executable, str(FAKE), "run", str(base), *overrides])
     for k in ("FAKE_TRAIN_FAIL", "FAKE_TRAIN_WARMUP_S", "FAKE_TRAIN_STEP_S"):
         monkeypatch.delenv(k, raising=False)
 
@@ -112,9 +114,9 @@ def test_grid_expands_to_named_variants_that_load(tmp_path):
 
 
 def test_string_values_that_look_like_numbers_stay_strings():
-    assert ablate._override_str("run.name", "0.5") == 'run.name="0.5"'
-    assert ablate._override_str("optim.lr", 1e-3) == "optim.lr=0.001"
-    assert load_recipe(BASE, [ablate._override_str("run.name", "true")]).run.name == "true"
+    assert spec._override_str("run.name", "0.5") == 'run.name="0.5"'
+    assert spec._override_str("optim.lr", 1e-3) == "optim.lr=0.001"
+    assert load_recipe(BASE, [spec._override_str("run.name", "true")]).run.name == "true"
 
 
 def test_config_hash_ignores_output_and_threads_but_not_science():
@@ -137,55 +139,137 @@ def test_reduce_metric_by_hand():
     assert ablate.reduce_metric(rows, M("train/loss", "final")) is None
 
 
+def test_baseline_must_name_a_variant(tmp_path):
+    with pytest.raises(ConfigError, match=r"baseline = 'grpo' does not name a variant of this sweep \(known variants: a, b\)"):
+        ablate.load_sweep(write_sweep(tmp_path, baseline="grpo"))
+    with pytest.raises(ConfigError, match=r"baseline = \['a'\] does not name a variant"):
+        ablate.load_sweep(write_sweep(tmp_path, baseline=["a"]))
+    grid = {"algo.advantage": ["grpo", "lite_ppo"]}
+    assert ablate.load_sweep(write_sweep(tmp_path, variants=None, grid=grid, baseline="advantage=grpo")).baseline == \
+        "advantage=grpo"
+    assert ablate.load_sweep(write_sweep(tmp_path)).baseline is None
+
+
+def test_seeds_default_to_five(tmp_path):
+    path = write_sweep(tmp_path, seeds=None)
+    assert "seeds" not in yaml.safe_load(path.read_text())
+    assert ablate.load_sweep(path).seeds == [0, 1, 2, 3, 4]
+
+
 # ------------------------------------------------------------------------------------------ running
 
 
+T1 = math.tan(0.475 * math.pi)  # t(0.975) with 1 df: the Cauchy distribution, F(t) = 1/2 + atan(t) / pi
+T2 = 0.95 * math.sqrt(2 / (1 - 0.95 ** 2))  # with 2 df: F(t) = 1/2 + t / (2 sqrt(2 + t^2)) = 0.975 solved for t
+
+
+def mean_std(xs):
+    mean = sum(xs) / len(xs)
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+
+
 def test_sweep_runs_tabulates_and_second_invocation_starts_nothing(tmp_path, fake_trainer, capsys):
-    path = write_sweep(tmp_path)
+    lrs = {"a": 1e-4, "b": 2e-4, "c": 1.2e-3}
+    path = write_sweep(tmp_path, variants={"a": ["optim.lr=0.0001"], "b": {"optim.lr": 0.0002}, "c": ["optim.lr=0.0012"]},
+                       baseline="a")
     assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
     out = tmp_path / "sweep"
     rows = {r["variant"]: r for r in read_csv(out / "table.csv")}
-    assert list(rows) == ["a", "b"]
-    stds = {}
-    for variant, lr in (("a", 1e-4), ("b", 2e-4)):
+    assert list(rows) == ["a", "b", "c"]
+    stats = {}
+    for variant, lr in lrs.items():
         finals = [acc(lr, s, 3) for s in (0, 1)]
         rewards = [(acc(lr, s, 2) - 0.5 + acc(lr, s, 3) - 0.5) / 2 for s in (0, 1)]
-        mean = sum(finals) / 2
-        std = stds[variant] = math.sqrt(sum((x - mean) ** 2 for x in finals) / (2 - 1))
+        mean, std = stats[variant] = mean_std(finals)
         row = rows[variant]
         assert row["n"] == "2"
         assert float(row["eval/accuracy final mean"]) == pytest.approx(mean)
         assert float(row["eval/accuracy final std"]) == pytest.approx(std)
+        # 95% t-interval of the mean of n = 2 seeds: mean -+ t(0.975, 1) * std / sqrt(2)
+        assert float(row["eval/accuracy final ci95 low"]) == pytest.approx(mean - T1 * std / math.sqrt(2))
+        assert float(row["eval/accuracy final ci95 high"]) == pytest.approx(mean + T1 * std / math.sqrt(2))
         assert float(row["eval/accuracy best mean"]) == pytest.approx(mean)  # increasing curve: best = final
         assert float(row["train/reward_mean last-2 mean mean"]) == pytest.approx(sum(rewards) / 2)
         assert row["train/reward_mean last-2 mean n"] == "2"
+    assert rows["a"]["eval/accuracy final diff"] == "" and rows["a"]["eval/accuracy final welch p"] == ""
+    (mean_a, std_a), md_rows = stats["a"], {}
+    for variant, marked in (("b", False), ("c", True)):
+        mean, std = stats[variant]
+        # Welch: se^2 = std^2 / 2 + std_a^2 / 2; the seeds spread every variant alike (seed / 10), so the
+        # variances are equal and the Welch-Satterthwaite df is 2 (n - 1) = 2
+        diff, se = mean - mean_a, math.sqrt(std ** 2 / 2 + std_a ** 2 / 2)
+        t = diff / se
+        p = 1 - abs(t) / math.sqrt(2 + t * t)  # 2 (1 - F(|t|)) with the 2-df closed form above
+        row = rows[variant]
+        assert float(row["eval/accuracy final diff"]) == pytest.approx(diff)
+        assert float(row["eval/accuracy final welch df"]) == pytest.approx(2.0)
+        assert float(row["eval/accuracy final diff ci95 low"]) == pytest.approx(diff - T2 * se)
+        assert float(row["eval/accuracy final diff ci95 high"]) == pytest.approx(diff + T2 * se)
+        assert float(row["eval/accuracy final welch p"]) == pytest.approx(p)
+        assert row["eval/accuracy final diff ci excludes 0"] == ("true" if marked else "false")
+        md_rows[variant] = (f"| {variant} | 2 | {mean:.3f} ± {std:.3f} | [{mean - T1 * std / math.sqrt(2):.3f}, "
+                            f"{mean + T1 * std / math.sqrt(2):.3f}] | {diff:+.3f} | [{diff - T2 * se:+.3f}, "
+                            f"{diff + T2 * se:+.3f}] | {p:.3f} | {'*' if marked else ''} |")
     table = (out / "table.md").read_text()
-    assert f"| a | 2 | {acc(1e-4, 0, 3) / 2 + acc(1e-4, 1, 3) / 2:.3f} ± {stds['a']:.3f} |" in table
+    assert f"| a | 2 | {stats['a'][0]:.3f} ± {stats['a'][1]:.3f} |" in table
+    final_section = table.split("### eval/accuracy final")[1].split("###")[0]
+    assert "| variant | n | mean ± std | 95% CI (t) | Δ vs a | 95% CI of Δ (Welch) | p (Welch) | CI of Δ excludes 0 |" \
+        in final_section
+    assert "| a | 2 |" in final_section and "| baseline |" in final_section
+    assert md_rows["b"] in final_section and md_rows["c"] in final_section
+    assert "Student-t" in table and "Welch" in table
     assert (out / "curves.png").stat().st_size > 0
     status = json.loads((out / "sweep.json").read_text())
+    assert status["baseline"] == "a"
     assert [(r["variant"], r["seed"], r["status"]) for r in status["runs"]] == [
-        ("a", 0, "done"), ("a", 1, "done"), ("b", 0, "done"), ("b", 1, "done")]
+        (v, s, "done") for v in "abc" for s in (0, 1)]
     run_dir = out / "runs" / "a" / "seed1"
     assert json.loads((run_dir / "DONE").read_text())["config_hash"] == status["runs"][1]["config_hash"]
     first = invocations(run_dir)
-    threads = str(max(1, ablate._cpu_count() // 2))  # cores shared by 2 jobs
+    threads = str(max(1, scheduler._cpu_count() // 2))  # cores shared by 2 jobs
     assert len(first) == 1 and first[0]["threads"] == threads and first[0]["omp"] == threads
     assert "step 3" in (run_dir / "log.txt").read_text()
 
     capsys.readouterr()
     assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
-    assert "4 finished, 0 to run" in capsys.readouterr().out
-    assert all(len(invocations(out / "runs" / v / f"seed{s}")) == 1 for v in "ab" for s in (0, 1))
+    printed = capsys.readouterr().out
+    assert "6 finished, 0 to run" in printed and md_rows["c"] in printed  # the table is printed, CI columns included
+    assert all(len(invocations(out / "runs" / v / f"seed{s}")) == 1 for v in "abc" for s in (0, 1))
+
+
+def test_curve_bands_are_t_intervals_over_seeds(tmp_path, fake_trainer):
+    path = write_sweep(tmp_path, curves=["eval/accuracy", "train/reward_mean"])
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    sweep = ablate.load_sweep(path)
+    runs = ablate.plan_runs(sweep, threads=1)
+    for r in runs:
+        r.status = "done"
+    curves = ablate.curve_stats(sweep, runs)
+    steps, stats = curves["eval/accuracy"]["b"]
+    assert steps == [0, 1, 2, 3]
+    for step, s in zip(steps, stats):
+        mean, std = mean_std([acc(2e-4, seed, step) for seed in (0, 1)])
+        assert (s.n, s.mean) == (2, pytest.approx(mean))
+        assert (s.low, s.high) == pytest.approx((mean - T1 * std / math.sqrt(2), mean + T1 * std / math.sqrt(2)))
+    assert curves["train/reward_mean"]["a"][0] == [1, 2, 3]  # reward is logged from step 1
 
 
 def test_failed_run_is_reported_others_tabulated_and_rerun_resumes_it(tmp_path, fake_trainer, monkeypatch, capsys):
-    path = write_sweep(tmp_path)
+    path = write_sweep(tmp_path, baseline="a")
     monkeypatch.setenv("FAKE_TRAIN_FAIL", "b/seed1")
     assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 1
     err = capsys.readouterr().err
     assert "run b/seed1 failed (exit 1)" in err and "RuntimeError: injected failure at step 1" in err
     out = tmp_path / "sweep"
-    assert {r["variant"]: r["n"] for r in read_csv(out / "table.csv")} == {"a": "2", "b": "1"}
+    rows = {r["variant"]: r for r in read_csv(out / "table.csv")}
+    assert {v: r["n"] for v, r in rows.items()} == {"a": "2", "b": "1"}
+    # one seed of b: a mean and a difference, but no spread, so no interval and no p-value
+    b = rows["b"]
+    assert float(b["eval/accuracy final mean"]) == pytest.approx(acc(2e-4, 0, 3))
+    assert b["eval/accuracy final std"] == b["eval/accuracy final ci95 low"] == b["eval/accuracy final welch p"] == ""
+    assert float(b["eval/accuracy final diff"]) == pytest.approx(acc(2e-4, 0, 3) - (acc(1e-4, 0, 3) + acc(1e-4, 1, 3)) / 2)
+    assert f"| b | 1 | {acc(2e-4, 0, 3):.3f} | — | {acc(2e-4, 0, 3) - acc(1e-4, 0, 3) - 0.05:+.3f} | — | — |  |" in (
+        out / "table.md").read_text()
     runs = {(r["variant"], r["seed"]): r for r in json.loads((out / "sweep.json").read_text())["runs"]}
     assert runs[("b", 1)]["status"] == "failed" and "injected failure" in runs[("b", 1)]["error_tail"]
     assert not (out / "runs" / "b" / "seed1" / "DONE").exists()
@@ -204,9 +288,9 @@ def test_failed_run_is_reported_others_tabulated_and_rerun_resumes_it(tmp_path, 
 def test_sigterm_midway_then_rerun_finishes_without_redoing(tmp_path):
     """Stop the sweep (SIGTERM) after its first run finished; the second invocation runs only the rest."""
     path = write_sweep(tmp_path)
-    driver = (f"import sys; from credo import ablate; "
-              f"ablate._train_argv = lambda b, o, l: [sys.executable, {str(FAKE)!r}, 'run', str(b), *o]; "
-              f"sys.exit(ablate.run_sweep({str(path)!r}, jobs=1, poll_s=0.05))")
+    driver = (f"import sys; from credo.ablate import scheduler; "
+              f"scheduler._train_argv = lambda b, o, l: [sys.executable, {str(FAKE)!r}, 'run', str(b), *o]; "
+              f"sys.exit(scheduler.run_sweep({str(path)!r}, jobs=1, poll_s=0.05))")
     env = {**os.environ, "FAKE_TRAIN_STEP_S": "0.2", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-c", driver], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -327,6 +411,7 @@ def test_every_sweep_file_plans_valid_runs():
         sweep = ablate.load_sweep(path)
         runs = planned[path.stem] = ablate.plan_runs(sweep, threads=1)
         assert len(runs) == len(sweep.variants) * len(sweep.seeds), path.name
+        assert sweep.baseline in sweep.variants, f"{path.name} names no baseline variant"
     outcome = {n for n, kind in A.ADVANTAGE_INPUTS.items() if kind == "outcome"}
     assert {r.recipe.algo.advantage for r in planned["advantages"]} == outcome
     kl = planned["kl_estimators"]
