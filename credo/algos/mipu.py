@@ -127,7 +127,7 @@ def mipu(
         dual_clip: dual-clip constant ``c > 1`` or None. The paper uses dual clip but its ``c`` is
             not stated; 3 (the dual-clip paper's, arXiv 1912.09729) is *inferred*.
 
-    Metrics: ``mipu/w_mean`` (token mean of ``wbar``), ``mipu/w_capped_frac`` (masked tokens whose
+    Metrics: ``mipu_w_mean`` (token mean of ``wbar``), ``mipu_w_capped_frac`` (masked tokens whose
     ``w > w_max``), plus ppo's ``clipfrac_low``/``clipfrac_high``/``dual_clipfrac`` and the
     ratio metrics.
 
@@ -146,8 +146,8 @@ def mipu(
         w = mipu_weights(old_log_probs, rollout_log_probs, mask, w_max=w_max, sequence_level=sequence_level)
         with torch.no_grad():
             capped = masked_mean((w >= w_max).to(w.dtype), mask)
-    metrics["mipu/w_mean"] = masked_mean(w, mask)
-    metrics["mipu/w_capped_frac"] = capped
+    metrics["mipu_w_mean"] = masked_mean(w, mask)
+    metrics["mipu_w_capped_frac"] = capped
     return w * token_loss, metrics
 
 

@@ -90,8 +90,9 @@ def _check_weight(weight, channel_dim) -> None:
         raise ValueError(f"weight must be a floating torch.Tensor, got {got}")
     if weight.dim() == 0:
         raise ValueError("weight has shape [], expected at least 1 dimension (the channels)")
-    if isinstance(channel_dim, bool) or not isinstance(channel_dim, int) or not -weight.dim() <= channel_dim < weight.dim():
+    n = weight.dim()
+    if isinstance(channel_dim, bool) or not isinstance(channel_dim, int) or not -n <= channel_dim < n:
         shape = "[" + ", ".join(str(s) for s in weight.shape) + "]"
-        raise ValueError(f"channel_dim is {channel_dim!r}, expected an int in [{-weight.dim()}, {weight.dim()}) for weight {shape}")
+        raise ValueError(f"channel_dim is {channel_dim!r}, expected an int in [{-n}, {n}) for weight {shape}")
     if not bool(torch.isfinite(weight).all()):
         raise ValueError("weight has non-finite values (NaN or Inf)")
