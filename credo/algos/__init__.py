@@ -88,3 +88,5 @@ __all__ = [
 
 # credo.credit registers its chunk-level loss ("ipa") into POLICY_LOSSES; credit imports only torch too.
 import credo.credit.ipa  # noqa: E402,F401
+# MIPU (arXiv 2606.29526) registers its Step-1 loss ("mipu"); its Step-2 helpers live in credo.algos.mipu.
+import credo.algos.mipu  # noqa: E402,F401
