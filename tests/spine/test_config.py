@@ -183,7 +183,7 @@ def test_ranged_words_its_bounds():
     assert expected == "in [0, 1)" and check(0) and check(0.99) and not check(1) and not check(-0.01)
     expected, check = meta(ranged(5, le=10))
     assert expected == "<= 10" and check(-3) and check(10) and not check(11)
-    expected, check = meta(one_of("a", "a", "b"))
+    expected, check = meta(one_of("a", ("a", "b")))
     assert expected == "a or b" and check("b") and not check("c")
 
 
@@ -217,7 +217,8 @@ def test_group_size_one_with_a_group_estimator_is_refused():
     for name in sorted(GROUP_ESTIMATORS):
         with pytest.raises(ConfigError) as e:
             load_recipe(QUICKSTART, [f"algo.advantage={name}", "rollout.group_size=1"])
-        assert f"config key 'rollout.group_size' = 1 is out of range: expected >= 2 with algo.advantage = '{name}'" in str(e.value)
+        expected = f"config key 'rollout.group_size' = 1 is out of range: expected >= 2 with algo.advantage = '{name}'"
+        assert expected in str(e.value)
         assert load_recipe(QUICKSTART, [f"algo.advantage={name}", "rollout.group_size=2"]).rollout.group_size == 2
     # batch whitening has a baseline with one sample per prompt
     assert load_recipe(QUICKSTART, ["algo.advantage=reinforce_pp", "rollout.group_size=1"]).rollout.group_size == 1
