@@ -1,4 +1,5 @@
-"""`credo run RECIPE.yaml key=value ...` and `credo check RECIPE.yaml ...` (validate only)."""
+"""`credo run RECIPE.yaml key=value ...`, `credo check RECIPE.yaml ...` (validate only), `credo ablate SWEEP.yaml`,
+`credo list` (the names a recipe can use) and `credo --version`."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import argparse
 import logging
 import os
 import sys
+import textwrap
+
+from credo import __version__
 
 
 def _quiet_libraries() -> None:
@@ -24,11 +28,46 @@ def _quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def _names(title: str, names, indent: str = "  ") -> str:
+    return f"{title}:\n" + textwrap.fill(", ".join(names), width=100, initial_indent=indent, subsequent_indent=indent)
+
+
+def list_names() -> str:
+    """The registered names a recipe can select, and the credit strategies of credo.credit, as text."""
+    from credo import algos
+    from credo.algos.advantages import GROUP_ESTIMATORS
+    from credo.credit.attention import RHYTHM_STRATEGIES
+    from credo.rewards.tasks import TASKS
+
+    runnable = sorted(n for n, kind in algos.ADVANTAGE_INPUTS.items() if kind == "outcome")
+    library = sorted(set(algos.ADVANTAGE_ESTIMATORS) - set(runnable))
+    try:
+        from reasoning_gym.factory import DATASETS
+
+        rg = _names(f"  rg:<name>, {len(DATASETS)} reasoning-gym datasets", sorted(DATASETS), indent="    ")
+    except ImportError:
+        rg = "  rg:<name>: reasoning-gym datasets (pip install 'credo[envs]' to list them)"
+    sections = [
+        _names("policy losses (algo.policy_loss)", sorted(algos.POLICY_LOSSES)),
+        _names("advantage estimators (algo.advantage; * needs rollout.group_size >= 2)",
+               [n + ("*" if n in GROUP_ESTIMATORS else "") for n in runnable]),
+        _names("advantage estimators in credo.algos only (per-token rewards, values or turns)", library),
+        _names("KL estimators (algo.kl_estimator)", sorted(algos.KL_ESTIMATORS)),
+        _names("tasks (task.name)", sorted(TASKS)) + "\n" + rg,
+        "credit strategies (credo.credit, see docs/credit.md):\n"
+        "  ipa: chunk-level policy loss (algo.policy_loss=ipa; arXiv 2512.24873)\n"
+        f"  rhythm_gamma / attention_rhythm_gamma strategy: {', '.join(RHYTHM_STRATEGIES)} (arXiv 2510.13554)\n"
+        "  flow_gamma: FlowTracer answer-conditioned flow (arXiv 2606.10646)",
+    ]
+    return "\n\n".join(sections)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # the deepspeed launcher appends --local_rank=N; LOCAL_RANK in the environment carries the same
     argv = [a for a in argv if not a.startswith("--local_rank")]
     parser = argparse.ArgumentParser(prog="credo", description="RL losses and credit assignment for LLM post-training")
+    parser.add_argument("--version", action="version", version=f"credo {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_run = sub.add_parser("run", help="train from a recipe")
     p_run.add_argument("recipe", help="path to a YAML recipe")
@@ -40,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     p_ablate.add_argument("sweep")
     p_ablate.add_argument("--jobs", type=int, default=0)
     p_ablate.add_argument("--dry-run", action="store_true")
+    sub.add_parser("list", help="print the policy losses, advantage and KL estimators, tasks and credit strategies")
     args = parser.parse_args(argv)
+    if args.cmd == "list":
+        print(list_names())
+        return 0
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     _quiet_libraries()

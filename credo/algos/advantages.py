@@ -32,6 +32,14 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
 ADVANTAGE_INPUTS: dict[str, str] = {}
 """Name -> input kind: ``"outcome"`` (shared signature above), ``"token_rewards_values"`` (gae),
 ``"turn_rewards"`` (rebn)."""
+GROUP_ESTIMATORS = frozenset({
+    "grpo",  # group mean and std
+    "dr_grpo",  # group mean
+    "rloo",  # leave-one-out group mean
+    "reinforce_pp_baseline",  # group mean, then batch whitening
+    "lite_ppo",  # group mean, batch std
+})
+"""Estimators whose baseline is the group (prompt) mean: with one sample per prompt every advantage is 0."""
 
 SCOPES = ("group", "batch", "none")
 

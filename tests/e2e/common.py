@@ -18,7 +18,7 @@ def tiny_overrides(out_dir, **extra) -> list[str]:
         "run.plot": True, "run.seed": 0, "run.threads": 1,
         "model.tiny.num_layers": 1, "model.tiny.hidden_size": 64, "model.tiny.num_heads": 2, "model.tiny.num_kv_heads": 1,
         "model.tiny.intermediate_size": 128,
-        "task.eval_size": 16, "task.kwargs": "{max_operand: 9, ops: '+'}",
+        "task.eval_size": 16, "task.kwargs": "{max_operand: 9, ops: '+', fixed_width: true}",
         "sft.steps": 5, "sft.batch_size": 16,
         "rollout.prompts_per_step": 4, "rollout.group_size": 4, "rollout.max_new_tokens": 4,
         "algo.micro_batch_size": 8, "optim.lr": 1e-3, "reward.function": "tests.e2e.rewards:starts_with_digit",

