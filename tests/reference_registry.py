@@ -65,8 +65,9 @@ def extra_kwargs(kind: str, name: str, B: int, T: int, generator) -> dict:
 
 
 def load_registries() -> None:
-    """Imports everything that registers entries or references: ``credo.algos``, every module of
-    ``credo.credit`` (where e.g. the ``ipa`` loss registers itself) and every naive module."""
+    """Imports everything that registers entries or references: ``credo.algos`` (which registers
+    every built-in entry, ``ipa`` included), every module of ``credo.credit`` (in case one registers
+    an entry of its own) and every naive module."""
     import pkgutil
 
     import credo.algos  # noqa: F401

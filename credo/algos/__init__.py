@@ -1,6 +1,7 @@
 """Losses, advantage estimators, KL and off-policy corrections as pure torch functions.
 
-Imports only torch, einops and the standard library. Registries (name -> function) are for the
+Imports only torch, einops and the standard library, and nothing from :mod:`credo.credit`
+(which may use the public names of this package, never its underscore names). Registries (name -> function) are for the
 config boundary: recipes select ``algo.policy_loss``, ``algo.advantage``, ``algo.kl_estimator``.
 See docs/algorithms.md for the paper index.
 """
@@ -38,6 +39,7 @@ from credo.algos.policy_losses import (
     sapo,
     topr,
 )
+from credo.algos.ipa import ipa_loss  # registers "ipa" (chunk-level loss, arXiv 2512.24873)
 from credo.algos.logprobs import fused_policy_loss_from_hidden, logprobs_from_hidden
 from credo.algos.value import value_loss
 
@@ -59,6 +61,7 @@ __all__ = [
     "global_counts",
     "grpo",
     "gspo",
+    "ipa_loss",
     "k1",
     "k2",
     "k3",
@@ -85,6 +88,3 @@ __all__ = [
     "turn_returns",
     "value_loss",
 ]
-
-# credo.credit registers its chunk-level loss ("ipa") into POLICY_LOSSES; credit imports only torch too.
-import credo.credit.ipa  # noqa: E402,F401
