@@ -23,6 +23,7 @@ from credo.algos.advantages import (
     turn_returns,
 )
 from credo.algos.aggregation import AGG_MODES, aggregate, global_counts, masked_mean
+from credo.algos.asyppo import asyppo_masks, asyppo_value_mean, critic_shards
 from credo.algos.corrections import CORRECTION_LEVELS, CORRECTION_MODES, train_infer_correction
 from credo.algos.entropy import entropy_from_logits
 from credo.algos.kl import KL_ESTIMATORS, k1, k2, k3, k3_clamped, register_kl_estimator
@@ -53,7 +54,10 @@ __all__ = [
     "LOG_RATIO_CLAMP",
     "POLICY_LOSSES",
     "aggregate",
+    "asyppo_masks",
+    "asyppo_value_mean",
     "cispo",
+    "critic_shards",
     "dr_grpo",
     "entropy_from_logits",
     "fused_policy_loss_from_hidden",
