@@ -118,7 +118,12 @@ def test_layering_checker_flags_violations():
     )
     lines = {int(v.split(":")[1].split()[0]) for v in layering_violations(credit_bad, "credo.credit")}
     assert lines == {1, 2, 5, 6, 7}
-    algos_bad = "import credo.credit.ipa\nfrom credo.credit.chunks import chunk_ids\nfrom credo import credit\nfrom ..credit import flow\n"
+    algos_bad = (
+        "import credo.credit.ipa\n"
+        "from credo.credit.chunks import chunk_ids\n"
+        "from credo import credit\n"
+        "from ..credit import flow\n"
+    )
     lines = {int(v.split(":")[1].split()[0]) for v in layering_violations(algos_bad, "credo.algos")}
     assert lines == {1, 2, 3, 4}
     fine = "from credo.algos.chunks import chunk_ids\nfrom credo.algos import ipa_loss\nimport torch\nx = torch._C\n"

@@ -147,7 +147,8 @@ def asyppo_masks(
         )
     if values.shape[0] < 2:
         raise ValueError(
-            f"values has shape {shape_str(values)}: {values.shape[0]} critic(s), expected M >= 2 (sigma is a std over critics)"
+            f"values has shape {shape_str(values)}: {values.shape[0]} critic(s), "
+            "expected M >= 2 (sigma is a std over critics)"
         )
     low, high = _share("low_frac", low_frac), _share("high_frac", high_frac)
     if low + high > 1:

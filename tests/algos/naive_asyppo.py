@@ -61,4 +61,5 @@ def asyppo_masks(values, mask, low_frac, high_frac):
         adv_keep[b][t] = False
     for _, _, b, t in tokens[n - k_high:]:
         entropy_keep[b][t] = False
-    return torch.tensor(adv_keep, dtype=torch.bool).reshape(B, T), torch.tensor(entropy_keep, dtype=torch.bool).reshape(B, T)
+    as_tensor = lambda rows: torch.tensor(rows, dtype=torch.bool).reshape(B, T)  # noqa: E731
+    return as_tensor(adv_keep), as_tensor(entropy_keep)

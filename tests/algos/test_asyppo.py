@@ -219,7 +219,8 @@ def _where(flags):
 
 def test_mask_errors_name_the_argument():
     values, mask = torch.zeros(2, 3, 4), torch.ones(3, 4, dtype=torch.bool)
-    with pytest.raises(ValueError, match=r"values has shape \[2, 3, 5\], expected \[M, 3, 4\] \(M critics\) matching mask \[3, 4\]"):
+    expected = r"values has shape \[2, 3, 5\], expected \[M, 3, 4\] \(M critics\) matching mask \[3, 4\]"
+    with pytest.raises(ValueError, match=expected):
         asyppo_masks(torch.zeros(2, 3, 5), mask, 0.2, 0.2)
     with pytest.raises(ValueError, match=r"values has shape \[3, 4\], expected \[M, 3, 4\]"):
         asyppo_masks(torch.zeros(3, 4), mask, 0.2, 0.2)
