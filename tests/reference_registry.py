@@ -18,13 +18,17 @@ Kinds and the signature each reference must have (the same as the library entry 
   reference only writes the per-token term.
 - ``"advantage"``: same signature as the estimator, returns its output.
 - ``"kl"``: ``ref(log_probs, ref_log_probs) -> [B, T]``.
+- ``"function"``: a public function outside the registries (e.g. ``credo.algos.critic_shards``),
+  keyed by its name; same signature and outputs as the library function. The modules whose
+  ``__all__`` must be covered this way are listed in ``FUNCTION_MODULES``.
 
 ``make_kwargs(B, T, generator) -> dict`` (optional) draws the extra keywords a loss needs or
 varies (e.g. ``scores``, ``chunk_ids``, clip values) with the given ``torch.Generator``; the
 generic tests pass the same dict to the library function and to the reference.
 
 A coverage test (tests/algos/test_reference_coverage.py) imports every ``naive_*.py`` file and
-fails if any registry name lacks a reference.
+fails if any registry name, or any public name of a module in ``FUNCTION_MODULES``, lacks a
+reference.
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ from typing import Callable
 
 REFERENCES: dict[tuple[str, str], Callable] = {}
 MAKE_KWARGS: dict[tuple[str, str], Callable] = {}
-KINDS = ("policy_loss", "advantage", "kl")
+KINDS = ("policy_loss", "advantage", "kl", "function")
+FUNCTION_MODULES = ("credo.algos.asyppo",)
+"""Modules every name of whose ``__all__`` needs a ``("function", name)`` reference."""
 TESTS_DIR = Path(__file__).resolve().parent
 
 
@@ -65,8 +71,9 @@ def extra_kwargs(kind: str, name: str, B: int, T: int, generator) -> dict:
 
 
 def load_registries() -> None:
-    """Imports everything that registers entries or references: ``credo.algos``, every module of
-    ``credo.credit`` (where e.g. the ``ipa`` loss registers itself) and every naive module."""
+    """Imports everything that registers entries or references: ``credo.algos`` (which registers
+    every built-in entry, ``ipa`` included), every module of ``credo.credit`` (in case one registers
+    an entry of its own) and every naive module."""
     import pkgutil
 
     import credo.algos  # noqa: F401

@@ -1,6 +1,7 @@
 """Losses, advantage estimators, KL and off-policy corrections as pure torch functions.
 
-Imports only torch, einops and the standard library. Registries (name -> function) are for the
+Imports only torch, einops and the standard library, and nothing from :mod:`credo.credit`
+(which may use the public names of this package, never its underscore names). Registries (name -> function) are for the
 config boundary: recipes select ``algo.policy_loss``, ``algo.advantage``, ``algo.kl_estimator``.
 See docs/algorithms.md for the paper index.
 """
@@ -22,6 +23,7 @@ from credo.algos.advantages import (
     turn_returns,
 )
 from credo.algos.aggregation import AGG_MODES, aggregate, global_counts, masked_mean
+from credo.algos.asyppo import asyppo_masks, asyppo_value_mean, critic_shards
 from credo.algos.corrections import CORRECTION_LEVELS, CORRECTION_MODES, train_infer_correction
 from credo.algos.entropy import entropy_from_logits
 from credo.algos.kl import KL_ESTIMATORS, k1, k2, k3, k3_clamped, register_kl_estimator
@@ -38,6 +40,7 @@ from credo.algos.policy_losses import (
     sapo,
     topr,
 )
+from credo.algos.ipa import ipa_loss  # registers "ipa" (chunk-level loss, arXiv 2512.24873)
 from credo.algos.logprobs import fused_policy_loss_from_hidden, logprobs_from_hidden
 from credo.algos.value import value_loss
 
@@ -51,7 +54,10 @@ __all__ = [
     "LOG_RATIO_CLAMP",
     "POLICY_LOSSES",
     "aggregate",
+    "asyppo_masks",
+    "asyppo_value_mean",
     "cispo",
+    "critic_shards",
     "dr_grpo",
     "entropy_from_logits",
     "fused_policy_loss_from_hidden",
@@ -59,6 +65,7 @@ __all__ = [
     "global_counts",
     "grpo",
     "gspo",
+    "ipa_loss",
     "k1",
     "k2",
     "k3",
@@ -86,7 +93,5 @@ __all__ = [
     "value_loss",
 ]
 
-# credo.credit registers its chunk-level loss ("ipa") into POLICY_LOSSES; credit imports only torch too.
-import credo.credit.ipa  # noqa: E402,F401
 # MIPU (arXiv 2606.29526) registers its Step-1 loss ("mipu"); its Step-2 helpers live in credo.algos.mipu.
 import credo.algos.mipu  # noqa: E402,F401

@@ -249,9 +249,14 @@ def gae(
 
     where "next" is the next token *with mask 1* (0 after the last one). Tokens with mask 0
     (prompt, padding, and in multi-turn rollouts the environment's observation tokens) are
-    skipped by the recursion, as verl and ROLL do: the value and advantage carry across them,
-    and their rewards and values are ignored (put turn rewards on a response token). Defaults
-    ``gamma = lam = 1`` (verl's defaults). Inputs are detached.
+    skipped by the recursion, as verl does: the value and advantage carry across them, and their
+    rewards and values are ignored (put turn rewards on a response token). ROLL does *not* skip
+    them: its ``compute_gae_advantage_return`` zeroes rewards and values outside the mask and runs
+    the recursion over every position, so an observation token inside a response is a step with
+    ``V = 0`` and one more ``gamma * lam`` of discount (trailing padding gives the same result
+    either way). The advantages are **not whitened**; verl whitens them over the mask
+    (``masked_whiten``) and ROLL does with ``whiten_advantages``; whiten afterwards if wanted.
+    Defaults ``gamma = lam = 1`` (verl's defaults). Inputs are detached.
 
     Args:
         token_rewards: ``[B, T]`` per-token rewards.

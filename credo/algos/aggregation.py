@@ -8,6 +8,11 @@ Split invariance rule: compute ``global_tokens`` / ``global_seqs`` once over the
 micro-batches, all data-parallel ranks; :func:`global_counts` gives the local terms to all-reduce)
 and pass them to every call. Then the per-micro-batch losses *sum* to the full-batch loss, with the
 same gradients. Without them each call normalises by its own local counts (a mean).
+
+Precision: sums and counts are formed in float32 or wider (:func:`accumulation_dtype`). A count
+cast to float16 overflows above 65,504 (the loss would silently be 0) and one cast to bfloat16
+rounds to 8 significant bits (3000 becomes 3008), so half-precision values are upcast to float32
+before summing and the result is float32; float32 and float64 values are reduced in their own dtype.
 """
 
 from __future__ import annotations
@@ -33,6 +38,12 @@ def global_counts(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     check_tensor("mask", mask, ndim=2)
     m = as_bool_mask(mask, "mask", mask)
     return m.sum(), (m.sum(-1) > 0).sum()
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype sums and counts are formed in: ``dtype`` promoted to at least float32
+    (float16/bfloat16 -> float32; float32 and float64 unchanged)."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def _denominator(count, local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -73,6 +84,11 @@ def aggregate(
     Masked-out positions of ``values`` may hold NaN/Inf: they are removed with ``torch.where`` and
     leak into neither the result nor its gradient.
 
+    Sums and counts are in :func:`accumulation_dtype` of ``values``: float16/bfloat16 values are
+    upcast to float32 first (a half-precision count overflows at 65,504 or rounds: bf16 holds 3008
+    for 3000), so the result is float32 for them and the dtype of ``values`` otherwise. The gradient
+    reaching ``values`` is cast back to their dtype by autograd.
+
     Args:
         values: ``[B, T]`` floating per-token values (e.g. a per-token loss).
         mask: ``[B, T]`` bool or 0/1 floating.
@@ -82,7 +98,7 @@ def aggregate(
         norm_len: the constant of ``seq-mean-token-sum-norm``; ignored by the other modes.
 
     Returns:
-        A 0-d tensor.
+        A 0-d tensor, float32 for float16/bfloat16 ``values``, else in the dtype of ``values``.
     """
     check_tensor("values", values, ndim=2, floating=True)
     m = as_bool_mask(mask, "values", values)
@@ -90,7 +106,7 @@ def aggregate(
     check_positive("global_tokens", global_tokens, allow_none=True)
     check_positive("global_seqs", global_seqs, allow_none=True)
     check_positive("norm_len", norm_len, allow_none=True)
-    v = masked_fill_zero(values, m)
+    v = masked_fill_zero(values, m).to(accumulation_dtype(values.dtype))  # a no-op for float32/64
     if mode == "token-mean":
         return v.sum() / _denominator(global_tokens, m.sum(), v)
     token_sum = v.sum(-1)
@@ -105,5 +121,10 @@ def aggregate(
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``values`` over ``mask`` (0 for an empty mask); for metrics, no validation."""
-    return masked_fill_zero(values, mask).sum() / mask.sum().clamp_min(1).to(values.dtype)
+    """Mean of ``values`` over ``mask`` (0 for an empty mask); for metrics, no validation.
+
+    Summed and divided in :func:`accumulation_dtype` of ``values`` (float32 for float16/bfloat16
+    values, as :func:`aggregate`), which is also the dtype of the 0-d result.
+    """
+    v = masked_fill_zero(values, mask).to(accumulation_dtype(values.dtype))
+    return v.sum() / mask.sum().clamp_min(1).to(v.dtype)

@@ -6,8 +6,9 @@ sampled from pi (the current/rollout policy), so with ``d = log pi - log pi_ref`
 
 - ``k1``: ``d`` (unbiased, high variance, can be negative);
 - ``k2``: ``d^2 / 2`` (biased, low variance; its gradient is the true KL gradient on-policy);
-- ``k3``: ``exp(-d) - 1 + d`` (unbiased, non-negative, low variance);
-- ``k3_clamped``: k3 with the output clamped to [-10, 10], as verl's ``low_var_kl``.
+- ``k3``: ``exp(-d) - 1 + d`` (unbiased, non-negative, low variance), output **not** clamped;
+- ``k3_clamped``: k3 with the output clamped to [-10, 10], as verl's ``low_var_kl``. Note that
+  verl's ``k3`` is an alias of its ``low_var_kl``, i.e. credo's ``k3_clamped``, not credo's ``k3``.
 
 All clamp ``d`` to [-20, 20] before ``exp``. Use as a loss term (``aggregate(kl, mask)``) or as a
 reward penalty (``token_rewards - beta * kl.detach()``). With ``mask`` given, positions outside it
@@ -61,7 +62,12 @@ def k2(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, *, mask: torch.Tens
 
 @register_kl_estimator("k3")
 def k3(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """k3 = pi_ref/pi - 1 - log(pi_ref/pi)."""
+    """k3 = pi_ref/pi - 1 - log(pi_ref/pi), unclamped (only ``d`` is clamped to [-20, 20]).
+
+    verl's ``kl_penalty: k3`` is its clamped ``low_var_kl``; the equivalent here is
+    :func:`k3_clamped`. This one keeps the estimator unbiased at the cost of unbounded values
+    when pi_ref gives a sampled token almost no mass.
+    """
     d, m = _log_ratio(log_probs, ref_log_probs, mask)
     return _finish(torch.exp(-d) - 1 + d, m)
 

@@ -8,8 +8,9 @@ Contract of a registry entry (what :func:`register_policy_loss` expects)::
   ``old_log_probs`` ``[B, T]``: log pi_old (detached); ``advantages`` ``[B, T]`` (detached);
   ``mask`` ``[B, T]`` bool or 0/1 floating.
 - ``loss``: 0-d tensor to *minimise*; ``metrics``: ``dict[str, float | 0-d tensor]``.
-- Common keywords every built-in loss accepts (the trainer passes them uniformly):
-  ``weights`` (``[B, T]``, multiplies the per-token loss, e.g. credit-assignment weights),
+- Common keywords every built-in loss accepts (the pipeline passes them uniformly):
+  ``weights`` (``[B, T]``, multiplies the per-token loss, e.g. credit-assignment weights; they
+  reach the loss through the objective stage's ``weights=``),
   ``rollout_log_probs`` (``[B, T]`` log mu of the sampler) with ``correction`` (None | ``"tis"`` |
   ``"mis"``), ``correction_level`` (``"token"`` | ``"sequence"`` | ``"geometric"``),
   ``correction_cap``, ``correction_low``, ``correction_high`` (see
@@ -205,15 +206,17 @@ def ppo(log_probs, old_log_probs, advantages, mask, *, clip_low=0.2, clip_high=0
         l_t = -min(r_t A_t, clip(r_t, 1 - clip_low, 1 + clip_high) A_t)
         dual clip (A_t < 0, constant c > 1):  l_t = min(l_t, -c A_t)     (arXiv 1912.09729)
 
-    ``clip_high > clip_low`` is DAPO's clip-higher (arXiv 2503.14476). ROLL uses
-    ``c = 1 + 2 * clip`` (1.4 at 0.2); the dual-clip paper uses ``c = 3``. With
+    ``clip_high > clip_low`` is DAPO's clip-higher (arXiv 2503.14476). The dual clip is **off by
+    default** here (``dual_clip=None``), while verl always applies it with ``c = 3``
+    (``clip_ratio_c``); pass ``dual_clip=3.0`` to match verl. ROLL uses ``c = 1 + 2 * clip``
+    (1.4 at 0.2); the dual-clip paper uses ``c = 3``. With
     ``rollout_log_probs`` and ``correction="tis"`` this is decoupled PPO (clip around pi_old,
     weight min(pi_old / mu, cap)).
 
     Args (besides the common ones, see module docstring):
         log_probs, old_log_probs, advantages, mask: ``[B, T]``.
         clip_low, clip_high: clip epsilons (ratio kept in ``[1 - clip_low, 1 + clip_high]``).
-        dual_clip: the constant ``c`` (> 1), or None for no dual clip.
+        dual_clip: the constant ``c`` (> 1), or None (default) for no dual clip (verl: always 3).
 
     Metrics: ``clipfrac_low`` (A<0 and r<1-clip_low), ``clipfrac_high`` (A>0 and r>1+clip_high),
     ``dual_clipfrac`` (A<0 tokens bounded by the dual clip), plus the ratio metrics.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from credo.algos._validate import as_bool_mask, check_choice, check_finite, check_like, check_tensor, masked_fill_zero
-from credo.algos.aggregation import AGG_MODES, aggregate, masked_mean
+from credo.algos.aggregation import AGG_MODES, accumulation_dtype, aggregate, masked_mean
 
 
 def value_loss(
@@ -22,8 +22,13 @@ def value_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO value loss with value clipping (arXiv 1707.06347; as verl/ROLL/OpenRLHF)::
 
-        V_clip = V_old + clip(V - V_old, -clip_range, clip_range)
+        V_clip = clip(V, V_old - clip_range, V_old + clip_range)
         l_t    = 0.5 * max((V - R)^2, (V_clip - R)^2)           (0.5 (V - R)^2 if clip_range is None)
+
+    ``V`` itself is clamped, as verl does: the algebraically equal ``V_old + clip(V - V_old)``
+    does not give back ``V`` exactly in floating point (fp32: ``V = -0.03``, ``V_old = 0.04``), so
+    ``vf_clipfrac`` would count rounding error as clipping. Inside the band ``V_clip`` is ``V``
+    bit for bit and the token is not counted.
 
     Args:
         values: ``[B, T]`` current critic values (with grad).
@@ -34,8 +39,10 @@ def value_loss(
         agg_mode, global_tokens, global_seqs, norm_len: see :func:`credo.algos.aggregation.aggregate`.
 
     Returns:
-        ``(loss, metrics)`` with ``vf_clipfrac`` (tokens where the clipped error is the larger),
-        ``value_mean`` and ``value_error`` (token mean of (V - R)^2).
+        ``(loss, metrics)`` with ``vf_clipfrac`` (share of masked tokens where the clipped error is
+        strictly the larger), ``value_mean`` and ``value_error`` (token mean of (V - R)^2). The
+        loss and metrics follow :func:`credo.algos.aggregation.aggregate`'s dtype rule (float32
+        for float16/bfloat16 values).
     """
     check_tensor("values", values, ndim=2, floating=True)
     check_like("old_values", old_values, "values", values)
@@ -50,9 +57,9 @@ def value_loss(
     err = (v - ret) ** 2
     if clip_range is None:
         per_token = err
-        clipfrac = torch.zeros((), dtype=v.dtype, device=v.device)
+        clipfrac = torch.zeros((), dtype=accumulation_dtype(v.dtype), device=v.device)
     else:
-        v_clip = v_old + (v - v_old).clamp(-clip_range, clip_range)
+        v_clip = torch.clamp(v, v_old - clip_range, v_old + clip_range)
         err_clip = (v_clip - ret) ** 2
         per_token = torch.maximum(err, err_clip)
         clipfrac = masked_mean((err_clip > err).to(v.dtype), m).detach()

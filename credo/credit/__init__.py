@@ -1,12 +1,16 @@
 """Token- and chunk-level credit assignment as pure torch functions.
 
-- :mod:`credo.credit.chunks`: IPA chunk ids, chunk returns, chunk ratios, mismatch masks
-  (arXiv 2512.24873); :mod:`credo.credit.ipa` adds the chunk-level policy loss ``"ipa"``.
+- :mod:`credo.credit.chunks`: IPA chunk returns (arXiv 2512.24873), plus the chunk ids, chunk
+  ratios and mismatch masks of :mod:`credo.algos.chunks`; :mod:`credo.credit.ipa` re-exports the
+  chunk-level policy loss ``"ipa"`` of :mod:`credo.algos.ipa`.
 - :mod:`credo.credit.attention`: preplan-and-anchor head span, WAAD, FAI, rhythm credit
   (arXiv 2510.13554).
 - :mod:`credo.credit.flow`: FlowTracer answer-conditioned flow throughput (arXiv 2606.10646).
 - :mod:`credo.credit.streaming`: the attention quantities from query/key states without
   materialising attention maps.
+
+Layering: :mod:`credo.algos` imports nothing from here; this package uses only public names of
+:mod:`credo.algos` (tests/test_import_light.py checks both directions).
 """
 
 from credo.credit.attention import (

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from credo.algos import AGG_MODES, aggregate, global_counts
+from credo.algos import AGG_MODES, aggregate, global_counts, masked_mean
 from tests.algos._inputs import grad_of, make_mask
 from tests.algos.naive_common import naive_aggregate
 
@@ -116,3 +118,67 @@ def test_validation_errors_name_the_argument():
         aggregate(torch.zeros(9), torch.ones(9, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"global_tokens is 0, expected a positive number"):
         aggregate(values, torch.ones(4, 9, dtype=torch.bool), global_tokens=0)
+
+
+def _fsum_reference(values, mask, mode, *, global_tokens=None, global_seqs=None, norm_len=None):
+    """float64 reference with exactly rounded sums (math.fsum over Python floats)."""
+    rows = [[v for v, on in zip(vals, ons) if on] for vals, ons in zip(values.double().tolist(), mask.tolist())]
+    if mode == "token-mean":
+        n = sum(len(r) for r in rows) if global_tokens is None else global_tokens
+        return math.fsum(x for r in rows for x in r) / max(n, 1)
+    per_seq = []
+    for r in rows:
+        if not r:
+            continue
+        s = math.fsum(r)
+        if mode == "seq-mean-token-mean":
+            s /= len(r)
+        elif mode == "seq-mean-token-sum-norm":
+            s /= values.shape[1] if norm_len is None else norm_len
+        per_seq.append(s)
+    n = len(per_seq) if global_seqs is None else global_seqs
+    return math.fsum(per_seq) / max(n, 1)
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_fp16_counts_above_65504_are_not_inf(mode):
+    # A float16 count of 70,000 is inf (fp16 max 65,504): dividing by it gave a silent 0 loss.
+    g = torch.Generator().manual_seed(11)
+    values = torch.rand(2, 70_000, generator=g).to(torch.float16).requires_grad_()
+    mask = torch.ones(2, 70_000, dtype=torch.bool)
+    mask[1, 50_000:] = False
+    got = aggregate(values, mask, mode)
+    assert got.dtype == torch.float32
+    assert got.item() == pytest.approx(_fsum_reference(values, mask, mode), rel=1e-5)
+    grad = grad_of(got, values)
+    assert grad.dtype == torch.float16 and bool((grad[mask] > 0).all())
+    if mode == "token-mean":  # d/dv of sum / 120,000, representable (subnormal) in fp16
+        assert grad[0, 0].item() == pytest.approx(1 / 120_000, rel=1e-2)
+    # a global count above the fp16 range with a small local micro-batch
+    small, small_mask = values.detach()[:, :100], mask[:, :100]
+    got = aggregate(small, small_mask, mode, global_tokens=70_000, global_seqs=3)
+    expected = _fsum_reference(small, small_mask, mode, global_tokens=70_000, global_seqs=3)
+    assert got.item() == pytest.approx(expected, rel=1e-5) and expected != 0
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_bf16_count_3000_is_exact(mode):
+    # bfloat16 keeps 8 significant bits: a count of 3000 cast to bf16 is 3008 (-0.27% bias).
+    g = torch.Generator().manual_seed(12)
+    values = (1 + torch.rand(1, 3000, generator=g)).to(torch.bfloat16)
+    mask = torch.ones(1, 3000, dtype=torch.bool)
+    got = aggregate(values, mask, mode)
+    assert got.dtype == torch.float32
+    assert got.item() == pytest.approx(_fsum_reference(values, mask, mode), rel=1e-6)
+    assert masked_mean(values, mask).item() == pytest.approx(_fsum_reference(values, mask, "token-mean"), rel=1e-6)
+
+
+def test_fp16_masked_mean_and_dtypes_kept_for_fp32_fp64():
+    values = torch.full((1, 70_000), 0.25, dtype=torch.float16)
+    mask = torch.ones(1, 70_000, dtype=torch.bool)
+    assert masked_mean(values, mask).item() == 0.25
+    for dtype in (torch.float32, torch.float64):
+        x = torch.rand(3, 4, dtype=dtype)
+        m = torch.rand(3, 4) < 0.7
+        assert masked_mean(x, m).dtype == dtype
+        assert all(aggregate(x, m, mode).dtype == dtype for mode in AGG_MODES)

@@ -84,6 +84,36 @@ def test_value_loss_matches_loops():
             assert metrics["vf_clipfrac"].item() == pytest.approx(clipped / n)
 
 
+def test_value_clipfrac_does_not_count_rounding_as_clipping():
+    # fp32: V_old + (V - V_old) is -0.030000001 != V = -0.03, so a clip-by-difference counts the
+    # token as clipped (vf_clipfrac 1.0) although |V - V_old| = 0.07 < 0.2. Clamping V itself does not.
+    values = torch.tensor([[-0.03]], requires_grad=True)
+    old, returns, mask = torch.tensor([[0.04]]), torch.tensor([[0.0]]), torch.tensor([[True]])
+    assert (old + (values.detach() - old).clamp(-0.2, 0.2)).item() != values.item()  # the rounding
+    loss, metrics = value_loss(values, old, returns, mask, clip_range=0.2)
+    assert metrics["vf_clipfrac"].item() == 0.0
+    assert torch.equal(loss, value_loss(values, old, returns, mask, clip_range=None)[0])
+    assert loss.item() == pytest.approx(0.5 * 0.03**2)
+    assert grad_of(loss, values).item() == pytest.approx(-0.03)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_value_loss_inside_the_band_equals_unclipped_bit_for_bit(dtype):
+    g = torch.Generator().manual_seed(5)
+    old = (0.1 * torch.randn(6, 50, generator=g)).to(dtype)  # near 0: V and V_old often differ in sign
+    values = (old.float() + 0.19 * (2 * torch.rand(6, 50, generator=g) - 1)).to(dtype)
+    assert bool(((values.float() - old.float()).abs() < 0.2).all())
+    returns = torch.randn(6, 50, generator=g).to(dtype)
+    mask = make_mask(6, 50, g)
+    clipped, metrics = value_loss(values, old, returns, mask, clip_range=0.2)
+    unclipped, _ = value_loss(values, old, returns, mask, clip_range=None)
+    assert metrics["vf_clipfrac"].item() == 0.0
+    assert torch.equal(clipped, unclipped)
+    # outside the band, with R beyond V: V_clip = V_old + 0.2 is farther from R, so every token counts
+    far = value_loss(old + 0.5, old, old + 3, torch.ones(6, 50, dtype=torch.bool), clip_range=0.2)[1]
+    assert far["vf_clipfrac"].item() == 1.0
+
+
 def test_entropy_matches_naive_and_is_stable():
     g = torch.Generator().manual_seed(2)
     logits = torch.randn(2, 3, 5, generator=g, dtype=torch.float64)
