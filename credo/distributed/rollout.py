@@ -35,7 +35,8 @@ class Sample:
     finished: bool
     """True when the response ended with EOS, False when it hit the length cap."""
     policy_version: int = 0
-    """Optimizer step of the weights that generated it."""
+    """The trainer step whose weights generated it: the `version` of the last `sync_weights` (0 = the initial
+    weights). It counts steps, not applied optimizer updates: a skipped step still advances it."""
     meta: dict = field(default_factory=dict)
     """Free-form: group id, problem index, environment info."""
 
