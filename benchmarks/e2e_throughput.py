@@ -103,7 +103,8 @@ def build_job(r, steps: int, threads: int, out_dir: Path) -> dict:
     from credo.models import resolve_model_path
     from credo.rewards.tasks import ArithmeticTask, make_task
     from credo.sft import run_sft
-    from credo.trainer import grad_accum_steps, step_problem_indices
+    from credo.train.rollout import step_problem_indices
+    from credo.train.update import grad_accum_steps
 
     a, ro, o = r.algo, r.rollout, r.optim
     task = make_task(r.task)

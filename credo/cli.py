@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             print(recipe_to_yaml(recipe))
             return 0
         from credo.rewards.worker import RewardFunctionError
-        from credo.trainer import TrainingError, train
+        from credo.train.state import TrainingError
+        from credo.trainer import train
 
         try:
             run_dir = train(recipe)

@@ -22,12 +22,9 @@ import torch.distributed as dist
 from credo.config import Recipe
 from credo.distributed.engine import all_gather_cat, all_reduce_sum, barrier, device
 from credo.tracking import Tracker
-from credo.train.batch import pack, pack_batch  # noqa: F401  (pack: re-exported for callers of round 1)
+from credo.train.batch import pack_batch
 from credo.train.build import build
 from credo.train.dump import dump_rollouts
-from credo.train.rollout import step_problem_indices  # noqa: F401  (re-exported)
-from credo.train.state import TrainingError  # noqa: F401  (re-exported: the CLI catches it)
-from credo.train.update import grad_accum_steps  # noqa: F401  (re-exported)
 
 
 class Trainer:

@@ -11,6 +11,9 @@ statistics (logsumexp and entropy) for backward, and recomputes each chunk's log
 `fused_policy_loss_from_hidden` goes one step further for losses that are a sum over tokens: it
 forms the gradient while the chunk's logits are at hand (as Liger's fused linear cross-entropy
 does), so backward has nothing to recompute.
+
+Over 400 lines because the two kernels share their chunking and custom-autograd plumbing, and each
+forward sits beside its hand-written backward so they can be read (and checked) together.
 """
 
 import torch

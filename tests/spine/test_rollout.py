@@ -8,7 +8,7 @@ import torch
 from credo.config import TinyModelConfig
 from credo.distributed.rollout import HFBackend, Sample, response_lengths
 from credo.models import build_tiny_model, load_causal_lm, load_tokenizer
-from credo.trainer import pack
+from credo.train.batch import pack
 
 
 def naive_cut(row: list[int], eos: int, pad: int) -> tuple[int, bool]:
