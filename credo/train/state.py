@@ -171,14 +171,15 @@ def config_changes(old: dict | None, new: dict) -> dict[str, tuple]:
     """Recipe keys whose value differs between a checkpoint's config and this run's, `key -> (old, new)`.
 
     Sections are compared key by key (dict-valued keys such as `algo.loss_kwargs` as a whole); the keys in
-    `RESUME_FREE_KEYS` may change freely. A checkpoint without a config (written before configs were kept)
-    is not compared.
+    `RESUME_FREE_KEYS` may change freely, and keys that only one side knows (a credo version added or
+    removed them) are not compared. A checkpoint without a config (written before configs were kept) is
+    not compared.
     """
     if old is None:
         return {}
     a, b = _flatten(old), _flatten(new)
-    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
-            if k not in RESUME_FREE_KEYS and a.get(k) != b.get(k)}
+    # a key only one side has was added or removed by a credo upgrade, not by the user: not a change
+    return {k: (a[k], b[k]) for k in sorted(set(a) & set(b)) if k not in RESUME_FREE_KEYS and a[k] != b[k]}
 
 
 def _free_name(path: Path) -> Path:
