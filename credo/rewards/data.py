@@ -78,17 +78,17 @@ class FileTask:
     def __init__(self, train_rows: list[dict], eval_rows: list[dict] | None, *, train_size: int, eval_size: int,
                  seed: int, prompt_field: str = "prompt", answer_field: str | None = "answer", source: str = "file"):
         self.prompt_field, self.answer_field, self.source = prompt_field, answer_field, source
-        if eval_rows is None:  # hold out eval_size rows of the train data
-            rows = list(train_rows)
-            random.Random(seed).shuffle(rows)
-            if eval_size >= len(rows):
-                raise ConfigError(f"task.eval_size = {eval_size} leaves no training rows ({source} has {len(rows)}); "
+        train = [self._problem(r, f"train row {i}") for i, r in enumerate(train_rows)]
+        held = None if eval_rows is None else [self._problem(r, f"eval row {i}") for i, r in enumerate(eval_rows)]
+        if held is None:  # hold out eval_size rows of the train data
+            random.Random(seed).shuffle(train)
+            if eval_size >= len(train):
+                raise ConfigError(f"task.eval_size = {eval_size} leaves no training rows ({source} has {len(train)}); "
                                   "give task.kwargs.eval or lower task.eval_size")
-            eval_rows, train_rows = rows[:eval_size], rows[eval_size:]
-        if not train_rows:
+            held, train = train[:eval_size], train[eval_size:]
+        if not train:
             raise ConfigError(f"task '{source}' has no training rows: expected at least one in task.kwargs.train")
-        self._train = [self._problem(r, f"train row {i}") for i, r in enumerate(train_rows[:train_size])]
-        self._eval = [self._problem(r, f"eval row {i}") for i, r in enumerate(eval_rows[:eval_size])]
+        self._train, self._eval = train[:train_size], held[:eval_size]
 
     def _problem(self, row: dict, where: str) -> Problem:
         if self.prompt_field not in row:
