@@ -94,3 +94,17 @@ def test_grpo_trainer_with_a_credo_loss_trains(setup):
     assert any(not torch.equal(before[k], v.detach()) for k, v in t.model.named_parameters())
     logged = [row for row in t.state.log_history if "credo/clipfrac_high" in row]
     assert len(logged) == 2
+
+
+@pytest.mark.slow
+def test_documented_example_runs(tmp_path):
+    import importlib.util
+
+    from tests.e2e.common import REPO
+
+    spec = importlib.util.spec_from_file_location("trl_example", REPO / "docs" / "examples" / "trl_grpo_credo_loss.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    trainer = example.main(["--steps", "1", "--output-dir", str(tmp_path)])
+    rows = [row for row in trainer.state.log_history if "credo/clipfrac_high" in row]
+    assert len(rows) == 1 and "rewards/exact_answer/mean" in rows[0] and "rewards/starts_with_digit/mean" in rows[0]
