@@ -119,3 +119,33 @@ def test_chat_message_prompts_and_hf_saved_dataset_train(tmp_path):
     rows = read_rows(train(r))
     assert "train/rewards/named_only" in rows[1] and "eval/reward_mean" in rows[1]
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+
+
+def test_zero3_final_and_export_hold_the_gathered_weights(tmp_path):
+    """Under ZeRO-3 the partitioned weights are gathered for final/, and `credo export` merges the
+    checkpoint's partitions: both equal the trained weights."""
+    import deepspeed
+    from transformers import AutoModelForCausalLM
+
+    from credo.export import export_checkpoint
+    from credo.trainer import Trainer
+
+    model_dir = make_model_dir(tmp_path / "m", pad=True)
+    r = load_recipe(None, byo_overrides(tmp_path, model_dir, **{
+        "run.name": "z3", "run.steps": 1, "run.eval_every": 0, "run.save_every": 1, "optim.zero_stage": 3}))
+    trainer = Trainer(r)
+    try:
+        run_dir = trainer.fit()
+        module = trainer.engine.module
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+            trained = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    finally:
+        trainer.close()
+    base = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    final = AutoModelForCausalLM.from_pretrained(run_dir / "final").state_dict()
+    exported = AutoModelForCausalLM.from_pretrained(
+        export_checkpoint(run_dir / "checkpoints" / "step_00000001", tmp_path / "exp")).state_dict()
+    assert any(not torch.equal(base[k], final[k]) for k in base)  # it trained
+    for k, v in final.items():
+        assert v.shape == base[k].shape and torch.equal(v, trained[k]), k
+        assert torch.allclose(exported[k], v, atol=1e-6), k
