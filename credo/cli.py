@@ -54,9 +54,9 @@ def list_names() -> str:
                [n + ("*" if n in GROUP_ESTIMATORS else "") for n in runnable]),
         _names("advantage estimators in credo.algos only (per-token rewards, values or turns)", library),
         _names("KL estimators (algo.kl_estimator)", sorted(algos.KL_ESTIMATORS)),
-        _names("tasks (task.name)", sorted(TASKS)) + "\n" + rg + "\n"
+        _names("tasks (task.name)", sorted(TASKS)) + "\n"
         "  file: your JSONL / JSON / Parquet / CSV (task.kwargs: train, eval, prompt_field, answer_field)\n"
-        "  hf:<name-or-folder>: a Hugging Face data set (save_to_disk folder or load_dataset name)",
+        "  hf:<name-or-folder>: a Hugging Face data set (save_to_disk folder or load_dataset name)\n" + rg,
         "credit strategies (credo.credit, see docs/credit.md):\n"
         "  ipa: chunk-level policy loss (algo.policy_loss=ipa; arXiv 2512.24873)\n"
         f"  rhythm_gamma / attention_rhythm_gamma strategy: {', '.join(RHYTHM_STRATEGIES)} (arXiv 2510.13554)\n"
