@@ -86,6 +86,9 @@ def data_digest(r: Recipe) -> dict:
     if r.task.name == "file":
         d["files"] = {k: file_digest(Path(v)) for k, v in sorted(r.task.kwargs.items())
                       if k in ("train", "eval") and v and Path(v).is_file()}
+    elif r.task.name.startswith("hf:") and Path(r.task.name[3:]).is_dir():  # a local data set folder
+        root = Path(r.task.name[3:])
+        d["files"] = {str(p.relative_to(root)): file_digest(p) for p in sorted(root.rglob("*")) if p.is_file()}
     return d
 
 

@@ -136,3 +136,20 @@ def test_default_recipe_keeps_its_warm_up_cache_key_inputs():
     assert set(data_digest(r)) == {"name", "train_size", "eval_size", "seed", "kwargs"}
     r2 = load_recipe("recipes/quickstart.yaml", ["task.system_prompt=hi"])
     assert data_digest(r2)["system_prompt"] == "hi"
+
+
+def test_warm_up_key_follows_the_data_files_contents(tmp_path):
+    from credo.sft import data_digest
+    from tests.byo.common import qa_rows, write_jsonl
+
+    data = write_jsonl(tmp_path / "d.jsonl", qa_rows(4, seed=0))
+    r = load_recipe(None, ["run.name=x", "task.name=file", f"task.kwargs={{train: {data}}}", "task.eval_size=1"])
+    before = data_digest(r)
+    write_jsonl(data, qa_rows(4, seed=1))  # same path, new rows: a new warm-up
+    assert data_digest(r) != before
+    (tmp_path / "ds").mkdir()
+    write_jsonl(tmp_path / "ds" / "train.jsonl", qa_rows(4, seed=0))
+    r = load_recipe(None, ["run.name=x", f"task.name=hf:{tmp_path / 'ds'}"])
+    before = data_digest(r)
+    write_jsonl(tmp_path / "ds" / "train.jsonl", qa_rows(4, seed=2))
+    assert data_digest(r) != before
