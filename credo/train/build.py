@@ -32,7 +32,7 @@ from credo.distributed.engine import build_engine, device, setup_distributed
 from credo.distributed.rollout import HFBackend
 from credo.models import check_vocab, load_causal_lm, load_tokenizer, resolve_model_path
 from credo.rewards.chat import encode_prompts, prompt_renderer
-from credo.rewards.functions import WeightedRewards
+from credo.rewards.functions import WeightedRewards, is_trl_style
 from credo.rewards.tasks import make_task
 from credo.rewards.worker import RewardWorker, import_reward_fn, per_sample
 from credo.train.advantage import OutcomeAdvantage
@@ -143,9 +143,10 @@ def build(r: Recipe) -> Components:
                   if hasattr(stage, "state_dict")}
     state = TrainState(engine, components, config=config, sft_key=sft_key, policy_path=policy_path,
                        max_consecutive_skips=r.run.max_consecutive_skips)
+    eval_reward = fn if isinstance(fn, WeightedRewards) else WeightedRewards([fn])  # scores tasks without a verifier
     evaluate = Evaluator(task, tokenizer, source, seed=r.run.seed, temperature=r.run.eval_temperature,
                          samples=r.run.eval_samples, rank=rank, world=world, render=render,
-                         reward_fn=fn if isinstance(fn, WeightedRewards) else None) if r.run.eval_every else None
+                         reward_fn=eval_reward) if r.run.eval_every else None
     wandb_cfg = {"project": r.run.wandb_project, "mode": r.run.wandb_mode} if r.run.wandb else None
     return Components(
         rank=rank, world=world, run_dir=run_dir, tokenizer=tokenizer, task=task, engine=engine, source=source,
@@ -162,7 +163,8 @@ def _reward_fn(r: Recipe, task):
     if r.reward.functions:
         return WeightedRewards.from_specs(r.reward.functions, r.reward.weights)
     if r.reward.function:
-        return import_reward_fn(r.reward.function)
+        fn = import_reward_fn(r.reward.function)
+        return WeightedRewards([fn]) if is_trl_style(fn) else fn  # a TRL-style function is called TRL's way
     if getattr(task, "score", None) is None:
         raise ConfigError(f"task '{r.task.name}' has no verifier: expected reward.functions (TRL-style reward "
                           "functions, 'module:function') or reward.function")

@@ -130,3 +130,14 @@ def test_config_errors_name_the_key(overrides, match):
 def test_single_reward_function_keeps_working():
     r = load_recipe(None, BASE + ["reward.function=tests.e2e.rewards:starts_with_digit"])
     assert r.reward.function == "tests.e2e.rewards:starts_with_digit" and r.reward.functions == []
+
+
+def test_reward_function_key_calls_a_trl_style_function_the_trl_way():
+    from credo.train.build import _reward_fn
+
+    r = load_recipe(None, BASE + ["reward.function=tests.byo.rewards:named_only"])
+    fn = _reward_fn(r, task=None)
+    assert isinstance(fn, WeightedRewards) and fn.names == ["named_only"]
+    assert fn(["3", "x"], _problems(4)[3:] + _problems(1), [[1], [2]]).finish(2) == [1.0, 0.0]
+    r = load_recipe(None, BASE + ["reward.function=tests.e2e.rewards:starts_with_digit"])
+    assert not isinstance(_reward_fn(r, task=None), WeightedRewards)  # a group function stays as it is

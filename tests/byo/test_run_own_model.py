@@ -115,7 +115,8 @@ def test_chat_message_prompts_and_hf_saved_dataset_train(tmp_path):
     r = load_recipe(None, byo_overrides(tmp_path, model_dir, chat=True, **{
         "run.name": "byo-hf", "task.name": f"hf:{tmp_path / 'ds'}", "task.kwargs": "{train: train, eval: test}",
         "run.steps": 1, "run.eval_every": 1, "run.save_every": 0,
-        "reward.functions": "[tests.byo.rewards:named_only]", "reward.weights": "[]"}))
+        "reward.functions": "[]", "reward.weights": "[]",
+        "reward.function": "tests.byo.rewards:named_only"}))  # one TRL-style function under the old key
     rows = read_rows(train(r))
     assert "train/rewards/named_only" in rows[1] and "eval/reward_mean" in rows[1]
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
