@@ -1,5 +1,6 @@
 """`credo run RECIPE.yaml key=value ...`, `credo check RECIPE.yaml ...` (validate only), `credo ablate SWEEP.yaml`,
-`credo list` (the names a recipe can use) and `credo --version`."""
+`credo list` (the names a recipe can use), `credo export CHECKPOINT_DIR OUT_DIR` (a checkpoint as a Hugging Face
+model folder) and `credo --version`."""
 
 from __future__ import annotations
 
@@ -53,7 +54,9 @@ def list_names() -> str:
                [n + ("*" if n in GROUP_ESTIMATORS else "") for n in runnable]),
         _names("advantage estimators in credo.algos only (per-token rewards, values or turns)", library),
         _names("KL estimators (algo.kl_estimator)", sorted(algos.KL_ESTIMATORS)),
-        _names("tasks (task.name)", sorted(TASKS)) + "\n" + rg,
+        _names("tasks (task.name)", sorted(TASKS)) + "\n"
+        "  file: your JSONL / JSON / Parquet / CSV (task.kwargs: train, eval, prompt_field, answer_field)\n"
+        "  hf:<name-or-folder>: a Hugging Face data set (save_to_disk folder or load_dataset name)\n" + rg,
         "credit strategies (credo.credit, see docs/credit.md):\n"
         "  ipa: chunk-level policy loss (algo.policy_loss=ipa; arXiv 2512.24873)\n"
         f"  rhythm_gamma / attention_rhythm_gamma strategy: {', '.join(RHYTHM_STRATEGIES)} (arXiv 2510.13554)\n"
@@ -80,9 +83,25 @@ def main(argv: list[str] | None = None) -> int:
     p_ablate.add_argument("--jobs", type=int, default=0)
     p_ablate.add_argument("--dry-run", action="store_true")
     sub.add_parser("list", help="print the policy losses, advantage and KL estimators, tasks and credit strategies")
+    p_export = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model folder")
+    p_export.add_argument("checkpoint", help="a checkpoint folder, e.g. runs/NAME/checkpoints/step_00000010")
+    p_export.add_argument("out_dir", help="the model folder to write (config, safetensors weights, tokenizer)")
+    p_export.add_argument("--base-model", default=None,
+                          help="the model folder the run started from (default: the checkpoint's policy_path)")
     args = parser.parse_args(argv)
     if args.cmd == "list":
         print(list_names())
+        return 0
+    if args.cmd == "export":
+        _quiet_libraries()
+        from credo.export import export_checkpoint
+
+        try:
+            out = export_checkpoint(args.checkpoint, args.out_dir, base_model=args.base_model)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"credo: error: {e}", file=sys.stderr)
+            return 1
+        print(f"credo: exported {args.checkpoint} to {out}")
         return 0
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")

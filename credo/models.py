@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import string
 from dataclasses import asdict
@@ -87,14 +88,17 @@ def resolve_model_path(path: str, tiny: TinyModelConfig) -> str:
     """'tiny' -> the built tiny model's directory; otherwise the path (or hub id) itself."""
     if path == "tiny":
         return str(build_tiny_model(tiny))
-    p = Path(path)
-    if p.exists():
+    p = Path(path).expanduser()
+    if p.exists():  # a folder here wins over a hub id of the same spelling ('org/name'), and is never sent to the hub
         if not (p / "config.json").is_file():
             raise ConfigError(f"model.path '{path}' exists but has no config.json: expected a Hugging Face model directory")
-        return str(p)
+        return str(p.resolve())
     if path.startswith((".", "/", "~")) or os.sep in path.strip("/") and path.count("/") != 1:
         raise ConfigError(f"model.path '{path}' does not exist (expected 'tiny', a local Hugging Face model directory or a hub id)")
     return path  # a hub id; loading reports if there is no network
+
+
+_PAD_WARNED: set[str] = set()
 
 
 def load_tokenizer(path: str):
@@ -107,10 +111,12 @@ def load_tokenizer(path: str):
         raise ConfigError(f"model.path '{path}': could not load a tokenizer ({str(e).splitlines()[0]})") from None
     if tok.eos_token_id is None:
         raise ConfigError(f"tokenizer at '{path}' has no eos_token: expected one so responses can end")
-    if tok.pad_token_id is None:
-        raise ConfigError(
-            f"tokenizer at '{path}' has no pad_token: set one (e.g. tokenizer.pad_token = tokenizer.eos_token) and save it"
-        )
+    if tok.pad_token_id is None:  # as TRL does; padding is masked out, and pad == eos is handled where it matters
+        if path not in _PAD_WARNED:
+            _PAD_WARNED.add(path)
+            logging.getLogger("credo").warning("tokenizer at '%s' has no pad_token: using its eos_token %r as pad",
+                                               path, tok.eos_token)
+        tok.pad_token = tok.eos_token
     return tok
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from credo.config import Recipe
+from credo.rewards.chat import prompt_renderer
 from credo.models import cache_root, check_vocab, load_causal_lm, load_tokenizer, resolve_model_path
 
 
@@ -73,8 +74,22 @@ def _model_folder(r: Recipe, base_path: str) -> Path | None:
 
 
 def data_digest(r: Recipe) -> dict:
-    """What the warm-up's demonstrations depend on: the task config (file-based data would add its files' digests)."""
-    return asdict(r.task)
+    """What the warm-up's demonstrations depend on: the task config, and the contents of a file task's files.
+
+    The prompt-rendering keys enter only when set away from their defaults, so the keys of warm-ups
+    cached before they existed still match.
+    """
+    d = asdict(r.task)
+    for k, default in (("system_prompt", None), ("chat_template", "auto")):
+        if d.get(k) == default:
+            d.pop(k)
+    if r.task.name == "file":
+        d["files"] = {k: file_digest(Path(v)) for k, v in sorted(r.task.kwargs.items())
+                      if k in ("train", "eval") and v and Path(v).is_file()}
+    elif r.task.name.startswith("hf:") and Path(r.task.name[3:]).is_dir():  # a local data set folder
+        root = Path(r.task.name[3:])
+        d["files"] = {str(p.relative_to(root)): file_digest(p) for p in sorted(root.rglob("*")) if p.is_file()}
+    return d
 
 
 def sft_cache_key(r: Recipe, base_path: str) -> str:
@@ -107,6 +122,7 @@ def run_sft(r: Recipe, base_path: str, task, *, log=print) -> tuple[str, str]:
     tok = load_tokenizer(base_path)
     model = load_causal_lm(base_path)
     check_vocab(model, tok, base_path)
+    render = prompt_renderer(tok, r.task.system_prompt, r.task.chat_template)  # as the rollout renders prompts
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=r.sft.lr, weight_decay=0.0)
     steps = r.sft.steps
@@ -118,7 +134,7 @@ def run_sft(r: Recipe, base_path: str, task, *, log=print) -> tuple[str, str]:
         noisy = (torch.rand(len(idx), generator=gen) < r.sft.noisy_frac).tolist()
         problems = [task.train(r.sft.data_offset + i) for i in idx]
         # noisy demonstrations stand in for imperfect SFT data: right answer, wrong format
-        pairs = [encode_pair(tok, p.prompt, p.answer + ("." if bad else "")) for p, bad in zip(problems, noisy)]
+        pairs = [encode_pair(tok, render(p), p.answer + ("." if bad else "")) for p, bad in zip(problems, noisy)]
         width = max(len(ids) for ids, _ in pairs)
         ids = torch.full((len(pairs), width), tok.pad_token_id)
         mask = torch.zeros(len(pairs), width)

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from credo.config import Recipe
 from credo.distributed.engine import all_gather_cat, all_reduce_sum, barrier, device
+from credo.export import export_model
 from credo.tracking import Tracker
 from credo.train.batch import pack_batch
 from credo.train.build import build
@@ -114,14 +115,16 @@ class Trainer:
         c = self.c
         try:
             if self.start_step == 0 and c.eval_every:
-                self.tracker.log({"step": 0, "eval/accuracy": self.evaluate()})
+                self.tracker.log({"step": 0, c.evaluate.metric: self.evaluate()})
             for step in range(self.start_step + 1, c.steps + 1):
                 row = self.train_step(step)
                 if c.eval_every and (step % c.eval_every == 0 or step == c.steps):
-                    row["eval/accuracy"] = self.evaluate()
+                    row[c.evaluate.metric] = self.evaluate()
                 self.tracker.log(row)
                 if step == c.steps or (c.save_every and step % c.save_every == 0):
                     self.checkpoint(step)
+            if self.start_step < c.steps:  # the trained policy as a Hugging Face folder: run_dir/final
+                export_model(self.engine.module, c.tokenizer, c.run_dir / "final", zero_stage=c.zero_stage, rank=c.rank)
         finally:
             self.tracker.close()
             self.reward.close()

@@ -1,7 +1,8 @@
 """Verifiable tasks: prompts, reference answers, a verifier, and disjoint train / held-out eval splits.
 
 A task is a small object with `train(i)`, `eval_problems()` and `score(response, problem)`. Built in:
-`arithmetic` (integer + and -, exact-match verifier) and any reasoning-gym dataset as `rg:<name>`.
+`arithmetic` (integer + and -, exact-match verifier) and any reasoning-gym dataset as `rg:<name>`;
+your own data as `file` / `hf:<name>` (credo.rewards.data: prompts and columns, no verifier).
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from credo.config import ConfigError, TaskConfig
 
 @dataclass
 class Problem:
-    prompt: str
-    """Text the policy continues."""
+    prompt: str | list
+    """Text the policy continues, or a list of chat messages (rendered with the tokenizer's chat template)."""
     answer: str
     """Reference answer (what SFT warm-up teaches, and what the verifier checks against)."""
     meta: dict = field(default_factory=dict)
-    """Task-specific data the verifier may need."""
+    """Task-specific data the verifier may need; a file task's other columns under 'columns'."""
 
 
 class ArithmeticTask:
@@ -124,12 +125,17 @@ TASKS: dict[str, Callable[..., Any]] = {"arithmetic": ArithmeticTask}
 
 
 def make_task(cfg: TaskConfig):
-    """Build the task a recipe names; `rg:<name>` selects a reasoning-gym dataset."""
+    """Build the task a recipe names; `rg:<name>` selects a reasoning-gym dataset, `file` and `hf:<name>` your
+    own data (`credo.rewards.data`)."""
     kwargs = dict(cfg.kwargs)
+    if cfg.name == "file" or cfg.name.startswith("hf:"):
+        from credo.rewards.data import make_file_task
+
+        return make_file_task(cfg.name, cfg)
     if cfg.name.startswith("rg:"):
         return ReasoningGymTask(cfg.name[3:], cfg.train_size, cfg.eval_size, cfg.seed, **kwargs)
     if cfg.name not in TASKS:
-        raise ConfigError(f"config key 'task.name' = '{cfg.name}' is not a known task (known: {', '.join(TASKS)}, rg:<dataset>)")
+        raise ConfigError(f"config key 'task.name' = '{cfg.name}' is not a known task (known: {', '.join(TASKS)}, rg:<dataset>, file, hf:<name>)")
     try:
         return TASKS[cfg.name](cfg.train_size, cfg.eval_size, cfg.seed, **kwargs)
     except TypeError as e:

@@ -43,6 +43,8 @@ class RewardResult:
     """Calls that raised."""
     timeouts: int
     """Calls that timed out."""
+    parts: dict[str, list[float]] | None = None
+    """Per reward function (`reward.functions`), one value per sample; NaN where it returned None or the call failed."""
 
 
 def per_sample(score: Callable) -> GroupRewardFn:
@@ -55,20 +57,63 @@ def per_sample(score: Callable) -> GroupRewardFn:
     return group_fn
 
 
-def import_reward_fn(spec: str) -> GroupRewardFn:
-    """Import `package.module:function` (the recipe's `reward.function`)."""
+def import_reward_fn(spec: str, key: str = "reward.function") -> GroupRewardFn:
+    """Import `package.module:function` (the recipe's `reward.function`, or the entry `key` of reward.functions)."""
     if ":" not in spec:
-        raise ConfigError(f"reward.function = '{spec}': expected 'module:function'")
+        raise ConfigError(f"{key} = '{spec}': expected 'module:function'")
     mod, name = spec.split(":", 1)
     if os.getcwd() not in sys.path:  # like `python -m`: modules next to the recipe's working directory import
         sys.path.insert(0, os.getcwd())
     try:
         fn = getattr(importlib.import_module(mod), name)
     except (ImportError, AttributeError) as e:
-        raise ConfigError(f"reward.function = '{spec}' cannot be imported: {e}") from None
+        raise ConfigError(f"{key} = '{spec}' cannot be imported: {e}") from None
     if not callable(fn):
-        raise ConfigError(f"reward.function = '{spec}' is not callable")
+        raise ConfigError(f"{key} = '{spec}' is not callable")
     return fn
+
+
+def check_rewards(value, n: int, name: str, *, allow_none: bool = False) -> list[float]:
+    """`value` as n finite floats; None becomes NaN where `allow_none` (TRL's "does not apply to this sample").
+
+    Raises:
+        RewardFunctionError: not a sequence, the wrong length, or an entry that is not a finite number.
+    """
+    try:
+        values = list(value)
+    except TypeError:
+        raise RewardFunctionError(
+            f"reward function '{name}' returned {type(value).__name__}; expected a list of {n} numbers") from None
+    if len(values) != n:
+        raise RewardFunctionError(f"reward function '{name}' returned {len(values)} rewards for {n} responses")
+    out = []
+    for i, v in enumerate(values):
+        if v is None and allow_none:
+            out.append(math.nan)
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
+            raise RewardFunctionError(
+                f"reward function '{name}' returned {v!r} ({type(v).__name__}) at index {i}; expected a number")
+        f = float(v)
+        if not math.isfinite(f):
+            raise RewardFunctionError(f"reward function '{name}' returned non-finite {f} at index {i}")
+        out.append(f)
+    return out
+
+
+class ScoredGroup:
+    """What a `WeightedRewards` call returns: each function's raw values, checked and summed by `finish`
+    on the caller's thread (a broken contract stops the run; it is not a transient failure)."""
+
+    def __init__(self, raw: dict[str, object], weights: dict[str, float]):
+        self.raw, self.weights = raw, weights
+        self.parts: dict[str, list[float]] = {}
+
+    def finish(self, n: int) -> list[float]:
+        """The weighted sum per sample, NaN parts skipped (TRL's nansum); fills `parts`."""
+        self.parts = {name: check_rewards(v, n, name, allow_none=True) for name, v in self.raw.items()}
+        return [sum(self.weights[k] * vals[i] for k, vals in self.parts.items() if not math.isnan(vals[i]))
+                for i in range(n)]
 
 
 _worker_ids = itertools.count()
@@ -143,41 +188,31 @@ class RewardWorker:
                 return call.status, call.value
 
     def _check(self, value, n: int) -> list[float]:
-        try:
-            values = list(value)
-        except TypeError:
-            raise RewardFunctionError(
-                f"reward function '{self.name}' returned {type(value).__name__}; expected a list of {n} numbers"
-            ) from None
-        if len(values) != n:
-            raise RewardFunctionError(f"reward function '{self.name}' returned {len(values)} rewards for {n} responses")
-        out = []
-        for i, v in enumerate(values):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
-                raise RewardFunctionError(
-                    f"reward function '{self.name}' returned {v!r} ({type(v).__name__}) at index {i}; expected a number"
-                )
-            f = float(v)
-            if not math.isfinite(f):
-                raise RewardFunctionError(f"reward function '{self.name}' returned non-finite {f} at index {i}")
-            out.append(f)
-        return out
+        if isinstance(value, ScoredGroup):
+            return value.finish(n)
+        return check_rewards(value, n, self.name)
 
-    def __call__(self, groups: list[tuple[list, list]], *, step: int) -> RewardResult:
-        """Score `groups`, a list of (responses, problems) pairs; results are flattened in order."""
+    def __call__(self, groups: list[tuple], *, step: int) -> RewardResult:
+        """Score `groups`, a list of (responses, problems) pairs (or (responses, problems, completion_ids) for a
+        `WeightedRewards`); results are flattened in order."""
         calls = [_Call(g) for g in groups]
         for call in calls:
             self._queue.put(call)
         rewards: list[float] = []
         valid: list[bool] = []
+        parts: dict[str, list[float]] = {name: [] for name in getattr(self.fn, "names", ())}
         failures = timeouts = 0
-        for (responses, _), call in zip(groups, calls):
+        for (responses, *_), call in zip(groups, calls):
             status, value = self._wait(call)
             n = len(responses)
             if status == "ok":
                 rewards += self._check(value, n)
                 valid += [True] * n
+                for name, values in parts.items():
+                    values += value.parts[name]
                 continue
+            for values in parts.values():
+                values += [math.nan] * n
             if status == "timeout":
                 timeouts += 1
                 kind = "timeout"
@@ -199,7 +234,7 @@ class RewardWorker:
                 f"{bad} of {len(groups)} reward calls failed at step {step}, above reward.max_failure_frac="
                 f"{self.max_failure_frac}; the reward function '{self.name}' is broken"
             )
-        return RewardResult(rewards, valid, failures, timeouts)
+        return RewardResult(rewards, valid, failures, timeouts, parts or None)
 
     def close(self) -> None:
         """Let the worker threads exit once idle (calls still queued run first); safe to call twice."""

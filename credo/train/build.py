@@ -4,7 +4,7 @@
 the rollout engine, then binds every stage once from the recipe:
 
     source     a RolloutSource      (stages.rollout: default = the task's single-turn prompts)
-    reward     a RewardModel        (stages.reward: default = reward.function or the task's verifier)
+    reward     a RewardModel        (stages.reward: default = reward.functions, reward.function or the verifier)
     advantage  an AdvantageStage    (stages.advantage: default = the outcome estimator algo.advantage)
     scorer     a PolicyScorer       (temperature, chunking, ZeRO-3 path, reference model, stages.probes)
     objective  an Objective         (policy loss + KL + entropy, algo.*)
@@ -27,10 +27,12 @@ import torch.distributed as dist
 
 from credo import algos
 from credo.checkpoint import list_checkpoints
-from credo.config import ConfigError, Recipe, recipe_to_dict, recipe_to_yaml
+from credo.config import ConfigError, Recipe, recipe_to_dict, recipe_to_yaml, sft_enabled
 from credo.distributed.engine import build_engine, device, setup_distributed
 from credo.distributed.rollout import HFBackend
 from credo.models import check_vocab, load_causal_lm, load_tokenizer, resolve_model_path
+from credo.rewards.chat import encode_prompts, prompt_renderer
+from credo.rewards.functions import WeightedRewards, is_trl_style
 from credo.rewards.tasks import make_task
 from credo.rewards.worker import RewardWorker, import_reward_fn, per_sample
 from credo.train.advantage import OutcomeAdvantage
@@ -74,6 +76,7 @@ class Components:
     config: dict
     config_yaml: str
     tracker_args: dict
+    zero_stage: int = 0
 
 
 def fault_nan_steps() -> frozenset[int]:
@@ -98,7 +101,8 @@ def build(r: Recipe) -> Components:
     tokenizer = load_tokenizer(policy_path)
     model = load_causal_lm(policy_path, r.model.dtype)
     check_vocab(model, tokenizer, policy_path)
-    _check_context(r, model, tokenizer, task)
+    render = prompt_renderer(tokenizer, r.task.system_prompt, r.task.chat_template)
+    _check_context(r, model, tokenizer, task, render)
     ref = None
     if r.model.ref_model:
         ref = load_causal_lm(policy_path, r.model.dtype).to(device()).eval().requires_grad_(False)
@@ -111,11 +115,12 @@ def build(r: Recipe) -> Components:
     sampling = dict(prompts_per_step=ro.prompts_per_step, group_size=ro.group_size, max_new_tokens=ro.max_new_tokens,
                     temperature=ro.temperature, top_p=ro.top_p)
     ctx = StageContext(rank=rank, world=world, seed=r.run.seed, tokenizer=tokenizer, task=task, backend=backend,
-                       engine=engine, rollout=sampling)
+                       engine=engine, rollout=sampling, render=render)
 
-    ctx.default = PromptRollout(task, tokenizer, backend, seed=r.run.seed, rank=rank, world=world, **sampling)
+    ctx.default = PromptRollout(task, tokenizer, backend, seed=r.run.seed, rank=rank, world=world, render=render,
+                                **sampling)
     source = _stage(ctx, "rollout", r.stages.rollout, r.stages.rollout_kwargs)
-    fn = import_reward_fn(r.reward.function) if r.reward.function else per_sample(task.score)
+    fn = _reward_fn(r, task)
     worker = RewardWorker(fn, timeout_s=r.reward.timeout_s, workers=r.reward.workers,
                           max_failure_frac=r.reward.max_failure_frac)
     ctx.default = FunctionReward(worker, tokenizer, ro.group_size)
@@ -138,8 +143,10 @@ def build(r: Recipe) -> Components:
                   if hasattr(stage, "state_dict")}
     state = TrainState(engine, components, config=config, sft_key=sft_key, policy_path=policy_path,
                        max_consecutive_skips=r.run.max_consecutive_skips)
+    eval_reward = fn if isinstance(fn, WeightedRewards) else WeightedRewards([fn])  # scores tasks without a verifier
     evaluate = Evaluator(task, tokenizer, source, seed=r.run.seed, temperature=r.run.eval_temperature,
-                         samples=r.run.eval_samples, rank=rank, world=world) if r.run.eval_every else None
+                         samples=r.run.eval_samples, rank=rank, world=world, render=render,
+                         reward_fn=eval_reward) if r.run.eval_every else None
     wandb_cfg = {"project": r.run.wandb_project, "mode": r.run.wandb_mode} if r.run.wandb else None
     return Components(
         rank=rank, world=world, run_dir=run_dir, tokenizer=tokenizer, task=task, engine=engine, source=source,
@@ -147,8 +154,21 @@ def build(r: Recipe) -> Components:
         evaluate=evaluate, steps=r.run.steps, eval_every=r.run.eval_every, save_every=r.run.save_every,
         keep_last=r.run.keep_last, overlong_filter=a.overlong_filter, dump_every=r.run.dump_rollouts_every,
         resume=r.run.resume, allow_config_change=r.run.allow_config_change, config=config,
-        config_yaml=recipe_to_yaml(r),
+        config_yaml=recipe_to_yaml(r), zero_stage=o.zero_stage,
         tracker_args=dict(total_steps=r.run.steps, progress=r.run.progress, plot=r.run.plot, wandb_cfg=wandb_cfg))
+
+
+def _reward_fn(r: Recipe, task):
+    """The group reward function: reward.functions (weighted), reward.function, or the task's verifier."""
+    if r.reward.functions:
+        return WeightedRewards.from_specs(r.reward.functions, r.reward.weights)
+    if r.reward.function:
+        fn = import_reward_fn(r.reward.function)
+        return WeightedRewards([fn]) if is_trl_style(fn) else fn  # a TRL-style function is called TRL's way
+    if getattr(task, "score", None) is None:
+        raise ConfigError(f"task '{r.task.name}' has no verifier: expected reward.functions (TRL-style reward "
+                          "functions, 'module:function') or reward.function")
+    return per_sample(task.score)
 
 
 def _stage(ctx: StageContext, kind: str, spec: str, kwargs: dict):
@@ -176,7 +196,7 @@ def _prepare_policy(r: Recipe, task, rank: int, world: int) -> tuple[str, str | 
     out: list = [None, None]
     if rank == 0:
         base = resolve_model_path(r.model.path, r.model.tiny)
-        if r.sft.enabled and r.sft.steps > 0:
+        if sft_enabled(r) and r.sft.steps > 0:
             from credo.sft import run_sft
 
             out = list(run_sft(r, base, task, log=lambda m: logging.getLogger("credo").info(m)))
@@ -187,17 +207,17 @@ def _prepare_policy(r: Recipe, task, rank: int, world: int) -> tuple[str, str | 
     return out[0], out[1]
 
 
-def _check_context(r: Recipe, model, tokenizer, task) -> None:
+def _check_context(r: Recipe, model, tokenizer, task, render) -> None:
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is None:
         return
     longest, where = 0, None
     for i, p in enumerate(task.eval_problems()[:1000]):
-        n = len(tokenizer(p.prompt, add_special_tokens=False)["input_ids"])
+        n = len(encode_prompts(tokenizer, render, [p])[0])
         if n > longest:
             longest, where = n, f"eval problem {i}"
     for i in range(min(len(task), 2000)):
-        n = len(tokenizer(task.train(i).prompt, add_special_tokens=False)["input_ids"])
+        n = len(encode_prompts(tokenizer, render, [task.train(i)])[0])
         if n > longest:
             longest, where = n, f"train problem {i}"
     if longest + r.rollout.max_new_tokens > limit:

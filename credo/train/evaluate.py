@@ -1,10 +1,16 @@
-"""Held-out evaluation: accuracy of the current policy on the task's eval split, sharded over ranks."""
+"""Held-out evaluation of the current policy on the task's eval split, sharded over ranks.
+
+With a verifier (`task.score`), the score is accuracy (`eval/accuracy`). A file or hf task has none: given
+the run's weighted reward functions (`reward_fn`, a `WeightedRewards`), the score is their mean weighted
+reward on the held-out prompts (`eval/reward_mean`).
+"""
 
 from __future__ import annotations
 
 import torch
 
 from credo.distributed.engine import all_reduce_sum
+from credo.rewards.chat import encode_prompts, plain_prompt
 from credo.train.rollout import step_seed
 
 
@@ -13,20 +19,24 @@ class Evaluator:
     (the same draws at every evaluation, so the curve moves only with the policy)."""
 
     def __init__(self, task, tokenizer, source, *, seed: int, temperature: float, samples: int, rank: int = 0,
-                 world: int = 1):
+                 world: int = 1, render=plain_prompt, reward_fn=None):
         self.task, self.tokenizer, self.source = task, tokenizer, source
         self.seed, self.temperature, self.samples = seed, temperature, samples
-        self.rank, self.world = rank, world
+        self.rank, self.world, self.render = rank, world, render
+        self.reward_fn = reward_fn if getattr(task, "score", None) is None else None
+        self.metric = "eval/accuracy" if self.reward_fn is None else "eval/reward_mean"
+        """The key the score is logged under."""
 
     def __call__(self) -> float:
         problems = self.task.eval_problems()[self.rank::self.world]
         k = self.samples
-        prompts = [ids for ids in self.tokenizer([p.prompt for p in problems], add_special_tokens=False)["input_ids"]
-                   for _ in range(k)]
+        prompts = [ids for ids in encode_prompts(self.tokenizer, self.render, problems) for _ in range(k)]
         greedy = self.temperature == 0
         seeds = None if greedy else [step_seed(self.seed, -1, self.rank * len(prompts) + i) for i in range(len(prompts))]
         samples = self.source.generate(prompts, temperature=1.0 if greedy else self.temperature, seeds=seeds)
         texts = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
+        if self.reward_fn is not None:
+            return self._reward_mean(texts, [list(s.response_ids) for s in samples], [p for p in problems for _ in range(k)])
         correct = 0.0
         for i, text in enumerate(texts):
             try:
@@ -34,4 +44,15 @@ class Evaluator:
             except Exception:  # noqa: BLE001 - a verifier crash on one answer scores it 0
                 pass
         tot = all_reduce_sum(torch.tensor([correct, float(len(samples))], dtype=torch.float64))
+        return float(tot[0] / tot[1])
+
+    def _reward_mean(self, texts: list[str], ids: list[list[int]], problems: list) -> float:
+        """Mean weighted reward over all ranks' samples; a call that raises scores its sample 0, as above."""
+        total = 0.0
+        for i in range(len(texts)):  # one call per sample: a failure costs that sample only
+            try:
+                total += self.reward_fn(texts[i:i + 1], problems[i:i + 1], ids[i:i + 1]).finish(1)[0]
+            except Exception:  # noqa: BLE001
+                pass
+        tot = all_reduce_sum(torch.tensor([total, float(len(texts))], dtype=torch.float64))
         return float(tot[0] / tot[1])

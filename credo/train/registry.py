@@ -56,6 +56,8 @@ class StageContext:
     """The policy's DeepSpeed engine (`engine.module` is the model)."""
     rollout: dict = field(default_factory=dict)
     """The recipe's sampling settings: prompts_per_step, group_size, max_new_tokens, temperature, top_p."""
+    render: Any = None
+    """`render(problem) -> str`: the recipe's prompt rendering (chat template, system prompt), as the default stages use."""
     default: Any = None
     """The built-in stage of the kind being built (a plug-in may wrap it)."""
 

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from credo.rewards.chat import encode_prompts, plain_prompt
 from credo.train.batch import Batch
 
 
@@ -49,12 +50,14 @@ class PromptRollout:
     """Single-turn rollout: each rank samples `group_size` responses to its share of the step's prompts.
 
     Temperature and top-p are bound here once; the scorer that recomputes log-probs is built with the
-    same temperature by the builder.
+    same temperature by the builder. `render(problem) -> str` is the recipe's prompt rendering
+    (`credo.rewards.chat.prompt_renderer`: the chat template, if any), shared with warm-up and evaluation.
     """
 
     def __init__(self, task, tokenizer, backend, *, seed: int, prompts_per_step: int, group_size: int,
-                 max_new_tokens: int, temperature: float, top_p: float, rank: int = 0, world: int = 1):
-        self.task, self.tokenizer, self.backend = task, tokenizer, backend
+                 max_new_tokens: int, temperature: float, top_p: float, rank: int = 0, world: int = 1,
+                 render=plain_prompt):
+        self.task, self.tokenizer, self.backend, self.render = task, tokenizer, backend, render
         self.seed, self.P, self.G = seed, prompts_per_step, group_size
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.rank, self.world = rank, world
@@ -65,7 +68,7 @@ class PromptRollout:
         per_rank = P // self.world
         mine = list(range(self.rank * per_rank, (self.rank + 1) * per_rank))
         problems = [self.task.train(idx[i]) for i in mine]
-        prompt_ids = self.tokenizer([p.prompt for p in problems], add_special_tokens=False)["input_ids"]
+        prompt_ids = encode_prompts(self.tokenizer, self.render, problems)
         prompts = [ids for ids in prompt_ids for _ in range(G)]
         seeds = [step_seed(self.seed, step, 1 + i * G + g) for i in mine for g in range(G)]
         samples = self.backend.generate(prompts, max_new_tokens=self.max_new_tokens, temperature=self.temperature,

@@ -40,12 +40,15 @@ def test_model_dir_without_tokenizer(tmp_path):
         load_tokenizer(str(tmp_path))
 
 
-def test_tokenizer_without_pad_token(tmp_path):
+def test_tokenizer_without_pad_token_pads_with_eos(tmp_path, caplog):
+    """As TRL does: PAD = EOS, with a warning naming the tokenizer (tests/byo checks it is logged once)."""
     tok = build_char_tokenizer()
     tok.pad_token = None
     tok.save_pretrained(tmp_path)
-    with pytest.raises(ConfigError, match=f"tokenizer at '{tmp_path}' has no pad_token: set one"):
-        load_tokenizer(str(tmp_path))
+    with caplog.at_level("WARNING", logger="credo"):
+        loaded = load_tokenizer(str(tmp_path))
+    assert loaded.pad_token == "<eos>" and loaded.pad_token_id == loaded.eos_token_id
+    assert f"tokenizer at '{tmp_path}' has no pad_token: using its eos_token" in caplog.text
 
 
 def test_tokenizer_without_eos_token(tmp_path):

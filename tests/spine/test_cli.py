@@ -38,7 +38,8 @@ def test_list_prints_every_registered_name(capsys):
     assert {n.rstrip("*") for n in listed + library} == set(algos.ADVANTAGE_ESTIMATORS)
     assert {n.rstrip("*") for n in listed if n.endswith("*")} == set(GROUP_ESTIMATORS)
     assert set(library) == {"gae", "rebn"}  # the trainer cannot run them (credo check refuses them)
-    assert "tasks (task.name):\n  arithmetic\n  rg:<name>" in out
+    assert "tasks (task.name):\n  arithmetic\n  file: " in out and "\n  hf:<name-or-folder>: " in out
+    assert "\n  rg:<name>" in out
     assert "strategy: local, global, coupled" in out and "ipa:" in out and "flow_gamma" in out
 
 
