@@ -21,6 +21,7 @@ from credo.algos.advantages import (
     rloo,
     turn_returns,
 )
+from credo.algos.asyppo import asyppo_masks, critic_shards
 from credo.algos.aggregation import AGG_MODES, aggregate, global_counts, masked_mean
 from credo.algos.corrections import CORRECTION_LEVELS, CORRECTION_MODES, train_infer_correction
 from credo.algos.entropy import entropy_from_logits
@@ -51,7 +52,9 @@ __all__ = [
     "LOG_RATIO_CLAMP",
     "POLICY_LOSSES",
     "aggregate",
+    "asyppo_masks",
     "cispo",
+    "critic_shards",
     "dr_grpo",
     "entropy_from_logits",
     "fused_policy_loss_from_hidden",
