@@ -27,7 +27,8 @@ class ValueModel(nn.Module):
         self.config = causal_lm.config
         hidden = causal_lm.config.hidden_size
         dtype = next(causal_lm.parameters()).dtype
-        self.value_head = nn.Linear(hidden, 1, dtype=dtype)
+        with torch.random.fork_rng(devices=[]):  # nn.Linear's default init draws from the global RNG
+            self.value_head = nn.Linear(hidden, 1, dtype=dtype)
         g = torch.Generator().manual_seed(head_seed)
         with torch.no_grad():
             self.value_head.weight.copy_(torch.randn(1, hidden, generator=g) * init_std)
