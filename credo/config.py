@@ -523,7 +523,7 @@ def _check_registries(r: Recipe) -> None:
                           f"(got '{a.advantage}'): critics give advantages by GAE")
     if algos.ADVANTAGE_INPUTS.get(a.advantage) != "outcome" and a.advantage != "gae":
         raise ConfigError(f"config key 'algo.advantage' = '{a.advantage}' needs per-token rewards or a value "
-                          "model; this trainer takes outcome estimators (e.g. grpo, rloo, lite_ppo)")
+                          "model; this trainer takes outcome estimators (e.g. grpo, rloo, lite_ppo), or gae with a critic: section")
     if a.advantage in GROUP_ESTIMATORS and r.rollout.group_size < 2:
         raise ConfigError(f"config key 'rollout.group_size' = {r.rollout.group_size} is out of range: expected >= 2 with "
                           f"algo.advantage = '{a.advantage}', whose baseline is the group mean (a group of one gets "
