@@ -98,3 +98,30 @@ def test_two_processes_keep_actor_and_critics_identical(tmp_path):
     assert critics[0][0] != critics[1][0]  # two different mini-critics
     rows = read_rows(out)
     assert rows[1]["train/grad_norm"] > 0 and 0.15 < rows[1]["asyppo/adv_masked_frac"] <= 0.2
+
+
+@pytest.mark.parametrize("zero_stage", [1, 2])
+def test_rollback_of_one_step_restores_the_critics(tmp_path, zero_stage):
+    """TrainState's snapshot holds the critics: a rolled-back step trains again exactly as the first time."""
+    from credo.config import load_recipe
+    from credo.trainer import Trainer
+
+    trainer = Trainer(load_recipe("recipes/asyppo.yaml", tiny_overrides(
+        tmp_path / "run", **{"run.eval_every": 0, "optim.zero_stage": zero_stage, "critic.critic_only_steps": 0,
+                             "critic.warmup_steps": 3})))
+    try:
+        trainer.train_step(1)
+        critics = trainer.advantage.engines
+        params = lambda: [{k: v.detach().clone() for k, v in e.module.state_dict().items()} for e in critics]
+        before = params()
+        snap = trainer.state.snapshot()
+        row = trainer.train_step(2)
+        assert any(not torch.equal(before[0][k], params()[0][k]) for k in before[0])
+        trainer.state.restore(snap)
+        restored = params()
+        assert all(torch.equal(b[k], r[k]) for b, r in zip(before, restored) for k in b)
+        again = trainer.train_step(2)
+        assert {k: v for k, v in again.items() if not k.startswith("perf/")} == \
+            {k: v for k, v in row.items() if not k.startswith("perf/")}
+    finally:
+        trainer.close()
