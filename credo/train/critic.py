@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 
 from credo import algos
-from credo.distributed.engine import (all_reduce_max, all_reduce_sum, backward, device, engine_state_dict, load_engine_state_dict,
-                                      optimizer_step, rank_and_world)
+from credo.distributed.engine import (all_reduce_max, all_reduce_sum, backward, device, engine_state_dict,
+                                      load_engine_state_dict, optimizer_step, rank_and_world)
 from credo.train.advantage import gather_rows
 from credo.train.batch import Batch
 

@@ -190,9 +190,13 @@ def config_changes(old: dict | None, new: dict) -> dict[str, tuple]:
     """
     if old is None:
         return {}
+    from credo.config import Recipe
+
     a, b = _flatten(old), _flatten(new)
+    # a key the checkpoint's config lacks (a section added to credo since) is no change while at its default
+    defaults = _flatten(asdict(Recipe()))
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
-            if k not in RESUME_FREE_KEYS and a.get(k) != b.get(k)}
+            if k not in RESUME_FREE_KEYS and a.get(k) != b.get(k) and not (k not in a and b.get(k) == defaults.get(k))}
 
 
 def _free_name(path: Path) -> Path:

@@ -3,6 +3,7 @@ and the objective's entropy mask."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -44,7 +45,7 @@ def test_gae_without_a_critic_fails_at_credo_check():
 def test_gpu_configs_pass_credo_check(name):
     """Config loading reads no model: the hub ids are checked at `credo check` without a download."""
     p = subprocess.run([sys.executable, "-m", "credo.cli", "check", f"recipes/gpu/{name}.yaml"], cwd=REPO,
-                       capture_output=True, text=True, timeout=120, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert p.returncode == 0, p.stderr
     r = load_recipe(REPO / "recipes" / "gpu" / f"{name}.yaml")
     assert r.model.path == "Qwen/Qwen3-4B-Base" and r.algo.advantage == "gae"
@@ -123,3 +124,14 @@ def test_entropy_mask_drops_the_bonus_of_filtered_tokens_only():
     h = ent.detach()
     torch.testing.assert_close(terms["train/entropy"], (h * (mask & keep)).sum() / n)
     torch.testing.assert_close(terms["train/entropy_unfiltered"], (h * mask).sum() / n)
+
+
+def test_resuming_a_checkpoint_from_before_the_critic_section_is_no_config_change():
+    from credo.config import recipe_to_dict
+    from credo.train.state import config_changes
+
+    new = recipe_to_dict(load_recipe(REPO / "recipes" / "quickstart.yaml"))
+    old = {k: v for k, v in new.items() if k != "critic"}
+    assert config_changes(old, new) == {}
+    on = recipe_to_dict(load_recipe(REPO / "recipes" / "ppo.yaml"))
+    assert config_changes({k: v for k, v in on.items() if k != "critic"}, on)["critic.num_critics"] == (None, 1)

@@ -15,7 +15,7 @@ import torch
 
 from credo.distributed.engine import _free_port
 from tests.e2e.common import read_rows, run_cli, tiny_overrides
-from tests.reliability.common import assert_same_run, has_checkpoint, run_and_kill, start, wait_ok
+from tests.reliability.common import has_checkpoint, run_and_kill, start, wait_ok
 
 pytestmark = pytest.mark.slow
 

@@ -195,3 +195,20 @@ def test_value_clip_bounds_the_critic_step_around_the_rollout_values():
     stage(batch)
     # after the first step V moves past the clip range, where the clipped error is the larger: no more gradient
     assert batch.metrics["critic/vf_clipfrac"] > 0.5
+
+
+def test_kl_in_reward_is_subtracted_on_every_response_token():
+    torch.manual_seed(2)
+    batch = make_batch([3, 2], rewards=[1.0, 0.0], group_ids=[0, 0])
+    T = batch.response_mask.shape[1]
+    table = torch.randn(2, T)
+    kl = torch.randn(2, T)
+    stage, _ = make_stage([table], batch, kl_in_reward=0.5, kl=lambda ids, attn, mask: kl.clone())
+    stage(batch)
+    mask = batch.response_mask
+    token_r = -0.5 * kl * mask
+    for i in range(2):
+        last = max(t for t in range(T) if mask[i, t])
+        token_r[i, last] += batch.rewards[i]
+    adv, _ = naive_gae(token_r, table * mask, mask, 0.9, 0.8)
+    torch.testing.assert_close(batch.advantages, adv, rtol=1e-5, atol=1e-6)
