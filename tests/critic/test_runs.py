@@ -55,6 +55,22 @@ def test_two_steps_through_the_recipe(tmp_path, recipe):
     assert per_token, dump[:2]
 
 
+def test_tiny_critics_whitening_and_kl_in_reward(tmp_path):
+    """Critics smaller than the actor (critic.path: tiny), min aggregation, KL in the reward, whitened advantages."""
+    out = tmp_path / "run"
+    proc = run_cli(recipe_args("asyppo", out, **{
+        "critic.critic_only_steps": 0, "critic.path": "tiny", "critic.tiny.num_layers": 1, "critic.tiny.hidden_size": 64,
+        "critic.tiny.num_heads": 2, "critic.tiny.num_kv_heads": 1, "critic.whiten": "true", "critic.kl_in_reward": 0.05,
+        "model.ref_model": "true", "critic.value_agg": "min", "run.dump_rollouts_every": 1}))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_rows(out)
+    assert all(math.isfinite(r["critic/value_loss"]) and r["train/grad_norm"] > 0 for r in rows)
+    for step in (1, 2):
+        dump = [json.loads(l) for l in (out / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
+        adv = torch.tensor([a for d in dump if d["trained"] for a, m in zip(d["advantages"], d["response_mask"]) if m])
+        assert abs(float(adv.mean())) < 1e-4 and abs(float(adv.std()) - 1) < 1e-3  # whitened over the loss tokens
+
+
 def _critic_params(run_dir: Path, step: int, m: int) -> dict:
     path = run_dir / "checkpoints" / f"step_{step:08d}" / "advantage" / f"critic_{m}" / "state" / "mp_rank_00_model_states.pt"
     return torch.load(path, map_location="cpu", weights_only=False)["module"]
