@@ -18,6 +18,7 @@ import os
 import random
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -74,8 +75,14 @@ def params_finite(module: torch.nn.Module) -> str | None:
     return None
 
 
-def save_checkpoint(engine, ckpt_root: Path, step: int, *, meta: dict, keep_last: int) -> Path | None:
-    """Collective: every rank calls it. Returns the final folder (rank 0), or None when refused."""
+def save_checkpoint(engine, ckpt_root: Path, step: int, *, meta: dict, keep_last: int,
+                    extra_save: Callable[[Path], dict] | None = None) -> Path | None:
+    """Collective: every rank calls it. Returns the final folder (rank 0), or None when refused.
+
+    `extra_save(tmp_folder)`, called on every rank after the engine is written, may add files of its own
+    (e.g. the critics' engines); they are covered by the manifest, and the dict it returns (rank 0's) is
+    merged into meta.json.
+    """
     rank = dist.get_rank()
     bad = params_finite(engine.module)
     if all_reduce_sum(torch.tensor([1 if bad else 0])).item():
@@ -89,6 +96,8 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, *, meta: dict, keep_last
     barrier()
     engine.save_checkpoint(str(tmp), tag=TAG, save_latest=False)
     torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
+    if extra_save is not None:
+        meta = {**meta, **(extra_save(tmp) or {})}
     barrier()
     if rank == 0:
         manifest = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}

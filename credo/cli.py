@@ -41,7 +41,7 @@ def list_names() -> str:
     from credo.rewards.tasks import TASKS
 
     runnable = sorted(n for n, kind in algos.ADVANTAGE_INPUTS.items() if kind == "outcome")
-    library = sorted(set(algos.ADVANTAGE_ESTIMATORS) - set(runnable))
+    library = sorted(set(algos.ADVANTAGE_ESTIMATORS) - set(runnable) - {"gae"})
     try:
         from reasoning_gym.factory import DATASETS
 
@@ -52,6 +52,8 @@ def list_names() -> str:
         _names("policy losses (algo.policy_loss)", sorted(algos.POLICY_LOSSES)),
         _names("advantage estimators (algo.advantage; * needs rollout.group_size >= 2)",
                [n + ("*" if n in GROUP_ESTIMATORS else "") for n in runnable]),
+        _names("advantage estimators with value models (algo.advantage + critic.num_critics >= 1; docs/critics.md)",
+               ["gae"]),
         _names("advantage estimators in credo.algos only (per-token rewards, values or turns)", library),
         _names("KL estimators (algo.kl_estimator)", sorted(algos.KL_ESTIMATORS)),
         _names("tasks (task.name)", sorted(TASKS)) + "\n"

@@ -60,7 +60,7 @@ class Trainer:
         batch.to(device())
         self.scorer.recompute(self.engine.module, batch)
         t_lp = time.perf_counter()
-        metrics, skipped = self.updater.update(batch)
+        metrics, skipped = self.updater.update(batch) if batch.train_policy else ({}, 0)
         t_upd = time.perf_counter()
         self.source.sync(self.engine.module, step)
         t_sync = time.perf_counter()

@@ -67,6 +67,10 @@ class Batch:
     """[B, T] float: per-token advantages, 0 outside `loss_mask`."""
     weights: torch.Tensor | None = None
     """[B, T] float: per-token loss weights from credit stages and probes (None = all 1)."""
+    entropy_mask: torch.Tensor | None = None
+    """[B, T] bool: tokens whose entropy bonus counts (AsyPPO's entropy filter); None = all loss tokens."""
+    train_policy: bool = True
+    """False when the policy takes no update this step (e.g. critic-only warm-up steps)."""
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     """Probe outputs, '<probe>/<name>' -> [B, T] (e.g. attention statistics)."""
     metrics: dict[str, float] = field(default_factory=dict)
@@ -78,7 +82,7 @@ class Batch:
     def to(self, device: torch.device) -> "Batch":
         """Move every tensor field (and the extras) to `device`, in place."""
         for name in ("input_ids", "attention_mask", "response_mask", "loss_mask", "rollout_log_probs", "old_log_probs",
-                     "ref_log_probs", "values", "advantages", "weights"):
+                     "ref_log_probs", "values", "advantages", "weights", "entropy_mask"):
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, t.to(device))

@@ -5,7 +5,8 @@ the rollout engine, then binds every stage once from the recipe:
 
     source     a RolloutSource      (stages.rollout: default = the task's single-turn prompts)
     reward     a RewardModel        (stages.reward: default = reward.functions, reward.function or the verifier)
-    advantage  an AdvantageStage    (stages.advantage: default = the outcome estimator algo.advantage)
+    advantage  an AdvantageStage    (stages.advantage: default = the outcome estimator algo.advantage;
+                                     with critic.num_critics >= 1, the critic stage: GAE, PPO / AsyPPO)
     scorer     a PolicyScorer       (temperature, chunking, ZeRO-3 path, reference model, stages.probes)
     objective  an Objective         (policy loss + KL + entropy, algo.*)
     updater    an Updater           (epochs, mini/micro-batches, non-finite skip)
@@ -125,13 +126,16 @@ def build(r: Recipe) -> Components:
                           max_failure_frac=r.reward.max_failure_frac)
     ctx.default = FunctionReward(worker, tokenizer, ro.group_size)
     reward = _stage(ctx, "reward", r.stages.reward, r.stages.reward_kwargs)
-    ctx.default = OutcomeAdvantage(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs)
-    advantage = _stage(ctx, "advantage", r.stages.advantage, r.stages.advantage_kwargs)
+    if not r.critic.num_critics:
+        ctx.default = OutcomeAdvantage(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs)
+        advantage = _stage(ctx, "advantage", r.stages.advantage, r.stages.advantage_kwargs)
     ctx.default = None
     probes = [_stage(ctx, "probe", spec, r.stages.probe_kwargs.get(spec, {})) for spec in r.stages.probes]
 
     scorer = PolicyScorer(temperature=ro.temperature, chunk_size=a.logprob_chunk_size, hidden_path=o.zero_stage < 3,
                           needs_old_log_probs=a.ppo_epochs * a.mini_batches > 1, ref_model=ref, probes=probes)
+    if r.critic.num_critics:  # the critic stage is the advantage stage (config validation refuses stages.advantage)
+        advantage = _critic_stage(r, tokenizer, policy_path, engine, scorer, ref, world)
     objective = Objective(algos.POLICY_LOSSES[a.policy_loss], a.loss_kwargs, agg_mode=a.agg_mode,
                           entropy_coef=a.entropy_coef, kl_coef=a.kl_coef,
                           kl_estimator=algos.KL_ESTIMATORS[a.kl_estimator] if ref is not None else None,
@@ -169,6 +173,30 @@ def _reward_fn(r: Recipe, task):
         raise ConfigError(f"task '{r.task.name}' has no verifier: expected reward.functions (TRL-style reward "
                           "functions, 'module:function') or reward.function")
     return per_sample(task.score)
+
+
+def _critic_stage(r: Recipe, tokenizer, policy_path: str, engine, scorer: PolicyScorer, ref, world: int):
+    """M value models (each on its own DeepSpeed engine) behind a `CriticAdvantage` stage."""
+    from credo.distributed.value_model import load_value_model
+    from credo.train.critic import CriticAdvantage, PolicyKL
+
+    c, ro = r.critic, r.rollout
+    path = policy_path if c.path is None else resolve_model_path(c.path, c.tiny)
+    # the smallest shard a critic gets on one rank sets its micro-batches per optimizer step
+    smallest_shard = ro.prompts_per_step // world * (ro.group_size // c.num_critics)
+    grad_accum = grad_accum_steps(smallest_shard, c.mini_batches, c.micro_batch_size)
+    engines = [build_engine(load_value_model(path, dtype=r.model.dtype, head_seed=r.run.seed * 1000 + m,
+                                             actor_tokenizer=tokenizer, actor_path=policy_path),
+                            lr=c.lr, betas=c.betas, weight_decay=c.weight_decay, grad_clip=c.grad_clip,
+                            zero_stage=r.optim.zero_stage, warmup_steps=c.warmup_steps,
+                            micro_batch=c.micro_batch_size, grad_accum=grad_accum, bf16=r.model.dtype == "bfloat16")
+               for m in range(c.num_critics)]
+    return CriticAdvantage(
+        engines, gae_kwargs=r.algo.advantage_kwargs, value_agg=c.value_agg, whiten=c.whiten,
+        kl_in_reward=c.kl_in_reward, kl=PolicyKL(scorer, engine, ref) if c.kl_in_reward else None,
+        low_frac=c.low_frac, high_frac=c.high_frac, value_clip=c.value_clip, epochs=c.epochs,
+        mini_batches=c.mini_batches, micro_batch_size=c.micro_batch_size, grad_accum=grad_accum,
+        critic_only_steps=c.critic_only_steps, zero_stage=r.optim.zero_stage, world=world)
 
 
 def _stage(ctx: StageContext, kind: str, spec: str, kwargs: dict):

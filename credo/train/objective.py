@@ -34,12 +34,15 @@ class Objective:
     def __call__(self, log_probs: torch.Tensor, entropy: torch.Tensor, *, old_log_probs: torch.Tensor,
                  advantages: torch.Tensor, mask: torch.Tensor, rollout_log_probs: torch.Tensor,
                  ref_log_probs: torch.Tensor | None, weights: torch.Tensor | None, global_tokens: torch.Tensor,
-                 global_seqs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
+                 global_seqs: torch.Tensor, entropy_mask: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
         """One micro-batch's loss.
 
         Args:
             log_probs, entropy, old_log_probs, advantages, rollout_log_probs, ref_log_probs, weights: [b, T].
             mask: [b, T] bool, the loss tokens. global_tokens, global_seqs: scalars, the mini-batch's counts.
+            entropy_mask: [b, T] bool or None: the tokens whose entropy enters the bonus (AsyPPO's filter
+                I^H multiplies the token term; the normaliser stays the loss tokens' count). None = all.
         Returns:
             (loss, terms, loss_metrics): the scalar to backpropagate; `train/pg_loss`, `train/entropy` and
             `train/kl` (None without KL) as tensors; the policy loss's own metrics.
@@ -49,13 +52,17 @@ class Objective:
         pg, metrics = self.policy_loss(log_probs, old_log_probs, advantages, mask, agg_mode=self.agg_mode,
                                        rollout_log_probs=rollout_log_probs, **agg, **extra, **self.loss_kwargs)
         # the entropy is detached when its coefficient is 0: logged, never backpropagated
-        ent_term = algos.aggregate(entropy.detach() if self.entropy_coef == 0 else entropy, mask, self.agg_mode, **agg)
+        ent, unfiltered = entropy.detach() if self.entropy_coef == 0 else entropy, {}
+        if entropy_mask is not None:  # logged as train/entropy_unfiltered; train/entropy is the bonus term
+            unfiltered = {"train/entropy_unfiltered": algos.aggregate(ent.detach(), mask, self.agg_mode, **agg)}
+            ent = ent * entropy_mask
+        ent_term = algos.aggregate(ent, mask, self.agg_mode, **agg)
         loss = pg - self.entropy_coef * ent_term
         kl_term = None
         if ref_log_probs is not None and self.kl_estimator is not None:
             kl_term = algos.aggregate(self.kl_estimator(log_probs, ref_log_probs), mask, self.agg_mode, **agg)
             loss = loss + self.kl_coef * kl_term
-        return loss, {"train/pg_loss": pg, "train/entropy": ent_term, "train/kl": kl_term}, metrics
+        return loss, {"train/pg_loss": pg, "train/entropy": ent_term, "train/kl": kl_term, **unfiltered}, metrics
 
     def total(self, terms: dict[str, float]) -> float:
         """The logged `train/loss` from the step's mean terms, with the same signs as the backward pass."""

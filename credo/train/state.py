@@ -7,7 +7,8 @@
 One dict serves three uses:
 - **rollback** of a step in memory (`snapshot()` before, `restore(snap)` after): bit-exact;
 - **checkpoints**: DeepSpeed writes the engine in its own (sharded) format, each rank its RNG, and
-  `meta.json` the counters and the components' states (`credo.checkpoint`);
+  `meta.json` the counters and the components' states (`credo.checkpoint`); a component with tensors
+  (the critics) writes its own files into `<checkpoint>/<component>/` through `save_files` / `load_files`;
 - **resume**: the newest good checkpoint is loaded and the run's recipe is compared with the one the
   checkpoint was written with.
 """
@@ -25,7 +26,7 @@ import torch.distributed as dist
 
 from credo.checkpoint import (find_resume_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state,
                               verify_checkpoint)
-from credo.config import ConfigError
+from credo.config import ConfigError, Recipe
 from credo.distributed.engine import engine_state_dict, load_engine_state_dict
 from credo.tracking import truncate_metrics
 
@@ -87,6 +88,11 @@ class TrainState:
 
     snapshot, restore = state_dict, load_state_dict  # the names a rollback reads best with
 
+    def _file_components(self) -> dict:
+        """Components that save themselves as files in the checkpoint folder (`save_files` / `load_files`)
+        instead of as JSON in meta.json: their state holds tensors."""
+        return {k: c for k, c in self.components.items() if hasattr(c, "save_files")}
+
     # ---- per step
     def record_step(self, skipped: int, reward_failures: int, step: int) -> None:
         c = self.counters
@@ -101,11 +107,17 @@ class TrainState:
     def save(self, ckpt_root: Path, step: int, *, keep_last: int, param_digests: list[str]) -> None:
         if len(set(param_digests)) > 1:
             raise TrainingError(f"data-parallel ranks hold different parameters at step {step}: {param_digests}")
+        files = self._file_components()
         meta = {"data_position": step, "sft_key": self.sft_key, "policy_path": self.policy_path,
                 "param_digests": param_digests, "config": self.config,
-                "components": {k: c.state_dict() for k, c in self.components.items() if k != "counters"},
+                "components": {k: c.state_dict() for k, c in self.components.items()
+                               if k != "counters" and k not in files},
                 "counters": self.counters.state_dict()}
-        saved = save_checkpoint(self.engine, ckpt_root, step, meta=meta, keep_last=keep_last)
+
+        def save_files(tmp: Path) -> dict:  # components with tensors (critics) write folders of their own
+            return {"component_files": {k: c.save_files(tmp / k) for k, c in files.items()}} if files else {}
+
+        saved = save_checkpoint(self.engine, ckpt_root, step, meta=meta, keep_last=keep_last, extra_save=save_files)
         if saved is None:  # the model holds NaN/Inf: training on is pointless, the last checkpoint is still good
             raise TrainingError(f"the model holds non-finite parameters at step {step}; no checkpoint written. "
                                 "Resume from the last checkpoint (run.resume=auto) with a lower optim.lr")
@@ -150,6 +162,8 @@ class TrainState:
         for k, state in meta.get("components", {}).items():
             if k in self.components:
                 self.components[k].load_state_dict(state)
+        for k, c in self._file_components().items():
+            c.load_files(path / k)
         if rank == 0:
             truncate_metrics(run_dir / "metrics.jsonl", meta["step"])
         log.info("resumed from %s (step %d)", path, meta["step"])
@@ -177,9 +191,13 @@ def config_changes(old: dict | None, new: dict) -> dict[str, tuple]:
     """
     if old is None:
         return {}
+    from credo.config import Recipe
+
     a, b = _flatten(old), _flatten(new)
-    # a key only one side has was added or removed by a credo upgrade, not by the user: not a change
-    return {k: (a[k], b[k]) for k in sorted(set(a) & set(b)) if k not in RESUME_FREE_KEYS and a[k] != b[k]}
+    # a key the checkpoint's config lacks (a section added to credo since) is no change while at its default
+    defaults = _flatten(asdict(Recipe()))
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
+            if k not in RESUME_FREE_KEYS and a.get(k) != b.get(k) and not (k not in a and b.get(k) == defaults.get(k))}
 
 
 def _free_name(path: Path) -> Path:

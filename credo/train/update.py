@@ -56,7 +56,8 @@ class Updater:
                         lp, ent, old_log_probs=lp.detach() if batch.old_log_probs is None else batch.old_log_probs[micro],
                         advantages=batch.advantages[micro], mask=m, rollout_log_probs=batch.rollout_log_probs[micro],
                         ref_log_probs=None if batch.ref_log_probs is None else batch.ref_log_probs[micro],
-                        weights=None if batch.weights is None else batch.weights[micro], global_tokens=gt, global_seqs=gs)
+                        weights=None if batch.weights is None else batch.weights[micro], global_tokens=gt, global_seqs=gs,
+                        entropy_mask=None if batch.entropy_mask is None else batch.entropy_mask[micro])
                     if batch.step in self.fault_nan_steps:
                         loss = loss * float("nan")
                     if not torch.isfinite(loss):

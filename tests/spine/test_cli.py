@@ -35,9 +35,11 @@ def test_list_prints_every_registered_name(capsys):
     assert set(_section(out, "KL estimators")) == set(algos.KL_ESTIMATORS)
     listed = _section(out, "advantage estimators (algo.advantage")
     library = _section(out, "advantage estimators in credo.algos only")
-    assert {n.rstrip("*") for n in listed + library} == set(algos.ADVANTAGE_ESTIMATORS)
+    critic = _section(out, "advantage estimators with value models")
+    assert {n.rstrip("*") for n in listed + library + critic} == set(algos.ADVANTAGE_ESTIMATORS)
     assert {n.rstrip("*") for n in listed if n.endswith("*")} == set(GROUP_ESTIMATORS)
-    assert set(library) == {"gae", "rebn"}  # the trainer cannot run them (credo check refuses them)
+    assert set(library) == {"rebn"}  # the trainer cannot run it (credo check refuses it)
+    assert critic == ["gae"]  # runs with a critic: section
     assert "tasks (task.name):\n  arithmetic\n  file: " in out and "\n  hf:<name-or-folder>: " in out
     assert "\n  rg:<name>" in out
     assert "strategy: local, global, coupled" in out and "ipa:" in out and "flow_gamma" in out
