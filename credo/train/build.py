@@ -165,7 +165,14 @@ def _run_dir(r: Recipe, world: int) -> Path:
     if previous and not r.run.resume:  # a fresh run here would append to its metrics and prune its checkpoints
         raise ConfigError(f"config key 'run.output_dir' = '{run_dir}' already holds a run ({', '.join(previous)}); "
                           "expected run.resume=auto to continue it, or a new run.output_dir")
-    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    try:  # a folder that cannot be made is a setting to fix, said in one line
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"config key 'run.output_dir' = '{run_dir}' cannot be written "
+                          f"({e.strerror or type(e).__name__}); expected a folder this user can create and write") from None
     return run_dir
 
 

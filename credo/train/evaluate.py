@@ -19,12 +19,16 @@ class Evaluator:
         self.rank, self.world = rank, world
 
     def __call__(self) -> float:
-        problems = self.task.eval_problems()[self.rank::self.world]
+        every = self.task.eval_problems()
+        index = range(len(every))[self.rank::self.world]  # this rank's problems, by their global index
+        problems = [every[j] for j in index]
         k = self.samples
         prompts = [ids for ids in self.tokenizer([p.prompt for p in problems], add_special_tokens=False)["input_ids"]
                    for _ in range(k)]
         greedy = self.temperature == 0
-        seeds = None if greedy else [step_seed(self.seed, -1, self.rank * len(prompts) + i) for i in range(len(prompts))]
+        # the seed of sample s of problem j is a function of (j, s) alone, so the draws (and the accuracy) do
+        # not depend on how many processes share the problems; with one process it is step_seed(.., i), i = j*k+s
+        seeds = None if greedy else [step_seed(self.seed, -1, j * k + s) for j in index for s in range(k)]
         samples = self.source.generate(prompts, temperature=1.0 if greedy else self.temperature, seeds=seeds)
         texts = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
         correct = 0.0
