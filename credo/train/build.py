@@ -30,6 +30,7 @@ from credo.checkpoint import list_checkpoints
 from credo.config import ConfigError, Recipe, recipe_to_dict, recipe_to_yaml
 from credo.distributed.engine import build_engine, device, setup_distributed
 from credo.distributed.rollout import HFBackend
+from credo.preflight import preflight
 from credo.models import check_vocab, load_causal_lm, load_tokenizer, resolve_model_path
 from credo.rewards.tasks import make_task
 from credo.rewards.worker import RewardWorker, import_reward_fn, per_sample
@@ -86,7 +87,13 @@ def fault_nan_steps() -> frozenset[int]:
 
 
 def build(r: Recipe) -> Components:
-    rank, world = setup_distributed()
+    import logging
+
+    notes = preflight(r)  # seconds, before the process group, the warm-up or any model load
+    if int(os.environ.get("RANK", 0)) == 0:
+        for note in notes:
+            logging.getLogger("credo").info(note)
+    rank, world = setup_distributed(verbose=r.run.verbose)
     torch.set_num_threads(r.run.threads or max(1, (os.cpu_count() or 1) // world))
     if r.rollout.prompts_per_step % world:
         raise ConfigError(f"config key 'rollout.prompts_per_step' = {r.rollout.prompts_per_step} must be divisible "
