@@ -76,11 +76,12 @@ class ArithmeticTask:
 def check_rg_name(name: str) -> None:
     """`name` is a reasoning-gym dataset (the registry is read; nothing is built), else a ConfigError with a guess."""
     try:
-        from reasoning_gym.factory import DATASETS
+        import reasoning_gym
     except ImportError:
         raise ConfigError(f"config key 'task.name' = 'rg:{name}' needs reasoning-gym: pip install 'credo[envs]'") from None
-    if name not in DATASETS:
-        close = difflib.get_close_matches(name, list(DATASETS), n=1, cutoff=0.6)
+    datasets = reasoning_gym.factory.DATASETS
+    if name not in datasets:
+        close = difflib.get_close_matches(name, list(datasets), n=1, cutoff=0.6)
         hint = f"; did you mean 'rg:{close[0]}'?" if close else ""
         raise ConfigError(f"config key 'task.name' = 'rg:{name}' is not a reasoning-gym dataset{hint} "
                           "(`credo list` prints them all)")
