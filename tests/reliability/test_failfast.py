@@ -242,3 +242,46 @@ def test_config_error_under_torchrun_prints_once():
                        capture_output=True, text=True, timeout=120)
     assert p.returncode != 0
     assert p.stderr.count("unknown config key 'algo.policy_los'") == 1, p.stderr[-3000:]
+
+
+def test_rotary_reload_warning_is_filtered_and_others_pass():
+    import logging
+
+    from credo.distributed.weight_sync import RELOAD_LOGGER, quiet_rotary_reload_warning
+
+    logger = logging.getLogger(RELOAD_LOGGER)
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        quiet_rotary_reload_warning()
+        quiet_rotary_reload_warning()  # idempotent
+        logger.warning("%s: Failed to load weights", "RotaryEmbedding")
+        logger.warning("%s: Failed to load weights", "Llama3RotaryEmbedding")
+        logger.warning("%s: Failed to load weights", "QKVParallelLinear")
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["QKVParallelLinear: Failed to load weights"]
+    assert len(logger.filters) == 1
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_vllm_log_level_follows_run_verbose(monkeypatch, verbose):
+    import logging
+
+    from credo.cli import _library_verbosity
+
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    before = {n: logging.getLogger(n).level for n in ("vllm", "DeepSpeed")}
+    try:
+        _library_verbosity(verbose)
+        assert os.environ.get("VLLM_LOGGING_LEVEL") == (None if verbose else "WARNING")
+        assert logging.getLogger("vllm").level == (logging.INFO if verbose else logging.WARNING)
+    finally:
+        for n, level in before.items():
+            logging.getLogger(n).setLevel(level)
