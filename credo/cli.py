@@ -45,7 +45,8 @@ def _rank() -> int:
 
 
 def _error(message: str) -> None:
-    """One line on stderr, from rank 0 only (under torchrun every rank fails the same way)."""
+    """One line on stderr, from rank 0 only: for failures every rank meets the same way (a config error, an
+    interrupt every rank stops at), which torchrun would otherwise print once per process."""
     if _rank() == 0:
         print(message, file=sys.stderr)
 
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             run_dir = train(recipe)  # checks what the recipe names (credo.preflight) before any warm-up
         except (TrainingError, RewardFunctionError) as e:  # the message says what to fix; a traceback would bury it
-            _error(f"credo: error: {e}")
+            print(f"credo: error: {e}", file=sys.stderr)  # every rank: it may have happened on one only
             return 1
         except RunInterrupted as e:
             if e.checkpoint is None:
