@@ -98,14 +98,14 @@ def build(r: Recipe) -> Components:
     if r.rollout.prompts_per_step % world:
         raise ConfigError(f"config key 'rollout.prompts_per_step' = {r.rollout.prompts_per_step} must be divisible "
                           f"by the number of processes ({world})")
-    run_dir = _run_dir(r, world)
     torch.manual_seed(r.run.seed)
     task = make_task(r.task)
+    _check_context(r, resolve_model_path(r.model.path, r.model.tiny), task)  # before the warm-up, not after it
+    run_dir = _run_dir(r, world)  # made once the recipe is known to start
     policy_path, sft_key = _prepare_policy(r, task, rank, world)
     tokenizer = load_tokenizer(policy_path)
     model = load_causal_lm(policy_path, r.model.dtype)
     check_vocab(model, tokenizer, policy_path)
-    _check_context(r, model, tokenizer, task)
     ref = None
     if r.model.ref_model:
         ref = load_causal_lm(policy_path, r.model.dtype).to(device()).eval().requires_grad_(False)
@@ -201,10 +201,18 @@ def _prepare_policy(r: Recipe, task, rank: int, world: int) -> tuple[str, str | 
     return out[0], out[1]
 
 
-def _check_context(r: Recipe, model, tokenizer, task) -> None:
-    limit = getattr(model.config, "max_position_embeddings", None)
+def _check_context(r: Recipe, base_path: str, task) -> None:
+    """Every prompt + rollout.max_new_tokens fits the base model's context (the warm-up changes neither the
+    tokenizer nor the context, so this runs before it)."""
+    from transformers import AutoConfig
+
+    try:
+        limit = getattr(AutoConfig.from_pretrained(base_path), "max_position_embeddings", None)
+    except (OSError, ValueError):  # not loadable here: loading the model reports it
+        return
     if limit is None:
         return
+    tokenizer = load_tokenizer(base_path)
     longest, where = 0, None
     for i, p in enumerate(task.eval_problems()[:1000]):
         n = len(tokenizer(p.prompt, add_special_tokens=False)["input_ids"])

@@ -61,6 +61,17 @@ def test_run_missing_reward_module_fails_before_the_warm_up(tmp_path):
     assert not out.exists()  # not even the run folder was made
 
 
+@pytest.mark.slow
+def test_prompt_too_long_fails_before_the_warm_up(tmp_path):
+    out = tmp_path / "run"
+    args = ["run", "recipes/quickstart.yaml"] + tiny_overrides(out, **{
+        "sft.steps": 7, "model.tiny.max_position_embeddings": 6})
+    err = run_cli_expecting_error(args, exit_code=2, message="credo: config error: prompt too long: eval problem 0 has 4 "
+                                  "tokens + rollout.max_new_tokens=4 > the model's context of 6 tokens "
+                                  "(max_position_embeddings); shorten prompts or max_new_tokens", timeout=120)
+    assert "sft:" not in err
+
+
 def two_args(responses, problems):
     return [0.0] * len(responses)
 
