@@ -9,8 +9,13 @@ import os
 import shlex
 import sys
 import textwrap
+import time
 
 from credo import __version__
+
+
+OTHER_RANK_GRACE_S = 5.0
+"""How long a rank other than 0 waits before printing a config error (torchrun stops it first when rank 0 fails)."""
 
 
 def _quiet_libraries() -> None:
@@ -155,7 +160,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"credo: run finished: {run_dir}")
         return 0
     except ConfigError as e:
-        _error(f"credo: config error: {e}")
+        if _rank() != 0:
+            # every rank meets the same config error; once rank 0 has printed it and exited, the launcher stops
+            # this process. Another rank prints only if still running after the wait: its error was its own.
+            time.sleep(OTHER_RANK_GRACE_S)
+            print(f"credo: config error (rank {_rank()}): {e}", file=sys.stderr)
+        else:
+            _error(f"credo: config error: {e}")
         return 2
     except KeyboardInterrupt:  # before training started (model load, warm-up): nothing to resume
         _error("credo: interrupted before training started")

@@ -245,6 +245,7 @@ def test_deepspeed_build_line_only_when_verbose(verbose):
 
 @pytest.mark.slow
 def test_config_error_under_torchrun_prints_once():
+    """Rank 0 prints; rank 1 waits (cli.OTHER_RANK_GRACE_S) and is stopped by torchrun once rank 0 has failed."""
     from credo.distributed.engine import _free_port
 
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
@@ -253,6 +254,7 @@ def test_config_error_under_torchrun_prints_once():
                        capture_output=True, text=True, timeout=120)
     assert p.returncode != 0
     assert p.stderr.count("unknown config key 'algo.policy_los'") == 1, p.stderr[-3000:]
+    assert "credo: config error: unknown config key 'algo.policy_los'" in p.stderr  # rank 0's line, not "(rank 1)"
 
 
 def test_rotary_reload_warning_is_filtered_and_others_pass():
