@@ -10,7 +10,15 @@ from credo.train.rollout import step_seed
 
 class Evaluator:
     """Greedy accuracy, or the mean over `samples` draws per problem at `temperature` with fixed seeds
-    (the same draws at every evaluation, so the curve moves only with the policy)."""
+    (the same draws at every evaluation, so the curve moves only with the policy).
+
+    Problems are dealt to ranks round-robin; the seed of draw s of problem j is
+    `step_seed(seed, -1, j * samples + s)` whatever the number of processes, so 1 and N processes ask
+    for the same (problem, seed) draws. With vLLM, which seeds each request, the samples and so the
+    accuracy are then the same; the hf backend draws one RNG stream per generate call (derived from all
+    of its seeds), so there a rank's samples also depend on which problems share its call, and 1 and N
+    processes give the same estimator over different draws.
+    """
 
     def __init__(self, task, tokenizer, source, *, seed: int, temperature: float, samples: int, rank: int = 0,
                  world: int = 1):
