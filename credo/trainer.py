@@ -124,6 +124,11 @@ class Trainer:
                 if self.start_step == 0 and c.eval_every:
                     self.tracker.log({"step": 0, "eval/accuracy": self.evaluate()})
                 for step in range(self.start_step + 1, c.steps + 1):
+                    if _any_rank(stop.requested):  # between steps: the state in memory is that step `done` left
+                        if done > saved:
+                            self.checkpoint(done)
+                            saved = done
+                        raise RunInterrupted(done, saved or None, self.run_dir)
                     row = self.train_step(step)
                     if c.eval_every and (step % c.eval_every == 0 or step == c.steps):
                         row["eval/accuracy"] = self.evaluate()
@@ -132,10 +137,6 @@ class Trainer:
                     if step == c.steps or (c.save_every and step % c.save_every == 0):
                         self.checkpoint(step)
                         saved = step
-                    if step < c.steps and _any_rank(stop.requested):
-                        if saved != step:
-                            self.checkpoint(step)
-                        raise RunInterrupted(step, step, self.run_dir)
             except KeyboardInterrupt:  # the second Ctrl-C: the state in memory may be mid-step, keep the disk's
                 raise RunInterrupted(done, saved or None, self.run_dir) from None
             except Exception as e:

@@ -208,6 +208,29 @@ def test_ctrl_c_checkpoints_the_last_finished_step_and_resumes(tmp_path):
     assert "built successfully" not in stdout + r.stdout  # run.verbose is off
 
 
+@pytest.mark.slow
+def test_second_ctrl_c_stops_at_once_keeping_the_newest_checkpoint(tmp_path):
+    """Two presses mid-step 3 (after step 2's checkpoint): no checkpoint of the unfinished step is written."""
+    out = tmp_path / "run"
+    args = kill_recipe(out, **{"run.steps": 30, "run.save_every": 2, "run.eval_every": 0})
+    p = subprocess.Popen([sys.executable, "-m", "credo.cli", *args], cwd=REPO, env=env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    ckpt = out / "checkpoints" / "step_00000002"
+    deadline = time.monotonic() + 180
+    while not ckpt.exists():
+        assert p.poll() is None, p.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "no step-2 checkpoint"
+        time.sleep(0.01)
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.1)  # a step lasts >= 0.8 s (the slow reward): both presses land in step 3
+    p.send_signal(signal.SIGINT)
+    _, stderr = p.communicate(timeout=120)
+    assert p.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith(f"credo: interrupted at step 2; resume with: credo run "), stderr
+    assert sorted(c.name for c in (out / "checkpoints").iterdir()) == ["step_00000002"]
+
+
 def test_deferred_interrupt_needs_two_presses():
     from credo.train.interrupt import DeferredInterrupt
 
