@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         except RunInterrupted as e:
             if e.checkpoint is None:
-                _error(f"credo: interrupted at step {e.step} before any checkpoint; start again with: "
-                       f"credo run {shlex.quote(args.recipe)} {' '.join(shlex.quote(o) for o in args.overrides)}".rstrip())
+                again = " ".join(shlex.quote(a) for a in ["credo", "run", args.recipe, *args.overrides])
+                _error(f"credo: interrupted at step {e.step} before any checkpoint; start again with: {again}")
             else:
                 older = "" if e.checkpoint == e.step else f", newest checkpoint at step {e.checkpoint}"
                 _error(f"credo: interrupted at step {e.step}{older}; resume with: "

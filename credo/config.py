@@ -277,7 +277,7 @@ class RunConfig:
     allow_config_change: bool = False
     """Let a resume run with settings that differ from the checkpoint's (each segment's config is kept)."""
     verbose: bool = False
-    """Show the libraries' start-up chatter (DeepSpeed op builds, vLLM INFO lines); off keeps the log to credo's own lines."""
+    """Show DeepSpeed's op-build line and vLLM's INFO lines (off: credo's own lines and warnings only)."""
 
 
 @dataclass

@@ -117,10 +117,10 @@ def _check_model(path: str) -> list[str]:
     """The model folder and its tokenizer; a hub id only when it is in the local cache."""
     if path == "tiny":
         return []
+    from credo.config import TinyModelConfig
     from credo.models import load_tokenizer, resolve_model_path
-    from credo.models import TinyModelConfig
 
-    resolved = resolve_model_path(path, TinyModelConfig())  # a local path that does not exist raises here
+    resolved = resolve_model_path(path, TinyModelConfig())  # the tiny config is unused for a real path  # a local path that does not exist raises here
     local = Path(resolved).is_dir()
     if not local and not _in_hub_cache(resolved):
         where = "offline" if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false") else "not downloaded yet"

@@ -78,7 +78,8 @@ def check_rg_name(name: str) -> None:
     try:
         import reasoning_gym
     except ImportError:
-        raise ConfigError(f"config key 'task.name' = 'rg:{name}' needs reasoning-gym: pip install 'credo[envs]'") from None
+        raise ConfigError(f"config key 'task.name' = 'rg:{name}' needs reasoning-gym: "
+                          "pip install 'credo[envs]'") from None
     datasets = reasoning_gym.factory.DATASETS
     if name not in datasets:
         close = difflib.get_close_matches(name, list(datasets), n=1, cutoff=0.6)

@@ -178,8 +178,9 @@ def _run_dir(r: Recipe, world: int) -> Path:
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise ConfigError(f"config key 'run.output_dir' = '{run_dir}' cannot be written "
-                          f"({e.strerror or type(e).__name__}); expected a folder this user can create and write") from None
+        why = e.strerror or type(e).__name__
+        raise ConfigError(f"config key 'run.output_dir' = '{run_dir}' cannot be written ({why}); "
+                          "expected a folder this user can create and write") from None
     return run_dir
 
 

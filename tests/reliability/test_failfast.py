@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -66,9 +65,9 @@ def test_prompt_too_long_fails_before_the_warm_up(tmp_path):
     out = tmp_path / "run"
     args = ["run", "recipes/quickstart.yaml"] + tiny_overrides(out, **{
         "sft.steps": 7, "model.tiny.max_position_embeddings": 6})
-    err = run_cli_expecting_error(args, exit_code=2, message="credo: config error: prompt too long: eval problem 0 has 4 "
-                                  "tokens + rollout.max_new_tokens=4 > the model's context of 6 tokens "
-                                  "(max_position_embeddings); shorten prompts or max_new_tokens", timeout=120)
+    message = ("credo: config error: prompt too long: eval problem 0 has 4 tokens + rollout.max_new_tokens=4 > the "
+               "model's context of 6 tokens (max_position_embeddings); shorten prompts or max_new_tokens")
+    err = run_cli_expecting_error(args, exit_code=2, message=message, timeout=120)
     assert "sft:" not in err
 
 
