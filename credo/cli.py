@@ -63,6 +63,15 @@ def resume_command(recipe: str, overrides: list[str], run_dir) -> str:
     return " ".join(shlex.quote(a) for a in args)
 
 
+def interrupted_line(e, recipe: str, overrides: list[str]) -> str:
+    """The one line a run stopped by Ctrl-C (`RunInterrupted` e) ends with: where it stopped, how to go on."""
+    if e.checkpoint is None:
+        again = " ".join(shlex.quote(a) for a in ["credo", "run", recipe, *overrides])
+        return f"credo: interrupted at step {e.step} before any checkpoint; start again with: {again}"
+    older = "" if e.checkpoint == e.step else f", newest checkpoint at step {e.checkpoint}"
+    return f"credo: interrupted at step {e.step}{older}; resume with: {resume_command(recipe, overrides, e.run_dir)}"
+
+
 def _names(title: str, names, indent: str = "  ") -> str:
     return f"{title}:\n" + textwrap.fill(", ".join(names), width=100, initial_indent=indent, subsequent_indent=indent)
 
@@ -148,13 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"credo: error: {e}", file=sys.stderr)  # every rank: it may have happened on one only
             return 1
         except RunInterrupted as e:
-            if e.checkpoint is None:
-                again = " ".join(shlex.quote(a) for a in ["credo", "run", args.recipe, *args.overrides])
-                _error(f"credo: interrupted at step {e.step} before any checkpoint; start again with: {again}")
-            else:
-                older = "" if e.checkpoint == e.step else f", newest checkpoint at step {e.checkpoint}"
-                _error(f"credo: interrupted at step {e.step}{older}; resume with: "
-                       f"{resume_command(args.recipe, args.overrides, e.run_dir)}")
+            _error(interrupted_line(e, args.recipe, args.overrides))
             return 130
         if _rank() == 0:
             print(f"credo: run finished: {run_dir}")
@@ -168,8 +171,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _error(f"credo: config error: {e}")
         return 2
-    except KeyboardInterrupt:  # before training started (model load, warm-up): nothing to resume
-        _error("credo: interrupted before training started")
+    except KeyboardInterrupt as e:  # outside the training loop (model load, warm-up), or during the shutdown
+        stopped = e.__context__  # a Ctrl-C while an interrupted run shut down: still say how to resume it
+        from credo.train.interrupt import RunInterrupted
+
+        if isinstance(stopped, RunInterrupted):
+            _error(interrupted_line(stopped, args.recipe, args.overrides))
+        else:
+            _error("credo: interrupted; no new checkpoint written")
         return 130
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from credo.config import Recipe
+from credo.config import ConfigError, Recipe
 from credo.distributed.engine import all_gather_cat, all_reduce_sum, barrier, device
 from credo.tracking import Tracker
 from credo.train.batch import pack, pack_batch  # noqa: F401  (pack: re-exported for callers of round 1)
@@ -140,7 +140,7 @@ class Trainer:
             except KeyboardInterrupt:  # the second Ctrl-C: the state in memory may be mid-step, keep the disk's
                 raise RunInterrupted(done, saved or None, self.run_dir) from None
             except Exception as e:
-                if not stop.requested or isinstance(e, RunInterrupted):
+                if not stop.requested or isinstance(e, (RunInterrupted, TrainingError, ConfigError)):
                     raise
                 # after a Ctrl-C: it also stopped a child (vLLM's engine), so the step could not finish
                 raise RunInterrupted(done, saved or None, self.run_dir) from None

@@ -16,6 +16,7 @@ Registries (`credo.algos`, `credo.train.registry`) are read here and in config v
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -30,8 +31,8 @@ from credo.checkpoint import list_checkpoints
 from credo.config import ConfigError, Recipe, recipe_to_dict, recipe_to_yaml
 from credo.distributed.engine import build_engine, device, setup_distributed
 from credo.distributed.rollout import HFBackend
-from credo.preflight import preflight
 from credo.models import check_vocab, load_causal_lm, load_tokenizer, resolve_model_path
+from credo.preflight import preflight
 from credo.rewards.tasks import make_task
 from credo.rewards.worker import RewardWorker, import_reward_fn, per_sample
 from credo.train.advantage import OutcomeAdvantage
@@ -87,8 +88,6 @@ def fault_nan_steps() -> frozenset[int]:
 
 
 def build(r: Recipe) -> Components:
-    import logging
-
     notes = preflight(r)  # seconds, before the process group, the warm-up or any model load
     if int(os.environ.get("RANK", 0)) == 0:
         for note in notes:

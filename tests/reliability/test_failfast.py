@@ -211,7 +211,8 @@ def test_ctrl_c_checkpoints_the_last_finished_step_and_resumes(tmp_path):
 def test_second_ctrl_c_stops_at_once_keeping_the_newest_checkpoint(tmp_path):
     """Two presses mid-step 3 (after step 2's checkpoint): no checkpoint of the unfinished step is written."""
     out = tmp_path / "run"
-    args = kill_recipe(out, **{"run.steps": 30, "run.save_every": 2, "run.eval_every": 0})
+    # one reward thread: the 4 groups' 0.2 s calls make each step last >= 0.8 s
+    args = kill_recipe(out, **{"run.steps": 30, "run.save_every": 2, "run.eval_every": 0, "reward.workers": 1})
     p = subprocess.Popen([sys.executable, "-m", "credo.cli", *args], cwd=REPO, env=env(), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     ckpt = out / "checkpoints" / "step_00000002"
@@ -220,14 +221,37 @@ def test_second_ctrl_c_stops_at_once_keeping_the_newest_checkpoint(tmp_path):
         assert p.poll() is None, p.stderr.read()[-3000:]
         assert time.monotonic() < deadline, "no step-2 checkpoint"
         time.sleep(0.01)
+    time.sleep(0.2)  # step 3 has started (it follows the checkpoint's rename at once) and lasts >= 0.8 s
     p.send_signal(signal.SIGINT)
-    time.sleep(0.1)  # a step lasts >= 0.8 s (the slow reward): both presses land in step 3
+    time.sleep(0.1)
     p.send_signal(signal.SIGINT)
     _, stderr = p.communicate(timeout=120)
     assert p.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1].startswith(f"credo: interrupted at step 2; resume with: credo run "), stderr
     assert sorted(c.name for c in (out / "checkpoints").iterdir()) == ["step_00000002"]
+
+
+@pytest.mark.parametrize("during_shutdown", [False, True])
+def test_cli_prints_the_resume_line_even_if_ctrl_c_hits_the_shutdown(monkeypatch, capsys, during_shutdown):
+    import credo.trainer
+    from credo.cli import main
+    from credo.train.interrupt import RunInterrupted
+
+    def train(recipe):
+        try:
+            raise RunInterrupted(3, 2, "/runs/x")
+        finally:
+            if during_shutdown:  # a second Ctrl-C while the engines shut down replaces the exception
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(credo.trainer, "train", train)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)  # main() sets it; restored after the test
+    assert main(["run", "recipes/quickstart.yaml", "run.steps=5", "run.output_dir=/elsewhere"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "credo: interrupted at step 3, newest checkpoint at step 2; resume with: credo run recipes/quickstart.yaml "
+        "run.steps=5 run.output_dir=/runs/x run.resume=auto")
 
 
 def test_deferred_interrupt_needs_two_presses():
