@@ -1,7 +1,8 @@
 """Recipe -> stages: the only code besides `credo.config` that reads a `Recipe`.
 
-`build(recipe)` sets up the process group, the run folder, the warm-up policy, the DeepSpeed engine and
-the rollout engine, then binds every stage once from the recipe:
+`build(recipe)` checks what the recipe names (`credo.preflight`), sets up the process group, checks that
+every prompt fits the model's context, then makes the run folder, the warm-up policy, the DeepSpeed
+engine and the rollout engine, and binds every stage once from the recipe:
 
     source     a RolloutSource      (stages.rollout: default = the task's single-turn prompts)
     reward     a RewardModel        (stages.reward: default = reward.function or the task's verifier)
