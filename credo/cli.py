@@ -7,10 +7,16 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 import textwrap
+import time
 
 from credo import __version__
+
+
+OTHER_RANK_GRACE_S = 5.0
+"""How long a rank other than 0 waits before printing a config error (torchrun stops it first when rank 0 fails)."""
 
 
 def _quiet_libraries() -> None:
@@ -18,15 +24,53 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
+    # read when transformers is imported (importing it here would cost `credo check` ~2 s); its progress
+    # bars follow HF_HUB_DISABLE_PROGRESS_BARS
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "transformers" in sys.modules:  # already imported (a caller of main() in-process): set it directly
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
     for name in ("DeepSpeed", "deepspeed", "torch.distributed", "vllm"):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _library_verbosity(verbose: bool) -> None:
+    """run.verbose: let DeepSpeed's and vLLM's INFO lines through; otherwise warnings only, in the vLLM
+    engine's child processes too (they read VLLM_LOGGING_LEVEL; an exported value wins)."""
+    level = logging.INFO if verbose else logging.WARNING
+    for name in ("DeepSpeed", "deepspeed", "vllm"):
+        logging.getLogger(name).setLevel(level)
+    if not verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", 0))
+
+
+def _error(message: str) -> None:
+    """One line on stderr, from rank 0 only: for failures every rank meets the same way (a config error, an
+    interrupt every rank stops at), which torchrun would otherwise print once per process."""
+    if _rank() == 0:
+        print(message, file=sys.stderr)
+
+
+def resume_command(recipe: str, overrides: list[str], run_dir) -> str:
+    """The `credo run` line that continues an interrupted run in `run_dir`."""
+    keep = [o for o in overrides if o.split("=", 1)[0].strip() not in ("run.output_dir", "run.resume")]
+    args = ["credo", "run", recipe, *keep, f"run.output_dir={run_dir}", "run.resume=auto"]
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def interrupted_line(e, recipe: str, overrides: list[str]) -> str:
+    """The one line a run stopped by Ctrl-C (`RunInterrupted` e) ends with: where it stopped, how to go on."""
+    if e.checkpoint is None:
+        again = " ".join(shlex.quote(a) for a in ["credo", "run", recipe, *overrides])
+        return f"credo: interrupted at step {e.step} before any checkpoint; start again with: {again}"
+    older = "" if e.checkpoint == e.step else f", newest checkpoint at step {e.checkpoint}"
+    return f"credo: interrupted at step {e.step}{older}; resume with: {resume_command(recipe, overrides, e.run_dir)}"
 
 
 def _names(title: str, names, indent: str = "  ") -> str:
@@ -116,26 +160,48 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_sweep(args.sweep, jobs=args.jobs, dry_run=args.dry_run)
         recipe = load_recipe(args.recipe, args.overrides)
+        _library_verbosity(recipe.run.verbose)
         if args.cmd == "check":
             from credo.config import recipe_to_yaml
+            from credo.preflight import preflight
 
-            print(recipe_to_yaml(recipe))
+            notes = preflight(recipe)
+            print(recipe_to_yaml(recipe) + "".join(f"# credo: {note}\n" for note in notes), end="")
             return 0
         from credo.rewards.worker import RewardFunctionError
+        from credo.train.interrupt import RunInterrupted
         from credo.train.state import TrainingError
         from credo.trainer import train
 
         try:
-            run_dir = train(recipe)
+            run_dir = train(recipe)  # checks what the recipe names (credo.preflight) before any warm-up
         except (TrainingError, RewardFunctionError) as e:  # the message says what to fix; a traceback would bury it
-            print(f"credo: error: {e}", file=sys.stderr)
+            print(f"credo: error: {e}", file=sys.stderr)  # every rank: it may have happened on one only
             return 1
-        if int(os.environ.get("RANK", 0)) == 0:
+        except RunInterrupted as e:
+            _error(interrupted_line(e, args.recipe, args.overrides))
+            return 130
+        if _rank() == 0:
             print(f"credo: run finished: {run_dir}")
         return 0
     except ConfigError as e:
-        print(f"credo: config error: {e}", file=sys.stderr)
+        if _rank() != 0:
+            # every rank meets the same config error; once rank 0 has printed it and exited, the launcher stops
+            # this process. Another rank prints only if still running after the wait: its error was its own.
+            time.sleep(OTHER_RANK_GRACE_S)
+            print(f"credo: config error (rank {_rank()}): {e}", file=sys.stderr)
+        else:
+            _error(f"credo: config error: {e}")
         return 2
+    except KeyboardInterrupt as e:  # outside the training loop (model load, warm-up), or during the shutdown
+        stopped = e.__context__  # a Ctrl-C while an interrupted run shut down: still say how to resume it
+        from credo.train.interrupt import RunInterrupted
+
+        if isinstance(stopped, RunInterrupted):
+            _error(interrupted_line(stopped, args.recipe, args.overrides))
+        else:
+            _error("credo: interrupted; no new checkpoint written")
+        return 130
 
 
 if __name__ == "__main__":

@@ -331,6 +331,8 @@ class RunConfig:
     """Write rollouts/step_<N>.jsonl (one row per sample: text, ids, mask, reward, advantage) every N steps; 0 = off."""
     allow_config_change: bool = False
     """Let a resume run with settings that differ from the checkpoint's (each segment's config is kept)."""
+    verbose: bool = False
+    """Show DeepSpeed's op-build line and vLLM's INFO lines (off: credo's own lines and warnings only)."""
 
 
 @dataclass

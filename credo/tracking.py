@@ -12,7 +12,10 @@ import os
 from pathlib import Path
 
 PLOT_EVERY = 10
-CURVES = [("train/reward_mean", "reward"), ("eval/accuracy", "eval accuracy"), ("train/loss", "loss")]
+CURVES = [("train/reward_mean", "reward"), ("eval/accuracy", "eval accuracy"), ("train/loss", "loss"),
+          ("train/kl", "KL to reference"), ("train/entropy", "entropy"), ("train/grad_norm", "grad norm"),
+          ("train/response_len", "response length")]
+OPTIONAL_CURVES = {"train/kl"}  # drawn only when some row has it (runs with a reference model)
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -40,22 +43,36 @@ def truncate_metrics(path: str | Path, last_step: int) -> None:
     os.replace(tmp, p)
 
 
-def plot_curves(rows: list[dict], out: str | Path) -> None:
-    """Reward, eval accuracy and loss against step, in one PNG (written atomically)."""
+def curves_figure(rows: list[dict]):
+    """One panel per entry of `CURVES` against step (KL only when a row has it), two rows of panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3), constrained_layout=True)
-    for ax, (key, title) in zip(axes, CURVES):
-        pts = [(r["step"], r[key]) for r in rows if key in r and r[key] is not None and math.isfinite(r[key])]
+    curves = [(k, t) for k, t in CURVES if k not in OPTIONAL_CURVES or any(r.get(k) is not None for r in rows)]
+    cols = (len(curves) + 1) // 2
+    fig, axes = plt.subplots(2, cols, figsize=(3.6 * cols, 5.6), constrained_layout=True, squeeze=False)
+    flat = list(axes.flat)
+    for ax, (key, title) in zip(flat, curves):
+        pts = [(r["step"], r[key]) for r in rows
+               if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
         if pts:
             xs, ys = zip(*pts)
             ax.plot(xs, ys, marker="o" if key.startswith("eval") else None, ms=3)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+    for ax in flat[len(curves):]:
+        ax.set_visible(False)
+    return fig
+
+
+def plot_curves(rows: list[dict], out: str | Path) -> None:
+    """`curves_figure(rows)` as one PNG (written atomically)."""
+    fig = curves_figure(rows)  # selects the Agg backend before pyplot is imported here
+    import matplotlib.pyplot as plt
+
     tmp = Path(out).with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=90)
     plt.close(fig)

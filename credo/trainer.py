@@ -19,13 +19,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from credo.config import Recipe
+from credo.config import ConfigError, Recipe
 from credo.distributed.engine import all_gather_cat, all_reduce_sum, barrier, device
 from credo.export import export_model
 from credo.tracking import Tracker
 from credo.train.batch import pack_batch
 from credo.train.build import build
 from credo.train.dump import dump_rollouts
+from credo.train.interrupt import DeferredInterrupt, RunInterrupted
+from credo.train.state import TrainingError
 
 
 class Trainer:
@@ -112,22 +114,41 @@ class Trainer:
                         param_digests=param_digests(self.engine.module))
 
     def fit(self) -> Path:
+        """Train from `start_step` to the last step. Ctrl-C finishes the step in progress, checkpoints it and
+        raises `RunInterrupted` (see `credo.train.interrupt`); a second Ctrl-C stops at once."""
         c = self.c
-        try:
-            if self.start_step == 0 and c.eval_every:
-                self.tracker.log({"step": 0, c.evaluate.metric: self.evaluate()})
-            for step in range(self.start_step + 1, c.steps + 1):
-                row = self.train_step(step)
-                if c.eval_every and (step % c.eval_every == 0 or step == c.steps):
-                    row[c.evaluate.metric] = self.evaluate()
-                self.tracker.log(row)
-                if step == c.steps or (c.save_every and step % c.save_every == 0):
-                    self.checkpoint(step)
-            if self.start_step < c.steps:  # the trained policy as a Hugging Face folder: run_dir/final
-                export_model(self.engine.module, c.tokenizer, c.run_dir / "final", zero_stage=c.zero_stage, rank=c.rank)
-        finally:
-            self.tracker.close()
-            self.reward.close()
+        done = saved = self.start_step  # the last finished step, and the newest checkpoint (a resume's own)
+        with DeferredInterrupt(announce=c.rank == 0) as stop:
+            try:
+                if self.start_step == 0 and c.eval_every:
+                    self.tracker.log({"step": 0, c.evaluate.metric: self.evaluate()})
+                for step in range(self.start_step + 1, c.steps + 1):
+                    if _any_rank(stop.requested):  # between steps: the state in memory is that step `done` left
+                        if done > saved:
+                            self.checkpoint(done)
+                            saved = done
+                        raise RunInterrupted(done, saved or None, self.run_dir)
+                    row = self.train_step(step)
+                    if c.eval_every and (step % c.eval_every == 0 or step == c.steps):
+                        row[c.evaluate.metric] = self.evaluate()
+                    self.tracker.log(row)
+                    done = step
+                    if step == c.steps or (c.save_every and step % c.save_every == 0):
+                        self.checkpoint(step)
+                        saved = step
+                if self.start_step < c.steps:  # the trained policy as a Hugging Face folder: run_dir/final
+                    export_model(self.engine.module, c.tokenizer, c.run_dir / "final", zero_stage=c.zero_stage,
+                                 rank=c.rank)
+            except KeyboardInterrupt:  # the second Ctrl-C: the state in memory may be mid-step, keep the disk's
+                raise RunInterrupted(done, saved or None, self.run_dir) from None
+            except Exception as e:
+                if not stop.requested or isinstance(e, (RunInterrupted, TrainingError, ConfigError)):
+                    raise
+                # after a Ctrl-C: it also stopped a child (vLLM's engine), so the step could not finish
+                raise RunInterrupted(done, saved or None, self.run_dir) from None
+            finally:
+                self.tracker.close()
+                self.reward.close()
         barrier()
         return self.run_dir
 
@@ -148,6 +169,13 @@ def param_digests(module: torch.nn.Module) -> list[str]:
         out = [None] * dist.get_world_size()
         dist.all_gather_object(out, h.hexdigest())
     return out
+
+
+def _any_rank(flag: bool) -> bool:
+    """True when `flag` is set on any rank (every rank must stop at the same step)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        return bool(all_reduce_sum(torch.tensor([float(flag)])).item() > 0)
+    return flag
 
 
 def _peak_rss_gb() -> float:

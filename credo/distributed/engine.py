@@ -7,7 +7,9 @@ ignored cache folder (TORCH_EXTENSIONS_DIR), so runs after the first skip the co
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import math
 import os
 import socket
@@ -29,8 +31,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def setup_distributed() -> tuple[int, int]:
-    """Initialise the process group (a world of one when not launched); return (rank, world_size)."""
+def setup_distributed(*, verbose: bool = False) -> tuple[int, int]:
+    """Initialise the process group (a world of one when not launched); return (rank, world_size).
+
+    DeepSpeed prints 'DeepSpeed ... deepspeed_shm_comm_op built successfully' to stdout each time it
+    loads its CPU communication op (a cached build too); unless `verbose`, that print is swallowed.
+    """
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_root().parent / "torch_extensions"))
@@ -40,7 +46,9 @@ def setup_distributed() -> tuple[int, int]:
     import deepspeed
 
     if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", verbose=False)
+        quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
+        with quiet:
+            deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", verbose=False)
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -35,6 +35,7 @@ after the reload; on GPU that method is a no-op for unquantized layers, so the r
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -189,6 +190,30 @@ def refresh_tied_layers(model: torch.nn.Module) -> list[str]:
     return refreshed
 
 
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class RotaryReloadFilter(logging.Filter):
+    """Drops vLLM's '<...>RotaryEmbedding: Failed to load weights' warning, logged at every in-place reload.
+
+    vLLM's rotary layer holds `cos_sin_cache`, a buffer computed from the config (rope_theta, positions),
+    not a weight: a checkpoint has no tensor for it (HF's own `inv_freq` is not saved either). The layerwise
+    reloader counts buffers among a layer's loadable tensors, sees that this layer received none, warns,
+    and puts the layer's existing tensor back, which is the right one. Every other layer's warning passes.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (record.msg == "%s: Failed to load weights" and args and str(args[0]).endswith("RotaryEmbedding"))
+
+
+def quiet_rotary_reload_warning() -> None:
+    """Install `RotaryReloadFilter` on vLLM's reload logger (once per process)."""
+    logger = logging.getLogger(RELOAD_LOGGER)
+    if not any(isinstance(f, RotaryReloadFilter) for f in logger.filters):
+        logger.addFilter(RotaryReloadFilter())
+
+
 class WeightSyncExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``); runs inside the engine's worker process.
 
@@ -215,6 +240,7 @@ class WeightSyncExtension:
             return self._credo_reload(((n, f.get_tensor(n)) for n in names), len(names))
 
     def _credo_reload(self, weights, count: int) -> int:
+        quiet_rotary_reload_warning()
         self.model_runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
         refresh_tied_layers(self.model_runner.get_model())
         return count

@@ -7,6 +7,7 @@ your own data as `file` / `hf:<name>` (credo.rewards.data: prompts and columns, 
 
 from __future__ import annotations
 
+import difflib
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -73,16 +74,28 @@ class ArithmeticTask:
         return 1.0 if int(text) == int(problem.answer) else 0.0
 
 
+def check_rg_name(name: str) -> None:
+    """`name` is a reasoning-gym dataset (the registry is read; nothing is built), else a ConfigError with a guess."""
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise ConfigError(f"config key 'task.name' = 'rg:{name}' needs reasoning-gym: "
+                          "pip install 'credo[envs]'") from None
+    datasets = reasoning_gym.factory.DATASETS
+    if name not in datasets:
+        close = difflib.get_close_matches(name, list(datasets), n=1, cutoff=0.6)
+        hint = f"; did you mean 'rg:{close[0]}'?" if close else ""
+        raise ConfigError(f"config key 'task.name' = 'rg:{name}' is not a reasoning-gym dataset{hint} "
+                          "(`credo list` prints them all)")
+
+
 class ReasoningGymTask:
     """A reasoning-gym dataset: train entries from `seed`, held-out entries from a separate seed stream."""
 
     def __init__(self, name: str, train_size: int, eval_size: int, seed: int, **kwargs: Any):
-        try:
-            import reasoning_gym
-        except ImportError:
-            raise ConfigError(f"task.name 'rg:{name}' needs reasoning-gym: pip install 'credo[envs]'") from None
-        if name not in reasoning_gym.factory.DATASETS:
-            raise ConfigError(f"task.name 'rg:{name}' is not a reasoning-gym dataset")
+        check_rg_name(name)
+        import reasoning_gym
+
         try:
             self._train = reasoning_gym.create_dataset(name, size=train_size, seed=seed, **kwargs)
             self._eval = reasoning_gym.create_dataset(name, size=eval_size, seed=seed + 1_000_003, **kwargs)

@@ -1,7 +1,8 @@
 """Recipe -> stages: the only code besides `credo.config` that reads a `Recipe`.
 
-`build(recipe)` sets up the process group, the run folder, the warm-up policy, the DeepSpeed engine and
-the rollout engine, then binds every stage once from the recipe:
+`build(recipe)` checks what the recipe names (`credo.preflight`), sets up the process group, checks that
+every prompt fits the model's context, then makes the run folder, the warm-up policy, the DeepSpeed
+engine and the rollout engine, and binds every stage once from the recipe:
 
     source     a RolloutSource      (stages.rollout: default = the task's single-turn prompts)
     reward     a RewardModel        (stages.reward: default = reward.functions, reward.function or the verifier)
@@ -17,6 +18,7 @@ Registries (`credo.algos`, `credo.train.registry`) are read here and in config v
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from credo.distributed.rollout import HFBackend
 from credo.models import check_vocab, load_causal_lm, load_tokenizer, resolve_model_path
 from credo.rewards.chat import encode_prompts, prompt_renderer
 from credo.rewards.functions import WeightedRewards, is_trl_style
+from credo.preflight import preflight
 from credo.rewards.tasks import make_task
 from credo.rewards.worker import RewardWorker, import_reward_fn, per_sample
 from credo.train.advantage import OutcomeAdvantage
@@ -90,20 +93,24 @@ def fault_nan_steps() -> frozenset[int]:
 
 
 def build(r: Recipe) -> Components:
-    rank, world = setup_distributed()
+    notes = preflight(r)  # seconds, before the process group, the warm-up or any model load
+    if int(os.environ.get("RANK", 0)) == 0:
+        for note in notes:
+            logging.getLogger("credo").info(note)
+    rank, world = setup_distributed(verbose=r.run.verbose)
     torch.set_num_threads(r.run.threads or max(1, (os.cpu_count() or 1) // world))
     if r.rollout.prompts_per_step % world:
         raise ConfigError(f"config key 'rollout.prompts_per_step' = {r.rollout.prompts_per_step} must be divisible "
                           f"by the number of processes ({world})")
-    run_dir = _run_dir(r, world)
     torch.manual_seed(r.run.seed)
     task = make_task(r.task)
+    _check_context(r, resolve_model_path(r.model.path, r.model.tiny), task)  # before the warm-up, not after it
+    run_dir = _run_dir(r, world)  # made once the recipe is known to start
     policy_path, sft_key = _prepare_policy(r, task, rank, world)
     tokenizer = load_tokenizer(policy_path)
     model = load_causal_lm(policy_path, r.model.dtype)
     check_vocab(model, tokenizer, policy_path)
     render = prompt_renderer(tokenizer, r.task.system_prompt, r.task.chat_template)
-    _check_context(r, model, tokenizer, task, render)
     ref = None
     if r.model.ref_model:
         ref = load_causal_lm(policy_path, r.model.dtype).to(device()).eval().requires_grad_(False)
@@ -213,7 +220,15 @@ def _run_dir(r: Recipe, world: int) -> Path:
     if previous and not r.run.resume:  # a fresh run here would append to its metrics and prune its checkpoints
         raise ConfigError(f"config key 'run.output_dir' = '{run_dir}' already holds a run ({', '.join(previous)}); "
                           "expected run.resume=auto to continue it, or a new run.output_dir")
-    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    try:  # a folder that cannot be made is a setting to fix, said in one line
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        raise ConfigError(f"config key 'run.output_dir' = '{run_dir}' cannot be written ({why}); "
+                          "expected a folder this user can create and write") from None
     return run_dir
 
 
@@ -235,10 +250,19 @@ def _prepare_policy(r: Recipe, task, rank: int, world: int) -> tuple[str, str | 
     return out[0], out[1]
 
 
-def _check_context(r: Recipe, model, tokenizer, task, render) -> None:
-    limit = getattr(model.config, "max_position_embeddings", None)
+def _check_context(r: Recipe, base_path: str, task) -> None:
+    """Every prompt + rollout.max_new_tokens fits the base model's context (the warm-up changes neither the
+    tokenizer nor the context, so this runs before it)."""
+    from transformers import AutoConfig
+
+    try:
+        limit = getattr(AutoConfig.from_pretrained(base_path), "max_position_embeddings", None)
+    except (OSError, ValueError):  # not loadable here: loading the model reports it
+        return
     if limit is None:
         return
+    tokenizer = load_tokenizer(base_path)
+    render = prompt_renderer(tokenizer, r.task.system_prompt, r.task.chat_template)
     longest, where = 0, None
     for i, p in enumerate(task.eval_problems()[:1000]):
         n = len(encode_prompts(tokenizer, render, [p])[0])

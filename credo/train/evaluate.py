@@ -16,7 +16,15 @@ from credo.train.rollout import step_seed
 
 class Evaluator:
     """Greedy accuracy, or the mean over `samples` draws per problem at `temperature` with fixed seeds
-    (the same draws at every evaluation, so the curve moves only with the policy)."""
+    (the same draws at every evaluation, so the curve moves only with the policy).
+
+    Problems are dealt to ranks round-robin; the seed of draw s of problem j is
+    `step_seed(seed, -1, j * samples + s)` whatever the number of processes, so 1 and N processes ask
+    for the same (problem, seed) draws. With vLLM, which seeds each request, the samples and so the
+    accuracy are then the same; the hf backend draws one RNG stream per generate call (derived from all
+    of its seeds), so there a rank's samples also depend on which problems share its call, and 1 and N
+    processes give the same estimator over different draws.
+    """
 
     def __init__(self, task, tokenizer, source, *, seed: int, temperature: float, samples: int, rank: int = 0,
                  world: int = 1, render=plain_prompt, reward_fn=None):
@@ -28,11 +36,15 @@ class Evaluator:
         """The key the score is logged under."""
 
     def __call__(self) -> float:
-        problems = self.task.eval_problems()[self.rank::self.world]
+        every = self.task.eval_problems()
+        index = range(len(every))[self.rank::self.world]  # this rank's problems, by their global index
+        problems = [every[j] for j in index]
         k = self.samples
         prompts = [ids for ids in encode_prompts(self.tokenizer, self.render, problems) for _ in range(k)]
         greedy = self.temperature == 0
-        seeds = None if greedy else [step_seed(self.seed, -1, self.rank * len(prompts) + i) for i in range(len(prompts))]
+        # the seed of sample s of problem j is a function of (j, s) alone, so the draws (and the accuracy) do
+        # not depend on how many processes share the problems; with one process it is step_seed(.., i), i = j*k+s
+        seeds = None if greedy else [step_seed(self.seed, -1, j * k + s) for j in index for s in range(k)]
         samples = self.source.generate(prompts, temperature=1.0 if greedy else self.temperature, seeds=seeds)
         texts = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
         if self.reward_fn is not None:

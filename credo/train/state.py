@@ -33,7 +33,7 @@ from credo.tracking import truncate_metrics
 log = logging.getLogger("credo")
 
 # keys that may differ between the segments of a resumed run without run.allow_config_change
-RESUME_FREE_KEYS = ("run.steps", "run.resume", "run.output_dir", "run.allow_config_change")
+RESUME_FREE_KEYS = ("run.steps", "run.resume", "run.output_dir", "run.allow_config_change", "run.verbose")
 
 
 class TrainingError(RuntimeError):
