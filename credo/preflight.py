@@ -4,7 +4,7 @@
 
     model.path        the folder exists, has config.json, and its tokenizer loads with an EOS and a PAD
                       (a hub id not in the local cache on an offline machine is 'not checked (offline)')
-    reward.function   imports, and accepts fn(responses, problems)
+    reward.function(s) import, and accept fn(responses, problems) or TRL's fn(completions, **kwargs)
     task.name         a built-in task, or a reasoning-gym dataset (did-you-mean on a typo); its kwargs build
     rollout.backend   vllm is installed for 'vllm'; run.wandb needs wandb
     run.resume        a checkpoint path exists
@@ -38,7 +38,9 @@ def preflight(r: Recipe) -> list[str]:
     _check_output_dir(r.run.output_dir)
     _check_resume(r.run.resume)
     _check_dependencies(r)
-    _check_reward(r.reward.function)
+    _check_reward(r.reward.function, "reward.function")
+    for i, spec in enumerate(r.reward.functions):
+        _check_reward(spec, f"reward.functions[{i}]")
     _check_task(r)
     notes += _check_model(r.model.path)
     return notes
@@ -73,13 +75,16 @@ def _check_dependencies(r: Recipe) -> None:
         raise ConfigError("config key 'run.wandb' = true but wandb is not installed (pip install wandb)")
 
 
-def _check_reward(spec: str | None) -> None:
-    """The function imports and can be called as fn(responses, problems)."""
+def _check_reward(spec: str | None, key: str) -> None:
+    """The function imports and can be called as fn(responses, problems), or TRL's way (it names `completions`)."""
     if not spec:
         return
+    from credo.rewards.functions import is_trl_style
     from credo.rewards.worker import import_reward_fn
 
-    fn = import_reward_fn(spec)
+    fn = import_reward_fn(spec, key)
+    if is_trl_style(fn):
+        return
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin or C callable without a signature: trust it
@@ -87,9 +92,9 @@ def _check_reward(spec: str | None) -> None:
     try:
         sig.bind(["response"], ["problem"])
     except TypeError as e:
-        raise ConfigError(f"config key 'reward.function' = '{spec}' has the signature {sig}, which cannot be called as "
+        raise ConfigError(f"config key '{key}' = '{spec}' has the signature {sig}, which cannot be called as "
                           f"fn(responses, problems) ({e}); expected fn(responses: list[str], problems: list[Problem]) "
-                          "-> list[float]") from None
+                          "-> list[float], or a TRL-style fn(completions, **kwargs)") from None
 
 
 def _check_task(r: Recipe) -> None:

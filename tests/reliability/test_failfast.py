@@ -96,16 +96,17 @@ def test_model_folder_without_config(tmp_path):
         preflight(recipe(tmp_path, **{"model.path": str(tmp_path)}))
 
 
-def test_model_folder_whose_tokenizer_has_no_pad(tmp_path):
+def test_model_folder_whose_tokenizer_has_no_eos_fails_and_no_pad_passes(tmp_path):
     model = tmp_path / "model"
     tok = build_char_tokenizer()
-    tok.pad_token = None
+    tok.eos_token = None
     tok.save_pretrained(model)
     (model / "config.json").write_text('{"model_type": "qwen2"}')
     with pytest.raises(ConfigError, match=f"config key 'model.path' = '{model}': tokenizer at '{model}' has no "
-                                          "pad_token"):
+                                          "eos_token"):
         preflight(recipe(tmp_path, **{"model.path": str(model)}))
-    tok.pad_token = "<pad>"
+    tok = build_char_tokenizer()
+    tok.pad_token = None  # pad = eos, with a warning, as TRL does (tests/byo)
     tok.save_pretrained(model)
     assert preflight(recipe(tmp_path, **{"model.path": str(model)})) == []
 
@@ -344,3 +345,10 @@ def test_vllm_log_level_follows_run_verbose(monkeypatch, verbose):
     finally:
         for n, level in before.items():
             logging.getLogger(n).setLevel(level)
+
+
+def test_reward_functions_are_checked_before_any_warm_up(tmp_path):
+    with pytest.raises(ConfigError, match=r"reward.functions\[1\] = 'tests.no_such_module:f' cannot be imported"):
+        preflight(recipe(tmp_path, **{"reward.function": "null", "reward.functions": "['tests.byo.rewards:has_digit', 'tests.no_such_module:f']"}))
+    # TRL-style functions pass (they are called with keywords, not as fn(responses, problems))
+    assert preflight(recipe(tmp_path, **{"reward.function": "null", "reward.functions": "['tests.byo.rewards:has_digit']"})) == []
