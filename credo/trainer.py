@@ -12,7 +12,6 @@ counts so the update does not depend on the micro-batch or rank split.
 from __future__ import annotations
 
 import gc
-import hashlib
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from credo.config import ConfigError, Recipe
-from credo.distributed.engine import all_gather_cat, all_reduce_sum, barrier, device
+from credo.distributed.engine import all_gather_cat, all_reduce_sum, barrier, device, param_digests
 from credo.export import export_model
 from credo.tracking import Tracker
 from credo.train.batch import pack_batch
@@ -156,19 +155,6 @@ class Trainer:
         self.source.close()
         self.reward.close()
         gc.unfreeze()  # let a process that goes on (tests, notebooks) collect this trainer
-
-
-def param_digests(module: torch.nn.Module) -> list[str]:
-    """SHA-256 of this rank's parameters, gathered from every rank (data-parallel replicas must agree)."""
-    h = hashlib.sha256()
-    for name, p in module.named_parameters():
-        h.update(name.encode())
-        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
-    out = [h.hexdigest()]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        out = [None] * dist.get_world_size()
-        dist.all_gather_object(out, h.hexdigest())
-    return out
 
 
 def _any_rank(flag: bool) -> bool:

@@ -22,7 +22,6 @@ from credo.algos.advantages import (
     rloo,
     turn_returns,
 )
-from credo.algos.asyppo import asyppo_masks, critic_shards
 from credo.algos.aggregation import AGG_MODES, aggregate, global_counts, masked_mean
 from credo.algos.asyppo import asyppo_masks, asyppo_value_mean, critic_shards
 from credo.algos.corrections import CORRECTION_LEVELS, CORRECTION_MODES, train_infer_correction

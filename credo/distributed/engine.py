@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import io
 import math
 import os
@@ -120,6 +121,19 @@ def all_gather_cat(x: torch.Tensor) -> torch.Tensor:
 def barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def param_digests(module: torch.nn.Module) -> list[str]:
+    """SHA-256 of this rank's parameters, gathered from every rank (data-parallel replicas must agree)."""
+    h = hashlib.sha256()
+    for name, p in module.named_parameters():
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+    out = [h.hexdigest()]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        out = [None] * dist.get_world_size()
+        dist.all_gather_object(out, h.hexdigest())
+    return out
 
 
 # ----------------------------------------------------------------------------- the policy engine's step

@@ -18,17 +18,15 @@ The stage owns the critics' engines: `state_dict` / `load_state_dict` copy them 
 
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 
 from credo import algos
 from credo.distributed.engine import (all_reduce_max, all_reduce_sum, backward, device, engine_state_dict,
-                                      load_engine_state_dict, optimizer_step, rank_and_world)
+                                      load_engine_state_dict, optimizer_step, param_digests, rank_and_world)
 from credo.train.advantage import gather_rows
 from credo.train.batch import Batch
 
@@ -100,7 +98,7 @@ class CriticAdvantage:
     # ------------------------------------------------------------------------------------ the step
     def __call__(self, batch: Batch) -> None:
         t0 = time.perf_counter()
-        dev, M = device(), len(self.engines)
+        dev = device()
         ids, attn = batch.input_ids.to(dev), batch.attention_mask.to(dev)
         loss_mask = batch.loss_mask.to(dev)
         mask = batch.response_mask.to(dev) & batch.valid.to(dev)[:, None]  # tokens the critics fit
@@ -196,7 +194,7 @@ class CriticAdvantage:
         digests = []
         for m, e in enumerate(self.engines):
             e.save_checkpoint(str(folder / f"critic_{m}"), tag=CKPT_TAG, save_latest=False)
-            digests.append(_digests(e.module))
+            digests.append(param_digests(e.module))
             if len(set(digests[-1])) > 1:
                 raise TrainingError(f"data-parallel ranks hold different parameters of critic {m}: {digests[-1]}")
         return {"param_digests": digests}
@@ -223,15 +221,3 @@ def explained_variance(returns: torch.Tensor, values: torch.Tensor, mask: torch.
         return float("nan")
     var_r, var_d = sr2 / n - (sr / n) ** 2, sd2 / n - (sd / n) ** 2
     return 1.0 - var_d / var_r if var_r > 1e-12 else float("nan")
-
-
-def _digests(module: torch.nn.Module) -> list[str]:
-    h = hashlib.sha256()
-    for name, p in module.named_parameters():
-        h.update(name.encode())
-        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
-    out = [h.hexdigest()]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        out = [None] * dist.get_world_size()
-        dist.all_gather_object(out, h.hexdigest())
-    return out

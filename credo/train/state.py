@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from credo.checkpoint import (find_resume_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state,
                               verify_checkpoint)
-from credo.config import ConfigError, Recipe
+from credo.config import ConfigError
 from credo.distributed.engine import engine_state_dict, load_engine_state_dict
 from credo.tracking import truncate_metrics
 
