@@ -127,17 +127,35 @@ class QKCapture:
     scale: float
     states: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
 
-    def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(q [L, B, H, N, d], k [L, B, H_kv, N, d])`` over the sampled layers; raises if a layer did not run."""
-        missing = [i for i in self.layers if set(self.states.get(i, {})) != {"q", "k"}]
+    def check_complete(self) -> None:
+        """Raise if a sampled layer's query or key states were not captured."""
+        missing = [i for i in self.layers if not {"q", "k"} <= set(self.states.get(i, {}))]
         if missing:
             raise RuntimeError(
                 f"no query/key states were captured for layers {missing}: run one forward pass of the "
                 "model inside capture_qk (the hooks saw none for these layers)"
             )
+
+    def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q [L, B, H, N, d], k [L, B, H_kv, N, d])`` over the sampled layers (a copy)."""
+        self.check_complete()
         q = torch.stack([self.states[i]["q"] for i in self.layers])
         k = torch.stack([self.states[i]["k"] for i in self.layers])
         return q, k
+
+    def sequence(self, b: int, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q [L, H, n, d], k [L, H_kv, n, d])`` of sequence ``b`` at positions ``tokens [n]``."""
+        self.check_complete()
+        q = torch.stack([self.states[i]["q"][b][:, tokens] for i in self.layers])
+        k = torch.stack([self.states[i]["k"][b][:, tokens] for i in self.layers])
+        return q, k
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(B, N)`` of the captured forward."""
+        self.check_complete()
+        q = self.states[self.layers[0]]["q"]
+        return q.shape[0], q.shape[2]
 
 
 @contextlib.contextmanager
@@ -229,16 +247,18 @@ def _check_masks(input_ids: torch.Tensor, **masks: torch.Tensor | None) -> None:
             raise ValueError(f"{name} has shape {list(mask.shape)}, expected {list(input_ids.shape)} like input_ids")
 
 
-def _sequences(capture: QKCapture, q: torch.Tensor, k: torch.Tensor, attention_mask: torch.Tensor):
+def _sequences(capture: QKCapture, attention_mask: torch.Tensor):
     """Yield ``(b, tokens [n], q_b [L, H, n, d], k_b [L, H_kv, n, d])`` over the non-padding tokens.
 
-    Non-finite states on real tokens are an error, not silently ranked: they arise, for instance,
-    when padding rows turn NaN and leak into real tokens in a float64 eager forward.
+    One sequence at a time, so the only copy is one sequence's states. Non-finite states on real
+    tokens are an error, not silently ranked: they arise, for instance, when padding rows turn NaN
+    and leak into real tokens in a float64 eager forward.
     """
-    mask = attention_mask.to(q.device).bool()
+    device = capture.states[capture.layers[0]]["q"].device
+    mask = attention_mask.to(device).bool()
     for b in range(mask.shape[0]):
         tokens = mask[b].nonzero().squeeze(-1)
-        q_b, k_b = q[:, b][:, :, tokens], k[:, b][:, :, tokens]
+        q_b, k_b = capture.sequence(b, tokens)
         for name, states in (("query", q_b), ("key", k_b)):
             finite = torch.isfinite(states).flatten(1).all(dim=1)
             if not finite.all():
@@ -278,14 +298,13 @@ def rhythm_gamma_from_qk(
         ``[B, N]`` float32 detached multipliers, 1 on padding and outside the response.
     """
     _split_kwargs(rhythm_kwargs, _STATS_KEYS + _RHYTHM_KEYS + _STREAM_KEYS, "rhythm_gamma_from_qk")
-    q, k = capture.stacked()
-    _check_batch(q, attention_mask, response_mask, advantages)
+    _check_batch(capture, attention_mask, response_mask, advantages)
     stats_kw = {key: rhythm_kwargs[key] for key in ("window", "h_lo", "h_hi") if key in rhythm_kwargs}
     stream_kw = {key: rhythm_kwargs[key] for key in _STREAM_KEYS if key in rhythm_kwargs}
     rule_kw = {key: rhythm_kwargs[key] for key in _RHYTHM_KEYS if key in rhythm_kwargs}
     quantile = rhythm_kwargs.get("head_quantile", 0.3)
     gamma = torch.ones(attention_mask.shape, dtype=torch.float32, device=attention_mask.device)
-    for b, tokens, q_b, k_b in _sequences(capture, q, k, attention_mask):
+    for b, tokens, q_b, k_b in _sequences(capture, attention_mask):
         if tokens.numel() == 0:
             continue
         response = response_mask[b].to(tokens.device)[tokens].bool()
@@ -330,12 +349,11 @@ def flow_gamma_from_qk(
         ``[B, N]`` float32 detached multipliers, 1 on padding and outside the response.
     """
     _split_kwargs(flow_kwargs, _FLOW_KEYS + _FLOW_GAMMA_KEYS + _STREAM_KEYS, "flow_gamma_from_qk")
-    q, k = capture.stacked()
-    _check_batch(q, attention_mask, response_mask, advantages, answer_mask)
+    _check_batch(capture, attention_mask, response_mask, advantages, answer_mask)
     flow_kw = {key: flow_kwargs[key] for key in _FLOW_KEYS + _STREAM_KEYS if key in flow_kwargs}
     gamma_kw = {key: flow_kwargs[key] for key in _FLOW_GAMMA_KEYS if key in flow_kwargs}
     gamma = torch.ones(attention_mask.shape, dtype=torch.float32, device=attention_mask.device)
-    for b, tokens, q_b, k_b in _sequences(capture, q, k, attention_mask):
+    for b, tokens, q_b, k_b in _sequences(capture, attention_mask):
         if tokens.numel() == 0:
             continue
         response = response_mask[b].to(tokens.device)[tokens].bool()
@@ -348,8 +366,8 @@ def flow_gamma_from_qk(
     return gamma
 
 
-def _check_batch(q, attention_mask, response_mask, advantages, answer_mask=None) -> None:
-    expected = [q.shape[1], q.shape[3]]  # [L, B, H, N, d]
+def _check_batch(capture: QKCapture, attention_mask, response_mask, advantages, answer_mask=None) -> None:
+    expected = list(capture.shape)
     for name, t in (("attention_mask", attention_mask), ("response_mask", response_mask),
                     ("advantages", advantages), ("answer_mask", answer_mask)):
         if t is not None and list(t.shape) != expected:

@@ -236,3 +236,16 @@ def test_capture_without_forward_is_an_error():
         pass
     with pytest.raises(RuntimeError, match=r"layers \[2\]"):
         cap.stacked()
+
+
+def test_hooks_are_removed_and_non_finite_states_are_an_error():
+    model = tiny_model("llama")
+    ids_b, attn_b, resp_b, _ = pad(sequences(), "right")
+    model_rhythm_gamma(model, ids_b, attn_b, resp_b, layers=[1, 2])
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        assert not attn._forward_pre_hooks and not attn.q_proj._forward_hooks and not attn.k_proj._forward_hooks
+    with torch.no_grad():  # a NaN norm weight poisons the states of layer 2 onwards
+        model.model.layers[2].input_layernorm.weight[0] = float("nan")
+    with pytest.raises(ValueError, match=r"sequence 0: non-finite query states on real tokens at layers \[2, 3\]"):
+        model_rhythm_gamma(model, ids_b, attn_b, resp_b, layers=[1, 2, 3])
