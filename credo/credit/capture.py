@@ -121,11 +121,14 @@ class QKCapture:
         layers: the sampled decoder layer indices, in the order given.
         scale: the attention logit scale (``module.scaling``), shared by the sampled layers.
         states: ``{layer: {"q": tensor, "k": tensor}}``, filled by the forward pass.
+        compute_device: where the states were computed (the model's device); :meth:`sequence`
+            returns them there, so states kept on ``storage_device="cpu"`` are reduced on the GPU.
     """
 
     layers: list[int]
     scale: float
     states: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    compute_device: torch.device | None = None
 
     def check_complete(self) -> None:
         """Raise if a sampled layer's query or key states were not captured."""
@@ -146,9 +149,10 @@ class QKCapture:
     def sequence(self, b: int, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(q [L, H, n, d], k [L, H_kv, n, d])`` of sequence ``b`` at positions ``tokens [n]``."""
         self.check_complete()
+        tokens = tokens.to(self.states[self.layers[0]]["q"].device)
         q = torch.stack([self.states[i]["q"][b][:, tokens] for i in self.layers])
         k = torch.stack([self.states[i]["k"][b][:, tokens] for i in self.layers])
-        return q, k
+        return q.to(self.compute_device), k.to(self.compute_device)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -159,7 +163,9 @@ class QKCapture:
 
 
 @contextlib.contextmanager
-def capture_qk(model: torch.nn.Module, layers: list[int] | None = None) -> Iterator[QKCapture]:
+def capture_qk(
+    model: torch.nn.Module, layers: list[int] | None = None, *, storage_device: str | torch.device | None = None
+) -> Iterator[QKCapture]:
     """Capture post-RoPE query/key states of ``layers`` during the forward passes run inside.
 
     Only the first forward pass is kept (a gradient-checkpointing recompute would fire the hooks
@@ -168,6 +174,9 @@ def capture_qk(model: torch.nn.Module, layers: list[int] | None = None) -> Itera
     Args:
         model: a Llama/Qwen-style decoder (any wrapper whose modules include the decoder layers).
         layers: decoder layer indices (default :func:`default_layers` of the model's depth).
+        storage_device: where to keep the states (default: where they are computed). ``"cpu"``
+            moves them off the accelerator during the forward; the reductions move one sequence
+            at a time back to the compute device.
 
     Yields:
         a :class:`QKCapture`, filled when the forward pass returns.
@@ -213,7 +222,9 @@ def capture_qk(model: torch.nn.Module, layers: list[int] | None = None) -> Itera
                     "(partial rotary embeddings are not supported)"
                 )
             c, s = cos.unsqueeze(1).to(x.dtype), sin.unsqueeze(1).to(x.dtype)
-            slot[name] = x * c + _rotate_half(x) * s
+            capture.compute_device = x.device
+            rotated = x * c + _rotate_half(x) * s
+            slot[name] = rotated if storage_device is None else rotated.to(storage_device)
         if "q" in slot and "k" in slot:
             slot.pop("_rope", None)
 
@@ -254,8 +265,7 @@ def _sequences(capture: QKCapture, attention_mask: torch.Tensor):
     tokens are an error, not silently ranked: they arise, for instance, when padding rows turn NaN
     and leak into real tokens in a float64 eager forward.
     """
-    device = capture.states[capture.layers[0]]["q"].device
-    mask = attention_mask.to(device).bool()
+    mask = attention_mask.to(capture.compute_device).bool()
     for b in range(mask.shape[0]):
         tokens = mask[b].nonzero().squeeze(-1)
         q_b, k_b = capture.sequence(b, tokens)
@@ -390,6 +400,7 @@ def model_rhythm_gamma(
     *,
     layers: list[int] | None = None,
     strategy: str = "coupled",
+    storage_device: str | torch.device | None = None,
     **rhythm_kwargs,
 ) -> torch.Tensor:
     """Preplan-and-anchor multipliers of a batch from one forward pass (arXiv 2510.13554).
@@ -407,13 +418,14 @@ def model_rhythm_gamma(
         response_mask: ``[B, N]`` bool response tokens.
         layers: decoder layer indices (default :func:`default_layers`).
         strategy: ``"local"``, ``"global"`` or ``"coupled"``.
+        storage_device: where the captured states wait for the reduction (see :func:`capture_qk`).
         rhythm_kwargs: see :func:`rhythm_gamma_from_qk` (also ``advantages [B, N]``).
 
     Returns:
         ``[B, N]`` float32 multipliers, 1.0 on padding.
     """
     _check_masks(input_ids, attention_mask=attention_mask, response_mask=response_mask)
-    with capture_qk(model, layers) as capture:
+    with capture_qk(model, layers, storage_device=storage_device) as capture:
         _forward(model, input_ids, attention_mask)
     return rhythm_gamma_from_qk(capture, attention_mask, response_mask, strategy=strategy, **rhythm_kwargs)
 
@@ -426,6 +438,7 @@ def model_flow_gamma(
     answer_mask: torch.Tensor,
     *,
     layers: list[int] | None = None,
+    storage_device: str | torch.device | None = None,
     **flow_kwargs,
 ) -> torch.Tensor:
     """FlowTracer multipliers of a batch from one forward pass (arXiv 2606.10646).
@@ -436,7 +449,8 @@ def model_flow_gamma(
     outside the response; computed from captured q/k in ``O(block_size * N)`` memory per head step.
 
     Args:
-        model, input_ids, attention_mask, response_mask, layers: as in :func:`model_rhythm_gamma`.
+        model, input_ids, attention_mask, response_mask, layers, storage_device: as in
+            :func:`model_rhythm_gamma`.
         answer_mask: ``[B, N]`` bool answer tokens.
         flow_kwargs: see :func:`flow_gamma_from_qk` (also ``advantages [B, N]``).
 
@@ -444,6 +458,6 @@ def model_flow_gamma(
         ``[B, N]`` float32 multipliers, 1.0 on padding.
     """
     _check_masks(input_ids, attention_mask=attention_mask, response_mask=response_mask, answer_mask=answer_mask)
-    with capture_qk(model, layers) as capture:
+    with capture_qk(model, layers, storage_device=storage_device) as capture:
         _forward(model, input_ids, attention_mask)
     return flow_gamma_from_qk(capture, attention_mask, response_mask, answer_mask, **flow_kwargs)

@@ -33,7 +33,8 @@ Metrics (this rank's batch, over loss tokens): ``credit/gamma_mean``, ``credit/g
 ``credit/amplified_frac`` (share with ``gamma > 1``).
 
 Memory: the captured states of the sampled layers, ``L * B * (H + H_kv) * N * head_dim`` values in
-the model dtype, on top of the recompute forward; the maps are never built (see
+the model dtype, on top of the recompute forward (``storage_device: cpu`` keeps them in host memory
+and reduces one sequence at a time on the accelerator); the maps are never built (see
 docs/credit.md).
 """
 
@@ -62,7 +63,7 @@ class AttentionCreditProbe:
 
     def __init__(self, strategy: str = "coupled", *, layers: list[int] | None = None, q: float = 0.4,
                  gamma_amp: float = 1.5, sign_mode: str = "both", answer_tokens: int = 8, seed: int = 0,
-                 rank: int = 0, **credit_kwargs):
+                 storage_device: str | None = None, rank: int = 0, **credit_kwargs):
         key = "stages.probe_kwargs.attention_credit"
         if strategy not in STRATEGIES:
             raise ConfigError(f"config key '{key}.strategy' = {strategy!r}, expected one of {STRATEGIES}")
@@ -77,11 +78,12 @@ class AttentionCreditProbe:
         unknown = sorted(set(credit_kwargs) - set(allowed.get(strategy, ())))
         if unknown:
             raise ConfigError(f"config key '{key}' has unknown key(s) {unknown} for strategy {strategy!r} "
-                              f"(accepted besides strategy, layers, q, gamma_amp, sign_mode, answer_tokens, seed: "
+                              f"(accepted besides strategy, layers, q, gamma_amp, sign_mode, answer_tokens, seed, "
+                              f"storage_device: "
                               f"{sorted(allowed.get(strategy, ()))})")
         self.strategy, self.layers, self.q, self.gamma_amp = strategy, layers, q, gamma_amp
         self.sign_mode, self.answer_tokens, self.seed, self.rank = sign_mode, answer_tokens, seed, rank
-        self.credit_kwargs = credit_kwargs
+        self.storage_device, self.credit_kwargs = storage_device, credit_kwargs
         self._capture = None
 
     def capture(self, model: torch.nn.Module):
@@ -92,7 +94,7 @@ class AttentionCreditProbe:
     @contextlib.contextmanager
     def _hooks(self, model):
         self._capture = None
-        with capture_qk(model, self.layers) as cap:
+        with capture_qk(model, self.layers, storage_device=self.storage_device) as cap:
             yield
         self._capture = cap
 

@@ -169,6 +169,18 @@ def test_sdpa_gives_the_same_gamma_as_eager(name, side):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
 
 
+def test_storage_device_keeps_states_there_and_changes_nothing():
+    model = tiny_model("qwen2")
+    ids_b, attn_b, resp_b, ans_b = pad(sequences(), "right")
+    with capture_qk(model, [1], storage_device="meta") as cap:
+        with torch.no_grad():
+            model(input_ids=ids_b, attention_mask=attn_b)
+    assert cap.states[1]["q"].device.type == "meta" and cap.compute_device.type == "cpu"
+    a = model_flow_gamma(model, ids_b, attn_b, resp_b, ans_b, layers=[1, 2])
+    b = model_flow_gamma(model, ids_b, attn_b, resp_b, ans_b, layers=[1, 2], storage_device="cpu")
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_captured_states_reproduce_eager_maps():
     # The captured q/k (after RoPE, GQA expanded by the streaming code) give the eager softmax.
     from credo.credit import attention_from_qk
