@@ -168,3 +168,11 @@ def test_two_training_steps_through_a_recipe(tmp_path, strategy):
     for row in rows:
         assert 1.0 <= row["credit/gamma_mean"] <= row["credit/gamma_max"] <= 1.75
         assert 0.0 < row["credit/amplified_frac"] <= 1.0
+
+
+@pytest.mark.parametrize("strategy", ["coupled", "flow", "random"])
+def test_sign_mode_positive_leaves_negative_advantage_samples_alone(strategy):
+    # make_batch: sample 0 has advantage +1, sample 1 has -1 on its loss tokens.
+    batch = recompute(AttentionCreditProbe(strategy, layers=[1, 2], sign_mode="positive"))
+    assert (batch.weights[1] == 1).all()
+    assert (batch.weights[0] > 1).any()
