@@ -8,6 +8,8 @@
 - :mod:`credo.credit.flow`: FlowTracer answer-conditioned flow throughput (arXiv 2606.10646).
 - :mod:`credo.credit.streaming`: the attention quantities from query/key states without
   materialising attention maps.
+- :mod:`credo.credit.capture`: those query/key states captured from a Llama/Qwen decoder's own
+  forward pass (hooks, no ``output_attentions``): ``model_rhythm_gamma``, ``model_flow_gamma``.
 
 Layering: :mod:`credo.algos` imports nothing from here; this package uses only public names of
 :mod:`credo.algos` (tests/test_import_light.py checks both directions).
@@ -20,6 +22,14 @@ from credo.credit.attention import (
     head_span,
     rhythm_gamma,
     waad,
+)
+from credo.credit.capture import (
+    capture_qk,
+    default_layers,
+    flow_gamma_from_qk,
+    model_flow_gamma,
+    model_rhythm_gamma,
+    rhythm_gamma_from_qk,
 )
 from credo.credit.chunks import (
     chunk_ids,
@@ -49,23 +59,29 @@ __all__ = [
     "answer_potential",
     "attention_from_qk",
     "attention_rhythm_gamma",
+    "capture_qk",
     "chunk_ids",
     "chunk_mean",
     "chunk_mismatch_mask",
     "chunk_ratio",
     "chunk_returns",
     "chunk_returns_from_rewards",
+    "default_layers",
     "doob_transform",
     "fai",
     "flow_capacity",
     "flow_gamma",
+    "flow_gamma_from_qk",
     "flow_throughput",
     "forward_flow",
     "group_heads",
     "head_span",
+    "model_flow_gamma",
+    "model_rhythm_gamma",
     "ipa_loss",
     "num_chunks",
     "rhythm_gamma",
+    "rhythm_gamma_from_qk",
     "streaming_flow_throughput",
     "streaming_head_stats",
     "waad",

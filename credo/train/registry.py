@@ -64,6 +64,9 @@ class StageContext:
 
 DEFAULT = "default"
 
+LAZY_BUILTINS: dict[str, dict[str, str]] = {"probe": {"attention_credit": "credo.train.attention_probe"}}
+"""Built-in stages whose module registers them on import; imported on first lookup so this one stays light."""
+
 
 def resolve(kind: str, spec: str, key: str) -> Callable | None:
     """The factory `spec` names: None for 'default' (the builder's built-in), a registered name, or
@@ -80,11 +83,14 @@ def resolve(kind: str, spec: str, key: str) -> Callable | None:
             raise ConfigError(f"config key '{key}' = '{spec}': module '{module}' has no callable '{attr}'")
         return getattr(obj, attr)
     known = STAGES[kind]
+    if spec not in known and spec in LAZY_BUILTINS.get(kind, {}):
+        importlib.import_module(LAZY_BUILTINS[kind][spec])
     if spec not in known:
-        close = difflib.get_close_matches(spec, list(known), n=1, cutoff=0.5)
+        names = sorted(set(known) | set(LAZY_BUILTINS.get(kind, {})))
+        close = difflib.get_close_matches(spec, names, n=1, cutoff=0.5)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise ConfigError(f"config key '{key}' = '{spec}' is not a known {kind} stage{hint} "
-                          f"(known: {', '.join(sorted(known)) or 'none'}; or give 'package.module:factory')")
+                          f"(known: {', '.join(names) or 'none'}; or give 'package.module:factory')")
     return known[spec]
 
 
