@@ -20,6 +20,10 @@ attributes (``q_proj``, ``k_proj``, ``head_dim``, ``scaling``, ``config.num_atte
 ``config.num_key_value_heads``). Supported: ``LlamaAttention``, ``Qwen2Attention``,
 ``Qwen3Attention`` (full causal attention, RoPE over the whole head dimension, as in transformers
 5.x). Any other class is an error naming it.
+
+Over 400 lines because the hooks, the RoPE replay and the per-sequence reductions must agree on one
+layout of the captured states; kept beside each other they can be checked against the eager maps
+together (tests/credit/test_capture.py).
 """
 
 from __future__ import annotations
