@@ -41,7 +41,7 @@ def preflight(r: Recipe) -> list[str]:
     _check_reward(r.reward.function, "reward.function")
     for i, spec in enumerate(r.reward.functions):
         _check_reward(spec, f"reward.functions[{i}]")
-    _check_task(r)
+    notes += _check_task(r)
     notes += _check_model(r.model.path)
     return notes
 
@@ -97,10 +97,15 @@ def _check_reward(spec: str | None, key: str) -> None:
                           "-> list[float], or a TRL-style fn(completions, **kwargs)") from None
 
 
-def _check_task(r: Recipe) -> None:
+def _check_task(r: Recipe) -> list[str]:
     from credo.rewards.tasks import TASKS, check_rg_name, make_task
 
     name = r.task.name
+    if name == "file" or name.startswith("hf:"):
+        if name.startswith("hf:") and not Path(name[3:]).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
+            return [f"task.name '{name}': not checked (offline)"]
+        make_task(r.task)  # reads the files and checks the fields the recipe maps (credo.rewards.data)
+        return []
     if name.startswith("rg:"):
         check_rg_name(name[3:])
         import reasoning_gym
@@ -109,13 +114,14 @@ def _check_task(r: Recipe) -> None:
             reasoning_gym.create_dataset(name[3:], size=2, seed=r.task.seed, **r.task.kwargs)
         except (TypeError, AssertionError, ValueError) as e:
             raise ConfigError(f"config key 'task.kwargs' for 'rg:{name[3:]}' rejected by reasoning-gym: {e}") from None
-        return
+        return []
     if name not in TASKS:
         close = difflib.get_close_matches(name, list(TASKS), n=1, cutoff=0.5)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise ConfigError(f"config key 'task.name' = '{name}' is not a known task{hint} "
-                          f"(known: {', '.join(sorted(TASKS))}, or rg:<dataset>)")
+                          f"(known: {', '.join(sorted(TASKS))}, rg:<dataset>, file or hf:<name-or-folder>)")
     make_task(r.task)  # the built-in tasks build in milliseconds and check their own kwargs
+    return []
 
 
 def _check_model(path: str) -> list[str]:

@@ -352,3 +352,16 @@ def test_reward_functions_are_checked_before_any_warm_up(tmp_path):
         preflight(recipe(tmp_path, **{"reward.function": "null", "reward.functions": "['tests.byo.rewards:has_digit', 'tests.no_such_module:f']"}))
     # TRL-style functions pass (they are called with keywords, not as fn(responses, problems))
     assert preflight(recipe(tmp_path, **{"reward.function": "null", "reward.functions": "['tests.byo.rewards:has_digit']"})) == []
+
+
+def test_data_set_files_and_fields_are_checked_before_any_warm_up(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1+1=", "answer": "2"}\n' * 4)
+    kwargs = f"{{train: '{data}', prompt_field: prompt, answer_field: answer}}"
+    with pytest.raises(ConfigError, match="prompt"):
+        preflight(recipe(tmp_path, **{"task.name": "file", "task.kwargs": kwargs}))
+    with pytest.raises(ConfigError, match="missing.jsonl"):
+        preflight(recipe(tmp_path, **{"task.name": "file",
+                                      "task.kwargs": f"{{train: '{tmp_path / 'missing.jsonl'}', prompt_field: question}}"}))
+    ok = f"{{train: '{data}', prompt_field: question, answer_field: answer}}"
+    assert preflight(recipe(tmp_path, **{"task.name": "file", "task.kwargs": ok, "task.eval_size": 1})) == []
