@@ -20,7 +20,7 @@ from tests.invariants.common import (assert_same_update, components, fixed_batch
                                      params_of)
 from tests.invariants.test_objective import objective_grads
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.invariants]
 
 RECIPE = {"model.ref_model": True, "algo.entropy_coef": 0.05, "algo.kl_coef": 0.2, "rollout.temperature": 0.7,
           "optim.lr": 1e-2}

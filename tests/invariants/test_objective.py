@@ -15,7 +15,7 @@ from credo.algos import AGG_MODES
 from tests.invariants.common import (assert_same_update, components, fixed_batch, naive_loss, off_policy_fields,
                                      params_of, reference_update)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.invariants]
 
 LOSS = {"clip_low": 0.1, "clip_high": 0.3, "dual_clip": 2.0}
 RECIPE = {"model.ref_model": True, "algo.entropy_coef": 0.05, "algo.kl_coef": 0.2, "rollout.temperature": 0.7,

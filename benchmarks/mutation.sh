@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Mutation testing with mutmut 3 (`pip install -e '.[mutation]'`; config: [tool.mutmut] in pyproject.toml).
+# Not part of CI: a full run of every package takes hours on 2 CPU cores.
+#
+#   benchmarks/mutation.sh [MUTANT_GLOB ...]
+#
+# MUTANT_GLOB selects mutants by module, e.g. 'credo.algos.aggregation.*' or 'credo.train.*'; default:
+# the packages of docs/reliability.md ('credo.algos.*' 'credo.credit.*' 'credo.train.*' 'credo.trainer.*'
+# 'credo.checkpoint.*' 'credo.distributed.engine.*'). Mutants run against the fast tests plus the
+# train-step invariant tests (`-m "not vllm and (not slow or invariants)"`).
+#
+# It works on a scratch copy of the tracked and untracked (not ignored) files, so the repository gets
+# no `mutants/` folder: MUTATION_DIR (default /tmp/credo-mutation; kept between runs, so results and
+# mutmut's test-coverage map are reused; delete it after changing tests). MUTATION_JOBS: parallel
+# mutants (default 1). At the end it prints killed/total per module and writes them to
+# $MUTATION_DIR/summary.tsv.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+work=${MUTATION_DIR:-/tmp/credo-mutation}
+jobs=${MUTATION_JOBS:-1}
+py=${PYTHON:-python}
+if [ $# -eq 0 ]; then
+    set -- 'credo.algos.*' 'credo.credit.*' 'credo.train.*' 'credo.trainer.*' 'credo.checkpoint.*' 'credo.distributed.engine.*'
+fi
+mkdir -p "$work"
+(cd "$repo" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | tar -xf - -C "$work"
+cd "$work"
+unset PYTHONPATH  # mutmut puts mutants/ first on the path; the original credo must not be importable
+export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$repo/.cache/torch_extensions} CREDO_CACHE=${CREDO_CACHE:-$repo/.cache/credo}
+"$py" -m mutmut run --max-children "$jobs" "$@" || true
+"$py" -m mutmut results --all true > results.txt || true
+"$py" - "$@" <<'PY'
+import fnmatch, re, sys
+from collections import Counter
+rows = [l.strip() for l in open("results.txt") if ":" in l]
+total, killed = Counter(), Counter()
+for row in rows:
+    name, status = (x.strip() for x in row.rsplit(":", 1))
+    if not any(fnmatch.fnmatch(name, g) for g in sys.argv[1:]):
+        continue
+    module = re.sub(r"\\.x[ǁ_].*$", "", name.split("__mutmut_")[0]).rsplit(".", 1)[0]
+    total[module] += 1
+    killed[module] += status in ("killed", "timeout", "caught by type check", "segfault")
+with open("summary.tsv", "w") as f:
+    print("module\tkilled\ttotal\tkill_rate", file=f)
+    for m in sorted(total):
+        line = f"{m}\t{killed[m]}\t{total[m]}\t{killed[m] / total[m]:.1%}"
+        print(line)
+        print(line, file=f)
+PY
