@@ -202,6 +202,29 @@ def reference_update(model, batch: Batch, *, lr: float, betas, weight_decay: flo
     return {k: p.detach().clone() for k, p in params.items()}, norm, losses
 
 
+def objective_grads(c, batch):
+    """The Updater's loss path on the whole batch as one micro-batch: scorer forward + Objective, backward."""
+    model = c.engine.module
+    model.zero_grad(set_to_none=True)
+    m = batch.loss_mask
+    lp, ent = c.scorer(model, batch.input_ids, batch.attention_mask, m, with_entropy=True)
+    loss, terms, _ = c.objective(lp, ent, old_log_probs=batch.old_log_probs, advantages=batch.advantages, mask=m,
+                                 rollout_log_probs=batch.rollout_log_probs, ref_log_probs=batch.ref_log_probs,
+                                 weights=batch.weights, global_tokens=m.sum(), global_seqs=(m.sum(-1) > 0).sum())
+    loss.backward()
+    grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), terms, grads
+
+
+def naive_grads(model, batch, **args):
+    """Autograd of `naive_loss` over the whole batch, on a copy of `model`."""
+    ref = copy.deepcopy(model).float()
+    loss, terms = naive_loss(ref, batch, range(len(batch)), on_policy=batch.old_log_probs is None, **args)
+    loss.backward()
+    return loss.detach(), terms, {k: p.grad.detach().clone() for k, p in ref.named_parameters() if p.grad is not None}
+
+
 def params_of(model) -> dict[str, torch.Tensor]:
     return {k: p.detach().float().clone() for k, p in model.named_parameters()}
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from credo.algos import AGG_MODES
-from tests.invariants.common import (assert_same_update, components, fixed_batch, naive_loss, off_policy_fields,
-                                     params_of, reference_update)
+from tests.invariants.common import (assert_same_update, components, fixed_batch, naive_grads, objective_grads,
+                                     off_policy_fields, params_of, reference_update)
 
 pytestmark = [pytest.mark.slow, pytest.mark.invariants]
 
@@ -25,30 +25,6 @@ RECIPE = {"model.ref_model": True, "algo.entropy_coef": 0.05, "algo.kl_coef": 0.
 
 def naive_args(agg_mode: str) -> dict:
     return dict(temperature=0.7, entropy_coef=0.05, kl_coef=0.2, agg_mode=agg_mode, norm_len=4, **LOSS)
-
-
-def objective_grads(c, batch):
-    """The Updater's loss path on the whole batch as one micro-batch: scorer forward + Objective, backward."""
-    model = c.engine.module
-    model.zero_grad(set_to_none=True)
-    m = batch.loss_mask
-    lp, ent = c.scorer(model, batch.input_ids, batch.attention_mask, m, with_entropy=True)
-    loss, terms, _ = c.objective(lp, ent, old_log_probs=batch.old_log_probs, advantages=batch.advantages, mask=m,
-                                 rollout_log_probs=batch.rollout_log_probs, ref_log_probs=batch.ref_log_probs,
-                                 weights=batch.weights, global_tokens=m.sum(), global_seqs=(m.sum(-1) > 0).sum())
-    loss.backward()
-    grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return loss.detach(), terms, grads
-
-
-def naive_grads(model, batch, **args):
-    import copy
-
-    ref = copy.deepcopy(model).float()
-    loss, terms = naive_loss(ref, batch, range(len(batch)), on_policy=batch.old_log_probs is None, **args)
-    loss.backward()
-    return loss.detach(), terms, {k: p.grad.detach().clone() for k, p in ref.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.parametrize("agg_mode", AGG_MODES)
