@@ -32,20 +32,26 @@ export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$repo/.cache/torch_extension
 "$py" -m mutmut results --all true > results.txt || true
 "$py" - "$@" <<'PY'
 import fnmatch, re, sys
-from collections import Counter
-rows = [l.strip() for l in open("results.txt") if ":" in l]
-total, killed = Counter(), Counter()
-for row in rows:
-    name, status = (x.strip() for x in row.rsplit(":", 1))
-    if not any(fnmatch.fnmatch(name, g) for g in sys.argv[1:]):
+from collections import Counter, defaultdict
+counts = defaultdict(Counter)
+for line in open("results.txt"):
+    if "__mutmut_" not in line or ":" not in line:
         continue
-    module = re.sub(r"\\.x[ǁ_].*$", "", name.split("__mutmut_")[0]).rsplit(".", 1)[0]
-    total[module] += 1
-    killed[module] += status in ("killed", "timeout", "caught by type check", "segfault")
+    name, status = (x.strip() for x in line.rsplit(":", 1))
+    if status == "not checked" or not any(fnmatch.fnmatch(name, g) for g in sys.argv[1:]):
+        continue
+    module = re.sub(r"\.x[ǁ_][^.]*$", "", name.split("__mutmut_")[0])
+    counts[module][status] += 1
 with open("summary.tsv", "w") as f:
-    print("module\tkilled\ttotal\tkill_rate", file=f)
-    for m in sorted(total):
-        line = f"{m}\t{killed[m]}\t{total[m]}\t{killed[m] / total[m]:.1%}"
+    header = "module\tkilled\tsurvived\tno_tests\tother\tchecked\tkill_rate"
+    print(header)
+    print(header, file=f)
+    for m in sorted(counts):
+        c = counts[m]
+        killed = c["killed"] + c["timeout"] + c["segfault"] + c["caught by type check"]
+        total = sum(c.values())
+        other = total - killed - c["survived"] - c["no tests"]
+        line = f"{m}\t{killed}\t{c['survived']}\t{c['no tests']}\t{other}\t{total}\t{killed / total:.1%}"
         print(line)
         print(line, file=f)
 PY

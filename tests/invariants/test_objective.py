@@ -62,3 +62,25 @@ def test_one_update_equals_the_reference_adamw_step(agg_mode):
     assert metrics["train/grad_norm"] == pytest.approx(want_norm, rel=1e-4)
     assert metrics["train/loss"] == pytest.approx(want_losses[0], rel=1e-5, abs=1e-7)
     assert_same_update(after, want, before)
+
+
+@pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-mean"])
+def test_one_update_with_a_single_trained_token(agg_mode):
+    """Only sample 0 (one response token) has a valid reward: the global counts are 1 token, 1 sequence.
+
+    GRPO gives a lone sample advantage 0, so the entropy bonus and the KL term alone move the weights;
+    a count clamped to more than 1, or a stray token of another sample, would change the step.
+    """
+    with components(**RECIPE, **{"algo.agg_mode": agg_mode, "optim.warmup_steps": 0}) as c:
+        batch = fixed_batch(c, invalid=tuple(range(1, 16)))
+        off_policy_fields(c, batch)
+        assert int(batch.loss_mask.sum()) == 1
+        before = params_of(c.engine.module)
+        want, want_norm, _ = reference_update(c.engine.module, batch, lr=1e-2, betas=(0.9, 0.999), weight_decay=0.0,
+                                              grad_clip=0.0, warmup_steps=0, ppo_epochs=1, mini_batches=1,
+                                              **naive_args(agg_mode))
+        metrics, skipped = c.updater.update(batch)
+        after = params_of(c.engine.module)
+    assert skipped == 0 and want_norm > 0
+    assert metrics["train/grad_norm"] == pytest.approx(want_norm, rel=1e-4)
+    assert_same_update(after, want, before)
