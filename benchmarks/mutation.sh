@@ -12,7 +12,8 @@
 # It works on a scratch copy of the tracked and untracked (not ignored) files, so the repository gets
 # no `mutants/` folder: MUTATION_DIR (default /tmp/credo-mutation; kept between runs, so results and
 # mutmut's test-coverage map are reused; delete it after changing tests). MUTATION_JOBS: parallel
-# mutants (default 1). At the end it prints killed/total per module and writes them to
+# mutants (default 1). MUTATION_RESUME=1 runs only the mutants without a result in MUTATION_DIR (an
+# interrupted run goes on where it stopped). At the end it prints killed/total per module and writes them to
 # $MUTATION_DIR/summary.tsv.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,7 +29,21 @@ cd "$work"
 unset PYTHONPATH  # mutmut puts mutants/ first on the path; the original credo must not be importable
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$repo/.cache/torch_extensions} CREDO_CACHE=${CREDO_CACHE:-$repo/.cache/credo}
-"$py" -m mutmut run --max-children "$jobs" "$@" || true
+if [ "${MUTATION_RESUME:-0}" = 1 ] && [ -d mutants ]; then
+    # run only the mutants of these globs that have no result yet (mutmut reruns every named mutant)
+    mapfile -t todo < <("$py" -m mutmut results --all true 2>/dev/null | "$py" -c '
+import fnmatch, sys
+globs = sys.argv[1:]
+for line in sys.stdin:
+    if line.strip().endswith(": not checked"):
+        name = line.strip().rsplit(":", 1)[0]
+        if any(fnmatch.fnmatch(name, g) for g in globs):
+            print(name)' "$@")
+    echo "resuming: ${#todo[@]} mutants without a result"
+    [ ${#todo[@]} -eq 0 ] || "$py" -m mutmut run --max-children "$jobs" "${todo[@]}" || true
+else
+    "$py" -m mutmut run --max-children "$jobs" "$@" || true
+fi
 "$py" -m mutmut results --all true > results.txt || true
 "$py" - "$@" <<'PY'
 import fnmatch, re, sys
