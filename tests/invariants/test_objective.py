@@ -45,23 +45,59 @@ def test_gradient_of_the_objective_equals_autograd_on_the_naive_objective(agg_mo
         torch.testing.assert_close(grads[k], ref_grads[k], rtol=1e-4, atol=1e-5 * scale, msg=lambda m: f"{k}: {m}")
 
 
-@pytest.mark.parametrize("agg_mode", AGG_MODES)
-def test_one_update_equals_the_reference_adamw_step(agg_mode):
-    """One optimizer step of the Updater (2 micro-batches, DeepSpeed) = naive gradient + hand-written AdamW."""
+def check_one_update(agg_mode: str, **overrides):
+    """One optimizer step of the Updater (2 micro-batches, DeepSpeed) = naive gradient + hand-written AdamW;
+    the logged grad norm, loss and the micro-batch mean of `loss/ratio_mean` match the reference's."""
     with components(**RECIPE, **{"algo.agg_mode": agg_mode, "optim.weight_decay": 0.1, "optim.betas": "[0.8, 0.95]",
-                                 "optim.warmup_steps": 2}) as c:
+                                 "optim.warmup_steps": 2, **overrides}) as c:
         batch = fixed_batch(c, invalid=(5,))
         off_policy_fields(c, batch)
         before = params_of(c.engine.module)
         want, want_norm, want_losses = reference_update(
             c.engine.module, batch, lr=1e-2, betas=(0.8, 0.95), weight_decay=0.1, grad_clip=0.0, warmup_steps=2,
             ppo_epochs=1, mini_batches=1, **naive_args(agg_mode))
+        with torch.no_grad():
+            lp, _ = c.scorer(c.engine.module, batch.input_ids, batch.attention_mask, batch.loss_mask, with_entropy=False)
         metrics, skipped = c.updater.update(batch)
         after = params_of(c.engine.module)
-    assert skipped == 0
+    assert skipped == 0 and metrics["train/skipped_steps"] == 0
     assert metrics["train/grad_norm"] == pytest.approx(want_norm, rel=1e-4)
     assert metrics["train/loss"] == pytest.approx(want_losses[0], rel=1e-5, abs=1e-7)
+    # loss metrics are per-micro-batch values averaged over the micro-batches (here rows 0-7 and 8-15)
+    means = []
+    for rows in (range(0, 8), range(8, 16)):
+        ratios = [float(torch.exp(lp[i, t] - batch.old_log_probs[i, t]))
+                  for i in rows for t in range(lp.shape[1]) if batch.loss_mask[i, t]]
+        means.append(sum(ratios) / len(ratios))
+    assert metrics["loss/ratio_mean"] == pytest.approx(sum(means) / 2, rel=1e-5)
     assert_same_update(after, want, before)
+
+
+@pytest.mark.parametrize("agg_mode", AGG_MODES)
+def test_one_update_equals_the_reference_adamw_step(agg_mode):
+    check_one_update(agg_mode)
+
+
+def test_one_update_on_zero0_equals_the_reference_and_reports_its_norm():
+    """ZeRO-0: DeepSpeed reports no grad norm; the one the updater checks is logged instead."""
+    check_one_update("token-mean", **{"optim.zero_stage": 0})
+
+
+def test_non_finite_loss_skips_every_mini_batch(monkeypatch, caplog):
+    """A NaN loss (the CREDO_FAULT_NAN_STEP hook) skips each mini-batch whole: nothing moves, each is
+    counted and logged as a non-finite loss."""
+    monkeypatch.setenv("CREDO_FAULT_NAN_STEP", "1")
+    with components(**RECIPE, **{"algo.mini_batches": 2}) as c:
+        batch = fixed_batch(c)
+        assert batch.step == 1
+        off_policy_fields(c, batch)
+        before = params_of(c.engine.module)
+        with caplog.at_level("ERROR", logger="credo"):
+            metrics, skipped = c.updater.update(batch)
+        after = params_of(c.engine.module)
+    assert skipped == 2 and metrics["train/skipped_steps"] == 2
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert [r.getMessage() for r in caplog.records] == ["step 1: optimizer step skipped, non-finite loss"] * 2
 
 
 @pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-mean"])
