@@ -116,3 +116,14 @@ def test_validation_errors_name_the_argument():
         aggregate(torch.zeros(9), torch.ones(9, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"global_tokens is 0, expected a positive number"):
         aggregate(values, torch.ones(4, 9, dtype=torch.bool), global_tokens=0)
+
+
+@pytest.mark.parametrize("mask, message", [
+    (torch.ones(3, dtype=torch.bool), r"^mask has shape \[3\], expected 2 dimensions$"),
+    (torch.ones(1, 2, 3, dtype=torch.bool), r"^mask has shape \[1, 2, 3\], expected 2 dimensions$"),
+    (torch.ones(2, 3, dtype=torch.long), r"^mask has dtype torch.int64, expected bool or floating"),
+    ([[1, 0]], r"^mask must be a torch.Tensor, got list$"),
+])
+def test_global_counts_names_the_bad_mask(mask, message):
+    with pytest.raises(ValueError, match=message):
+        global_counts(mask)
