@@ -63,6 +63,8 @@ def test_nothing_outside_the_loss_mask_reaches_the_gradient(agg_mode):
         # response, the failed rows and the truncated rows (overlong filter)
         assert (resp & ~batch.loss_mask).any() and not batch.finished.all()
         assert not batch.loss_mask[~batch.finished].any()
+        assert batch.finished[INVALID[0]] and not batch.loss_mask[list(INVALID)].any(), "a failed reward still trains"
+        assert batch.loss_mask[batch.valid & batch.finished].sum(-1).gt(0).all()
         _, _, clean = objective_grads(c, batch)
         _garbage(batch)
         _, _, dirty = objective_grads(c, batch)
