@@ -27,13 +27,13 @@ def naive_args(agg_mode: str) -> dict:
     return dict(temperature=0.7, entropy_coef=0.05, kl_coef=0.2, agg_mode=agg_mode, norm_len=4, **LOSS)
 
 
-@pytest.mark.parametrize("agg_mode", AGG_MODES)
-def test_gradient_of_the_objective_equals_autograd_on_the_naive_objective(agg_mode):
-    with components(**RECIPE, **{"algo.agg_mode": agg_mode}) as c:
+def check_gradient(agg_mode: str, entropy_coef: float = 0.05):
+    with components(**{**RECIPE, "algo.agg_mode": agg_mode, "algo.entropy_coef": entropy_coef}) as c:
         batch = fixed_batch(c, invalid=(5,))
         off_policy_fields(c, batch)
         loss, terms, grads = objective_grads(c, batch)
-        ref_loss, ref_terms, ref_grads = naive_grads(c.engine.module, batch, **naive_args(agg_mode))
+        ref_loss, ref_terms, ref_grads = naive_grads(c.engine.module, batch,
+                                                     **{**naive_args(agg_mode), "entropy_coef": entropy_coef})
     # every term is live: the test would see a dropped or sign-flipped one
     assert abs(float(ref_terms["ent"].detach())) > 0.1 and abs(float(ref_terms["kl"].detach())) > 0.01
     assert float(terms["train/entropy"].detach()) == pytest.approx(float(ref_terms["ent"].detach()), rel=1e-5)
@@ -43,6 +43,16 @@ def test_gradient_of_the_objective_equals_autograd_on_the_naive_objective(agg_mo
     scale = max(float(g.abs().max()) for g in ref_grads.values())
     for k in grads:
         torch.testing.assert_close(grads[k], ref_grads[k], rtol=1e-4, atol=1e-5 * scale, msg=lambda m: f"{k}: {m}")
+
+
+@pytest.mark.parametrize("agg_mode", AGG_MODES)
+def test_gradient_of_the_objective_equals_autograd_on_the_naive_objective(agg_mode):
+    check_gradient(agg_mode)
+
+
+def test_gradient_with_an_entropy_coefficient_of_one():
+    """A coefficient of exactly 1 still backpropagates the entropy (only 0 detaches it)."""
+    check_gradient("token-mean", entropy_coef=1.0)
 
 
 def check_one_update(agg_mode: str, **overrides):
