@@ -7,7 +7,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: quickstart test test-fast install
+.PHONY: quickstart test test-fast install mutation
 
 install: $(VENV)/.installed
 
@@ -27,3 +27,8 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not vllm" $(ARGS)
+
+# mutation testing (not part of CI; hours for every package on 2 cores): make mutation ARGS="'credo.train.update.*'"
+mutation: install
+	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[mutation]'
+	PYTHON=$(abspath $(PY)) benchmarks/mutation.sh $(ARGS)

@@ -182,3 +182,37 @@ def test_fp16_masked_mean_and_dtypes_kept_for_fp32_fp64():
         m = torch.rand(3, 4) < 0.7
         assert masked_mean(x, m).dtype == dtype
         assert all(aggregate(x, m, mode).dtype == dtype for mode in AGG_MODES)
+
+
+@pytest.mark.parametrize("mask, message", [
+    (torch.ones(3, dtype=torch.bool), r"^mask has shape \[3\], expected 2 dimensions$"),
+    (torch.ones(1, 2, 3, dtype=torch.bool), r"^mask has shape \[1, 2, 3\], expected 2 dimensions$"),
+    (torch.ones(2, 3, dtype=torch.long), r"^mask has dtype torch.int64, expected bool or floating"),
+    ([[1, 0]], r"^mask must be a torch.Tensor, got list$"),
+])
+def test_global_counts_names_the_bad_mask(mask, message):
+    with pytest.raises(ValueError, match=message):
+        global_counts(mask)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"global_seqs": 0}, r"^global_seqs is 0, expected a positive number$"),
+    ({"global_tokens": -2}, r"^global_tokens is -2, expected a positive number$"),
+    ({"norm_len": 0.0}, r"^norm_len is 0.0, expected a positive number$"),
+])
+def test_aggregate_names_a_bad_count(kwargs, message):
+    mode = "seq-mean-token-sum-norm" if "norm_len" in kwargs else "token-mean"
+    with pytest.raises(ValueError, match=message):
+        aggregate(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool), mode, **kwargs)
+
+
+def test_aggregate_rejects_integer_values():
+    with pytest.raises(ValueError, match=r"^values has dtype torch.int64, expected a floating dtype$"):
+        aggregate(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool))
+
+
+def test_masked_mean_of_a_single_token_is_its_value():
+    values = torch.tensor([[3.0, 7.0], [5.0, 11.0]])
+    mask = torch.tensor([[False, True], [False, False]])
+    assert masked_mean(values, mask).item() == 7.0
+    assert masked_mean(values, torch.zeros(2, 2, dtype=torch.bool)).item() == 0.0
