@@ -1,7 +1,8 @@
 """Verifiable tasks: prompts, reference answers, a verifier, and disjoint train / held-out eval splits.
 
 A task is a small object with `train(i)`, `eval_problems()` and `score(response, problem)`. Built in:
-`arithmetic` (integer + and -, exact-match verifier) and any reasoning-gym dataset as `rg:<name>`;
+`arithmetic` (integer + and -, exact-match verifier), the testbed's skill tasks `add_scratch`, `mul_scratch` and
+`sort` (credo.rewards.skills: worked answers of 16-64 tokens, the final result verified) and any reasoning-gym dataset as `rg:<name>`;
 your own data as `file` / `hf:<name>` (credo.rewards.data: prompts and columns, no verifier).
 """
 
@@ -134,7 +135,10 @@ class ReasoningGymTask:
         return float(self._train.score_answer(answer=response.strip(), entry=problem.meta["entry"]))
 
 
-TASKS: dict[str, Callable[..., Any]] = {"arithmetic": ArithmeticTask}
+from credo.rewards.skills import AddScratchTask, MulScratchTask, SortTask  # noqa: E402  (they import Problem)
+
+TASKS: dict[str, Callable[..., Any]] = {"arithmetic": ArithmeticTask, "add_scratch": AddScratchTask,
+                                       "mul_scratch": MulScratchTask, "sort": SortTask}
 
 
 def make_task(cfg: TaskConfig):
