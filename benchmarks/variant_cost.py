@@ -1,6 +1,7 @@
 """Step time and peak memory of training variants against a baseline, measured in the same session.
 
     python benchmarks/variant_cost.py --steps 30 --rounds 2
+    python benchmarks/variant_cost.py --steps 4 --rounds 1 --only ... --extra model.tiny.hidden_size=512 ...
 
 Runs each variant below (`credo run` in a subprocess, warm-ups cached, evaluation and checkpoints off)
 `rounds` times, interleaved, and prints the median `perf/step_time_s`, the median of any extra stage
@@ -48,6 +49,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--only", nargs="*", help="variant names to run (default: all)")
+    p.add_argument("--extra", nargs="*", default=[], help="overrides appended to every variant (e.g. a wider model, "
+                   "so that model states dominate the resident set)")
     args = p.parse_args()
     names = [n for n in VARIANTS if not args.only or n in args.only]
     tmp = Path(tempfile.mkdtemp(prefix="credo-variants-"))
@@ -55,7 +58,8 @@ def main() -> None:
     for i in range(args.rounds):
         for j, name in enumerate(names):
             recipe, overrides = VARIANTS[name]
-            rows = [r for r in run(recipe, overrides, tmp / f"{i}-{j}", args.steps) if "perf/step_time_s" in r]
+            rows = [r for r in run(recipe, [*overrides, *args.extra], tmp / f"{i}-{j}", args.steps)
+                    if "perf/step_time_s" in r]
             rows = rows[2:] or rows  # the first steps warm caches (and critic-only steps skip the update)
             step[name].append(statistics.median(r["perf/step_time_s"] for r in rows))
             for key in ("perf/critic_s", "perf/credit_s"):
