@@ -52,6 +52,7 @@ class Trainer:
     def train_step(self, step: int) -> dict:
         c = self.c
         t0 = time.perf_counter()
+        snap = c.gate.snapshot()  # MIPU step 2 / random rollback: the state to return to (None: no gate)
         batch = self.source.rollout(step)
         t_roll = time.perf_counter()
         self.reward(batch)
@@ -65,6 +66,9 @@ class Trainer:
         t_upd = time.perf_counter()
         self.source.sync(self.engine.module, step)
         t_sync = time.perf_counter()
+        metrics.update(c.gate.decide(step, snap))  # accept the synced candidate, or roll back and re-sync
+        if c.gate.mode is not None:
+            metrics["perf/mipu_s"] = time.perf_counter() - t_sync
         if c.dump_every and step % c.dump_every == 0:
             dump_rollouts(batch, c.tokenizer, c.run_dir / "rollouts", rank=c.rank)
         row = self.step_metrics(batch, metrics, times=(t0, t_roll, t_rew, t_lp, t_upd, t_sync))
