@@ -570,6 +570,9 @@ def _check_mipu(r: Recipe) -> None:
     if m.enabled and m.val_prompts >= r.task.train_size:
         raise _out_of_range("mipu.val_prompts", m.val_prompts, f"< task.train_size ({r.task.train_size}): the "
                             "validation prompts are held out of the training split")
+    w_max = r.algo.loss_kwargs.get("w_max") if r.algo.policy_loss == "mipu" else None
+    if w_max is not None and (isinstance(w_max, bool) or not isinstance(w_max, (int, float)) or not w_max >= 1):
+        raise _out_of_range("algo.loss_kwargs.w_max", w_max, ">= 1 (the truncation of pi_old / mu; paper: 2)")
     ro = r.rollout
     if (ro.fp8_weights or ro.dtype is not None) and r.optim.zero_stage >= 3 and ro.backend == "hf":
         raise _out_of_range("optim.zero_stage", 3, "<= 2 with rollout.dtype or rollout.fp8_weights on the hf backend "
