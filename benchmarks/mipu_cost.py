@@ -62,7 +62,7 @@ def main() -> None:
     for name, t in times.items():
         m = statistics.median(t)
         print(f"{name:24s} median step {m:.3f} s over {len(t)} steps  ratio {m / base:.2f}x")
-    print(f"median perf/mipu_s (validation + decision + any restore/re-sync; the snapshot is outside it): "
+    print(f"median perf/mipu_s (snapshot, validation, decision, any restore + re-sync): "
           f"{statistics.median(gate):.3f} s")
     print(f"MIPU rollback rate in the last round: {rate:.2f}")
 
