@@ -167,6 +167,12 @@ class RolloutConfig:
     """Skip vLLM's graph compilation (faster start, slower sampling); default: eager on CPU, compiled on GPU."""
     vllm_gpu_memory_utilization: float = ranged(0.3, gt=0, le=1)
     """Fraction of GPU memory vLLM may take (GPU only)."""
+    dtype: Optional[str] = one_of(None, (None, "float32", "bfloat16", "float16"))
+    """Rollout weights' dtype: null = model.dtype (hf: sample with the trainer's own module); float32, bfloat16 or
+    float16 = a copy of the policy at that dtype (hf) or the vLLM engine's dtype, re-synced after each update."""
+    fp8_weights: bool = False
+    """Simulate FP8 (e4m3, per-output-channel scales) linear-layer weights in the rollout copy at every sync
+    (MIPU's FP8 rollout regime); the trainer's weights stay as they are."""
 
 
 @dataclass
@@ -213,6 +219,10 @@ class OptimConfig:
     """Linear learning-rate warm-up steps."""
     zero_stage: int = one_of(1, (0, 1, 2, 3))
     """DeepSpeed ZeRO stage (0-3)."""
+    lr_schedule: str = one_of("constant", ("constant", "linear", "cosine"))
+    """After warm-up: constant, or linear / cosine decay to min_lr_ratio * lr at the last optimizer step."""
+    min_lr_ratio: float = ranged(0.0, ge=0, le=1)
+    """Final learning rate of a decaying lr_schedule, as a fraction of optim.lr."""
 
 
 @dataclass
@@ -292,6 +302,25 @@ class CriticConfig:
 
 
 @dataclass
+class MipuConfig:
+    enabled: bool = False
+    """MIPU step 2 (arXiv 2606.29526): after each update, validate the synced candidate on held-out training
+    prompts and roll the whole trainer state back when T_post < -c_k (docs/mipu.md)."""
+    val_prompts: int = ranged(8, ge=1)
+    """Held-out training prompts per validation (the last val_prompts problems of the training split, never trained on)."""
+    val_group_size: int = ranged(4, ge=2, note="a group needs 2 responses for a group-relative advantage")
+    """Responses sampled per validation prompt."""
+    c_start: float = 1e-3
+    """Tolerance c_k at the first step (accept iff T_post >= -c_k); paper Qwen3-4B: 1e-3."""
+    c_end: float = 0.0
+    """Tolerance c_k after anneal_steps; paper Qwen3-4B: 0."""
+    anneal_steps: int = ranged(100, ge=0)
+    """Steps of the linear anneal of c_k from c_start to c_end (paper: 100)."""
+    random_rollback: float = ranged(0.0, ge=0, le=1)
+    """Control: roll back each step with this probability, no validation (set it to MIPU's measured rate)."""
+
+
+@dataclass
 class RunConfig:
     name: str = checked(MISSING, bool, "a non-empty string")
     """Name of the run; the default output directory is runs/<name>/<timestamp>."""
@@ -357,6 +386,8 @@ class Recipe:
     """Which stage of each kind a step runs (built-ins by default; plug-ins by name or import spec)."""
     critic: CriticConfig = field(default_factory=CriticConfig)
     """Value models for PPO / AsyPPO (off unless num_critics >= 1)."""
+    mipu: MipuConfig = field(default_factory=MipuConfig)
+    """MIPU step 2: accept-or-roll-back of each update, and the random-rollback control (off by default)."""
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -521,6 +552,31 @@ def _check_combinations(r: Recipe) -> None:
         if not isinstance(spec, str) or ":" not in spec:
             raise ConfigError(f"config key 'reward.functions[{i}]' = {spec!r}: expected 'module:function'")
     _check_critic(r)
+    _check_mipu(r)
+
+
+def _check_mipu(r: Recipe) -> None:
+    m = r.mipu
+    for key in ("c_start", "c_end"):
+        v = getattr(m, key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or abs(v) == float("inf"):
+            raise _out_of_range(f"mipu.{key}", v, "a finite number")
+    if m.enabled and m.random_rollback:
+        raise ConfigError(f"config keys 'mipu.enabled' and 'mipu.random_rollback' = {m.random_rollback} are both set: "
+                          "expected one (the random-rollback control replaces the validation, it does not add to it)")
+    if (m.enabled or m.random_rollback) and r.optim.zero_stage >= 3:
+        raise _out_of_range("optim.zero_stage", r.optim.zero_stage, "<= 2 with mipu.enabled or mipu.random_rollback "
+                            "(a rollback restores the weights in memory; ZeRO-3 partitions them)")
+    if m.enabled and m.val_prompts >= r.task.train_size:
+        raise _out_of_range("mipu.val_prompts", m.val_prompts, f"< task.train_size ({r.task.train_size}): the "
+                            "validation prompts are held out of the training split")
+    w_max = r.algo.loss_kwargs.get("w_max") if r.algo.policy_loss == "mipu" else None
+    if w_max is not None and (isinstance(w_max, bool) or not isinstance(w_max, (int, float)) or not w_max >= 1):
+        raise _out_of_range("algo.loss_kwargs.w_max", w_max, ">= 1 (the truncation of pi_old / mu; paper: 2)")
+    ro = r.rollout
+    if (ro.fp8_weights or ro.dtype is not None) and r.optim.zero_stage >= 3 and ro.backend == "hf":
+        raise _out_of_range("optim.zero_stage", 3, "<= 2 with rollout.dtype or rollout.fp8_weights on the hf backend "
+                            "(the rollout copy is made from full weights)")
 
 
 def _check_critic(r: Recipe) -> None:

@@ -1,6 +1,7 @@
 """The RL trainer: `fit` is the loop, `train_step` a page of plain calls over one `Batch`.
 
     rollout -> reward -> pack -> advantage -> recompute (old/ref log-probs, probes) -> update -> sync
+    (-> with MIPU step 2: validate the synced candidate, accept it or roll back to the step's snapshot)
 
 Each call is a stage built once from the recipe by `credo.train.build`; the trainer reads no recipe
 key. The same code runs as one process or data-parallel under `torchrun` / the `deepspeed` launcher:
@@ -51,6 +52,8 @@ class Trainer:
 
     def train_step(self, step: int) -> dict:
         c = self.c
+        t_snap = time.perf_counter()
+        snap = c.gate.snapshot()  # MIPU step 2 / random rollback: the state to return to (None: no gate)
         t0 = time.perf_counter()
         batch = self.source.rollout(step)
         t_roll = time.perf_counter()
@@ -65,6 +68,9 @@ class Trainer:
         t_upd = time.perf_counter()
         self.source.sync(self.engine.module, step)
         t_sync = time.perf_counter()
+        metrics.update(c.gate.decide(step, snap))  # accept the synced candidate, or roll back and re-sync
+        if c.gate.mode is not None:  # the snapshot, the validation, the decision and any restore + re-sync
+            metrics["perf/mipu_s"] = time.perf_counter() - t_sync + t0 - t_snap
         if c.dump_every and step % c.dump_every == 0:
             dump_rollouts(batch, c.tokenizer, c.run_dir / "rollouts", rank=c.rank)
         row = self.step_metrics(batch, metrics, times=(t0, t_roll, t_rew, t_lp, t_upd, t_sync))

@@ -221,9 +221,9 @@ def mipu_threshold(step: int, c_start: float, c_end: float, anneal_steps: int = 
     for name, v in (("c_start", c_start), ("c_end", c_end)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise ValueError(f"{name} is {v!r}, expected a finite number")
-    if anneal_steps == 0:
+    if step >= anneal_steps:  # exactly c_end (c_start + (c_end - c_start) * 1 can miss it by a rounding)
         return float(c_end)
-    return c_start + (c_end - c_start) * min(step, anneal_steps) / anneal_steps
+    return c_start + (c_end - c_start) * step / anneal_steps
 
 
 def mipu_accept(t_post: float, c_k: float) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import io
 import math
@@ -59,16 +60,33 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
+def lr_factor(s: int, *, warmup_steps: int, schedule: str = "constant", total_steps: int = 0,
+              min_lr_ratio: float = 0.0) -> float:
+    """The LR multiplier after `s` optimizer steps: linear warm-up, then constant or a linear / cosine decay
+    that reaches `min_lr_ratio` at `total_steps` (and stays there)."""
+    warm = min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+    if schedule == "constant" or total_steps <= warmup_steps:
+        return warm
+    frac = min(1.0, max(0.0, (s - warmup_steps) / (total_steps - warmup_steps)))
+    decay = 1.0 - frac if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+    return warm * (min_lr_ratio + (1.0 - min_lr_ratio) * decay)
+
+
 def build_engine(model: torch.nn.Module, *, lr: float, betas, weight_decay: float, grad_clip: float,
-                 zero_stage: int, warmup_steps: int, micro_batch: int, grad_accum: int, bf16: bool):
-    """Wrap the policy in a DeepSpeed engine with a torch AdamW (no extra op compile) and linear warm-up."""
+                 zero_stage: int, warmup_steps: int, micro_batch: int, grad_accum: int, bf16: bool,
+                 lr_schedule: str = "constant", total_steps: int = 0, min_lr_ratio: float = 0.0):
+    """Wrap the policy in a DeepSpeed engine with a torch AdamW (no extra op compile), linear warm-up and an
+    optional decay (`lr_factor`)."""
     import deepspeed
 
     world = dist.get_world_size()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
-    )
+    if lr_schedule == "constant":  # today's lambda, kept as it was
+        factor = lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0  # noqa: E731
+    else:
+        factor = functools.partial(lr_factor, warmup_steps=warmup_steps, schedule=lr_schedule,
+                                   total_steps=total_steps, min_lr_ratio=min_lr_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     config = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": grad_accum,

@@ -70,7 +70,8 @@ def response_lengths(gen: torch.Tensor, eos_id: int, pad_id: int) -> tuple[torch
 
 
 class HFBackend:
-    """transformers `generate` on the trainer's own module: no copy, so weight sync is a no-op.
+    """transformers `generate` on the trainer's own module: no copy, so weight sync is a no-op (with `dtype` or
+    `fp8_weights`: on a lower-precision copy, re-synced by `sync_weights`).
 
     Prompts are left-padded and sampled in one call (or blocks of `max_batch` prompts, 0 = one call)
     under a forked RNG seeded from `seeds`, so results do not depend on the global RNG (vLLM instead
@@ -78,10 +79,18 @@ class HFBackend:
     small model, per-sample Python work after `generate()` cost as much as a quarter of the sampling.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch: int = 0):
+    def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch: int = 0, dtype: str | None = None,
+                 fp8_weights: bool = False):
         if max_batch < 0:
             raise ValueError(f"max_batch must be >= 0 (0 = all prompts in one generate call), got {max_batch}")
-        self.model = model
+        # with a dtype or FP8 weights the sampler is a copy of the policy at that precision (an induced
+        # train/inference mismatch, see credo.distributed.rollout_copy); otherwise the trainer's module itself
+        self.copy = None
+        if dtype is not None or fp8_weights:
+            from credo.distributed.rollout_copy import RolloutCopy
+
+            self.copy = RolloutCopy(model, dtype=dtype, fp8_weights=fp8_weights)
+        self.model = model if self.copy is None else self.copy.module
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id
         self.max_batch = max_batch
@@ -89,7 +98,10 @@ class HFBackend:
         self._gen_configs: dict = {}
 
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
-        self.model = model
+        if self.copy is None:
+            self.model = model
+        else:
+            self.copy.sync_from(model)
         self.version = version
 
     def close(self) -> None:

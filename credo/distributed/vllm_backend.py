@@ -64,12 +64,14 @@ class VLLMBackend:
         enforce_eager: skip ``torch.compile`` / CUDA graphs (faster start on a cold cache, slower steps).
         weight_transport: how :meth:`sync_weights` moves weights, see
             :func:`credo.distributed.weight_sync.push_weights` (``auto``: ``/dev/shm`` when it has room).
+        fp8_weights: every :meth:`sync_weights` pushes simulated FP8 (e4m3, per-channel) linear weights
+            (:mod:`credo.distributed.rollout_copy`); call it once after start-up to quantise the initial ones.
         **engine_kwargs: passed on to ``vllm.LLM`` (e.g. ``tensor_parallel_size``).
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", seed: int = 0, kv_cache_gib: float = 1,
                  gpu_memory_utilization: float = 0.3, max_model_len: int | None = None, enforce_eager: bool = False,
-                 weight_transport: str = "auto", **engine_kwargs):
+                 weight_transport: str = "auto", fp8_weights: bool = False, **engine_kwargs):
         if kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib is {kv_cache_gib}, expected a positive size in GiB")
         if weight_transport not in ("auto", "shm", "bytes"):
@@ -96,6 +98,7 @@ class VLLMBackend:
         """Wall time of the last :meth:`sync_weights` (gather, serialise, send, reload, refresh)."""
         self.version = 0
         self.weight_transport = weight_transport
+        self.fp8_weights = fp8_weights
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                  seeds: list[int] | None = None) -> list[Sample]:
@@ -143,7 +146,13 @@ class VLLMBackend:
         """
         if self.llm is None:
             raise RuntimeError("sync_weights called after close()")
-        self.last_sync_seconds = push_weights(self.llm, model, transport=self.weight_transport)
+        transform = None
+        if self.fp8_weights:
+            from credo.distributed.rollout_copy import fp8_state, fp8_weight_names
+
+            names = fp8_weight_names(model)
+            transform = lambda state: fp8_state(state, names)  # noqa: E731
+        self.last_sync_seconds = push_weights(self.llm, model, transport=self.weight_transport, transform=transform)
         self.version = version
 
     def close(self, timeout: float = 30.0) -> None:

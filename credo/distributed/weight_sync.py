@@ -127,7 +127,7 @@ def shm_dir(nbytes: int) -> str | None:
     return "/dev/shm" if shutil.disk_usage("/dev/shm").free > 1.1 * nbytes else None
 
 
-def push_weights(llm, model: torch.nn.Module, *, transport: str = "auto") -> float:
+def push_weights(llm, model: torch.nn.Module, *, transport: str = "auto", transform=None) -> float:
     """Copy ``model``'s weights into the running ``vllm.LLM`` in place; returns the seconds it took.
 
     The engine must have been built with ``worker_extension_cls=WORKER_EXTENSION``. Resets the prefix
@@ -140,6 +140,9 @@ def push_weights(llm, model: torch.nn.Module, *, transport: str = "auto") -> flo
             worker reads it tensor by tensor. ``"bytes"`` sends the serialised weights through vLLM's RPC
             channel (msgpack over ZeroMQ, then the executor's queue), about 3x slower on a 90M-parameter
             model but needing no shared filesystem. ``"auto"``: ``shm`` when ``/dev/shm`` has room.
+        transform: optional ``fn(state) -> state`` applied to the full state dict before it is sent (e.g.
+            simulated FP8 quantisation, :func:`credo.distributed.rollout_copy.fp8_state`); the trainer's
+            own tensors are not modified.
 
     Raises:
         RuntimeError: a worker loaded a different number of tensors than was sent.
@@ -148,6 +151,8 @@ def push_weights(llm, model: torch.nn.Module, *, transport: str = "auto") -> flo
         raise ValueError(f"transport is {transport!r}, expected 'auto', 'shm' or 'bytes'")
     t0 = time.perf_counter()
     state = full_state_dict(model)
+    if transform is not None:
+        state = transform(state)
     names = list(state)
     folder = shm_dir(sum(t.numel() * t.element_size() for t in state.values()))
     if transport == "shm" and folder is None:

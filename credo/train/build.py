@@ -68,6 +68,7 @@ class Components:
     updater: Updater
     state: TrainState
     evaluate: Evaluator | None
+    gate: Any  # credo.train.mipu.StepGate: MIPU step 2, the random-rollback control, or off
     # run bookkeeping the loop needs
     steps: int
     eval_every: int
@@ -118,15 +119,17 @@ def build(r: Recipe) -> Components:
     grad_accum = grad_accum_steps(ro.prompts_per_step // world * ro.group_size, a.mini_batches, a.micro_batch_size)
     engine = build_engine(model, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
                           zero_stage=o.zero_stage, warmup_steps=o.warmup_steps, micro_batch=a.micro_batch_size,
-                          grad_accum=grad_accum, bf16=r.model.dtype == "bfloat16")
+                          grad_accum=grad_accum, bf16=r.model.dtype == "bfloat16", lr_schedule=o.lr_schedule,
+                          total_steps=r.run.steps * a.ppo_epochs * a.mini_batches, min_lr_ratio=o.min_lr_ratio)
     backend = _make_backend(r, engine, tokenizer, policy_path)
     sampling = dict(prompts_per_step=ro.prompts_per_step, group_size=ro.group_size, max_new_tokens=ro.max_new_tokens,
                     temperature=ro.temperature, top_p=ro.top_p)
     ctx = StageContext(rank=rank, world=world, seed=r.run.seed, tokenizer=tokenizer, task=task, backend=backend,
                        engine=engine, rollout=sampling, render=render)
 
+    holdout = r.mipu.val_prompts if r.mipu.enabled else 0
     ctx.default = PromptRollout(task, tokenizer, backend, seed=r.run.seed, rank=rank, world=world, render=render,
-                                **sampling)
+                                holdout=holdout, **sampling)
     source = _stage(ctx, "rollout", r.stages.rollout, r.stages.rollout_kwargs)
     fn = _reward_fn(r, task)
     worker = RewardWorker(fn, timeout_s=r.reward.timeout_s, workers=r.reward.workers,
@@ -154,6 +157,7 @@ def build(r: Recipe) -> Components:
                   if hasattr(stage, "state_dict")}
     state = TrainState(engine, components, config=config, sft_key=sft_key, policy_path=policy_path,
                        max_consecutive_skips=r.run.max_consecutive_skips)
+    gate = _step_gate(r, state, source, backend, reward, scorer, engine, tokenizer, render, task, rank, world)
     eval_reward = fn if isinstance(fn, WeightedRewards) else WeightedRewards([fn])  # scores tasks without a verifier
     evaluate = Evaluator(task, tokenizer, source, seed=r.run.seed, temperature=r.run.eval_temperature,
                          samples=r.run.eval_samples, rank=rank, world=world, render=render,
@@ -162,11 +166,31 @@ def build(r: Recipe) -> Components:
     return Components(
         rank=rank, world=world, run_dir=run_dir, tokenizer=tokenizer, task=task, engine=engine, source=source,
         reward=reward, advantage=advantage, scorer=scorer, objective=objective, updater=updater, state=state,
-        evaluate=evaluate, steps=r.run.steps, eval_every=r.run.eval_every, save_every=r.run.save_every,
+        evaluate=evaluate, gate=gate, steps=r.run.steps, eval_every=r.run.eval_every, save_every=r.run.save_every,
         keep_last=r.run.keep_last, overlong_filter=a.overlong_filter, dump_every=r.run.dump_rollouts_every,
         resume=r.run.resume, allow_config_change=r.run.allow_config_change, config=config,
         config_yaml=recipe_to_yaml(r), zero_stage=o.zero_stage,
         tracker_args=dict(total_steps=r.run.steps, progress=r.run.progress, plot=r.run.plot, wandb_cfg=wandb_cfg))
+
+
+def _step_gate(r: Recipe, state: TrainState, source, backend, reward, scorer, engine, tokenizer, render, task,
+               rank: int, world: int):
+    """MIPU step 2 (mipu.enabled), the random-rollback control (mipu.random_rollback) or an idle gate; an active
+    gate's rollback window is part of the trainer state (checkpointed, and put back by a restore)."""
+    from credo.train.mipu import StepGate
+
+    m, ro = r.mipu, r.rollout
+    mode = "mipu" if m.enabled else ("random" if m.random_rollback > 0 else None)
+    n = len(task)
+    gate = StepGate(mode=mode, state=state, source=source, backend=backend, reward=reward, scorer=scorer,
+                    engine=engine, tokenizer=tokenizer, render=render,
+                    val_problems=[task.train(i) for i in range(n - m.val_prompts, n)] if m.enabled else [],
+                    val_group_size=m.val_group_size, c_start=m.c_start, c_end=m.c_end, anneal_steps=m.anneal_steps,
+                    rollback_prob=m.random_rollback, seed=r.run.seed, rank=rank, world=world,
+                    sampling=dict(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p))
+    if mode is not None:
+        state.components["mipu"] = gate
+    return gate
 
 
 def _reward_fn(r: Recipe, task):
@@ -281,10 +305,14 @@ def _check_context(r: Recipe, base_path: str, task) -> None:
 def _make_backend(r: Recipe, engine, tokenizer, policy_path: str):
     ro = r.rollout
     if ro.backend == "hf":
-        return HFBackend(engine.module, tokenizer, max_batch=ro.hf_max_batch)
+        return HFBackend(engine.module, tokenizer, max_batch=ro.hf_max_batch, dtype=ro.dtype, fp8_weights=ro.fp8_weights)
     from credo.distributed.vllm_backend import VLLMBackend
 
     eager = ro.vllm_enforce_eager
-    return VLLMBackend(policy_path, dtype=r.model.dtype, seed=r.run.seed, kv_cache_gib=ro.vllm_kv_cache_gib,
-                       gpu_memory_utilization=ro.vllm_gpu_memory_utilization,
-                       enforce_eager=(not torch.cuda.is_available()) if eager is None else eager)
+    backend = VLLMBackend(policy_path, dtype=ro.dtype or r.model.dtype, seed=r.run.seed,
+                          kv_cache_gib=ro.vllm_kv_cache_gib, gpu_memory_utilization=ro.vllm_gpu_memory_utilization,
+                          enforce_eager=(not torch.cuda.is_available()) if eager is None else eager,
+                          fp8_weights=ro.fp8_weights)
+    if ro.fp8_weights:  # the engine loaded full-precision weights from disk: quantise them before step 1
+        backend.sync_weights(engine.module, 0)
+    return backend

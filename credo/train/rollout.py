@@ -50,21 +50,25 @@ class PromptRollout:
     """Single-turn rollout: each rank samples `group_size` responses to its share of the step's prompts.
 
     Temperature and top-p are bound here once; the scorer that recomputes log-probs is built with the
-    same temperature by the builder. `render(problem) -> str` is the recipe's prompt rendering
+    same temperature by the builder. `holdout` > 0 keeps the last `holdout` training problems out of the
+    draw (held-out training prompts for MIPU's validation). `render(problem) -> str` is the recipe's prompt rendering
     (`credo.rewards.chat.prompt_renderer`: the chat template, if any), shared with warm-up and evaluation.
     """
 
     def __init__(self, task, tokenizer, backend, *, seed: int, prompts_per_step: int, group_size: int,
                  max_new_tokens: int, temperature: float, top_p: float, rank: int = 0, world: int = 1,
-                 render=plain_prompt):
+                 render=plain_prompt, holdout: int = 0):
         self.task, self.tokenizer, self.backend, self.render = task, tokenizer, backend, render
         self.seed, self.P, self.G = seed, prompts_per_step, group_size
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.rank, self.world = rank, world
+        if not 0 <= holdout < len(task):
+            raise ValueError(f"holdout is {holdout}, expected 0 <= holdout < {len(task)} (the training problems)")
+        self.holdout = holdout  # the last `holdout` training problems are never drawn (MIPU's validation prompts)
 
     def rollout(self, step: int) -> Batch:
         P, G = self.P, self.G
-        idx = step_problem_indices(self.seed, step, len(self.task), P)
+        idx = step_problem_indices(self.seed, step, len(self.task) - self.holdout, P)
         per_rank = P // self.world
         mine = list(range(self.rank * per_rank, (self.rank + 1) * per_rank))
         problems = [self.task.train(idx[i]) for i in mine]

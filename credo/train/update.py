@@ -15,6 +15,7 @@ import torch
 
 from credo.distributed.engine import all_reduce_sum, backward, nan_loss, optimizer_step, reported_grad_norm
 from credo.train.batch import Batch
+from credo.train.mipu import step_mismatch_metrics
 from credo.train.objective import Objective
 from credo.train.scoring import PolicyScorer
 
@@ -43,7 +44,9 @@ class Updater:
         counts: dict[str, int] = {}
         skipped = 0
         checked_norm = float("nan")  # the norm checked on ZeRO-0, where DeepSpeed reports none
-        for _ in range(self.ppo_epochs):
+        # pi_old for the mismatch metrics: the recompute's, or (one on-policy pass) the first pass's own log-probs
+        pi_old = batch.old_log_probs if batch.old_log_probs is not None else torch.zeros_like(batch.rollout_log_probs)
+        for epoch in range(self.ppo_epochs):
             for mb in torch.arange(B).tensor_split(self.mini_batches):
                 mb_mask = batch.loss_mask[mb]
                 gt, gs = all_reduce_sum(torch.stack([mb_mask.sum(), (mb_mask.sum(-1) > 0).sum()])).clamp_min(1)
@@ -58,6 +61,8 @@ class Updater:
                         ref_log_probs=None if batch.ref_log_probs is None else batch.ref_log_probs[micro],
                         weights=None if batch.weights is None else batch.weights[micro], global_tokens=gt, global_seqs=gs,
                         entropy_mask=None if batch.entropy_mask is None else batch.entropy_mask[micro])
+                    if batch.old_log_probs is None and epoch == 0:
+                        pi_old[micro] = lp.detach().to(pi_old.dtype)
                     if batch.step in self.fault_nan_steps:
                         loss = loss * float("nan")
                     if not torch.isfinite(loss):
@@ -88,4 +93,5 @@ class Updater:
         out["train/loss"] = self.objective.total(out)
         out["train/grad_norm"] = reported_grad_norm(engine, checked_norm)
         out["train/skipped_steps"] = skipped
+        out.update(step_mismatch_metrics(batch, pi_old))
         return out, skipped
