@@ -97,7 +97,9 @@ class PolicyScorer:
             with contextlib.ExitStack() as hooks:
                 for probe in self.probes:
                     hooks.enter_context(probe.capture(model))
-                lp, ent = self(model, batch.input_ids, batch.attention_mask, batch.loss_mask, with_entropy=bool(self.probes))
+                # A probe that never reads the entropy (`needs_entropy = False`) spares its computation.
+                with_entropy = any(getattr(probe, "needs_entropy", True) for probe in self.probes)
+                lp, ent = self(model, batch.input_ids, batch.attention_mask, batch.loss_mask, with_entropy=with_entropy)
             if self.needs_old_log_probs:
                 batch.old_log_probs = lp
             for probe in self.probes:
