@@ -59,6 +59,15 @@ def _pairs_per_step(scores_per_step: int, block_size: int, n: int) -> int:
     return max(1, scores_per_step // max(1, min(block_size, n) * n))
 
 
+def _scrub(q: torch.Tensor, k: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero the states of padding slots (they may hold NaN) unless there is no padding."""
+    if bool(valid.all()):
+        return q, k
+    keep = valid[:, None, :, None]
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    return torch.where(keep, q, zero), torch.where(keep, k, zero)
+
+
 def batched_head_stats(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -79,7 +88,7 @@ def batched_head_stats(
     ``response_mask[b, :n_b]``.
 
     Args:
-        q: ``[B, H, n, d]`` packed query states (zero or anything finite on padding slots).
+        q: ``[B, H, n, d]`` packed query states (anything, even NaN, on padding slots).
         k: ``[B, H_kv, n, d]`` packed key states.
         valid: ``[B, n]`` bool real slots (from :func:`pack_tokens`).
         response_mask: ``[B, n]`` bool packed response tokens (False on padding slots is enforced).
@@ -96,7 +105,7 @@ def batched_head_stats(
     if q.dim() != 4:
         raise ValueError(f"q has shape {list(q.shape)}, expected [B, H, n, d]")
     batch, heads, n, d = q.shape
-    q_flat, k_flat, kv_index = _flatten_heads(q, k)
+    _flatten_heads(q, k)  # validates the shapes
     for name, mask in (("valid", valid), ("response_mask", response_mask)):
         if tuple(mask.shape) != (batch, n):
             raise ValueError(f"{name} has shape {list(mask.shape)}, expected [{batch}, {n}] like q's [B, n]")
@@ -107,6 +116,8 @@ def batched_head_stats(
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     dtype, device = _compute_dtype(q), q.device
     valid = valid.bool()
+    q, k = _scrub(q, k, valid)
+    q_flat, k_flat, kv_index = _flatten_heads(q, k)
     response = response_mask.bool() & valid
     pair_response = response.to(dtype).repeat_interleave(heads, dim=0)  # [B*H, n]
     span_sum = torch.zeros(batch * heads, dtype=dtype, device=device)
@@ -170,7 +181,8 @@ def batched_flow_throughput(
     slots get no capacity (no edges in or out), no source and no sink, hence zero throughput.
 
     Args:
-        q: ``[B, P, n, d]`` packed query states, ``P`` = all (layer, head) pairs to average.
+        q: ``[B, P, n, d]`` packed query states, ``P`` = all (layer, head) pairs to average
+            (anything, even NaN, on padding slots).
         k: ``[B, P_kv, n, d]`` packed key states (``P`` a multiple of ``P_kv``, GQA per layer as in
             :func:`credo.credit.streaming.streaming_flow_throughput` on ``[L, H, n, d]``).
         valid: ``[B, n]`` bool real slots.
@@ -186,13 +198,15 @@ def batched_flow_throughput(
     if q.dim() != 4:
         raise ValueError(f"q has shape {list(q.shape)}, expected [B, P, n, d]")
     batch, heads, n, d = q.shape
+    _flatten_heads(q, k)  # validates the shapes
     for name, mask in (("valid", valid), ("question_mask", question_mask), ("answer_mask", answer_mask)):
         if tuple(mask.shape) != (batch, n):
             raise ValueError(f"{name} has shape {list(mask.shape)}, expected [{batch}, {n}] like q's [B, n]")
-    q_flat, k_flat, kv_index = _flatten_heads(q, k)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     device, f64 = q.device, torch.float64
     valid = valid.bool()
+    q, k = _scrub(q, k, valid)
+    q_flat, k_flat, kv_index = _flatten_heads(q, k)
     question, answer = question_mask.bool() & valid, answer_mask.bool() & valid
     owner = torch.arange(batch, device=device).repeat_interleave(heads)  # pair -> sequence
     step = _pairs_per_step(scores_per_step, block_size, n)

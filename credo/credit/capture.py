@@ -273,7 +273,7 @@ def _check_masks(input_ids: torch.Tensor, **masks: torch.Tensor | None) -> None:
 def _packed_layers(capture: QKCapture, index: torch.Tensor, valid: torch.Tensor):
     """Yield ``(layer, q [B, H, n, d], k [B, H_kv, n, d])`` packed by ``index``, one layer at a time.
 
-    Padding slots hold zeros. Non-finite states on real tokens are an error, not silently ranked
+    Padding slots hold whatever the forward left there. Non-finite states on real tokens are an error, not silently ranked
     (they arise, for instance, when padding rows turn NaN and leak into real tokens in a float64
     eager forward); it is raised once all layers are seen, naming the first bad sequence's layers.
     """
@@ -282,7 +282,6 @@ def _packed_layers(capture: QKCapture, index: torch.Tensor, valid: torch.Tensor)
     # Right padding (the trainer's layout) packs to itself: no copy, and no scrub when nothing pads.
     identity = index.shape[1] == capture.shape[1] and bool(
         (index == torch.arange(index.shape[1], device=index.device)).all())
-    pads = not bool(valid.all())
     for layer in capture.layers:
         out = []
         for kind, name in enumerate(("q", "k")):
@@ -294,10 +293,7 @@ def _packed_layers(capture: QKCapture, index: torch.Tensor, valid: torch.Tensor)
             finite = (torch.isfinite(packed.float().sum(dim=(1, 3))) | ~valid).all(dim=1)
             for seq in (~finite).nonzero().flatten().tolist():
                 bad.setdefault((seq, kind), []).append(layer)
-            if pads:
-                packed = torch.where(valid[:, None, :, None], packed, torch.zeros((), dtype=packed.dtype,
-                                                                                  device=packed.device))
-            out.append(packed)
+            out.append(packed)  # padding slots are scrubbed by credo.credit.batched
         yield layer, out[0], out[1]
     if bad:
         (seq, kind), layers = min(bad.items())

@@ -7,7 +7,9 @@ Named in a recipe as
       probe_kwargs: {attention_credit: {strategy: coupled}}
 
 (`credo.train.registry.LAZY_BUILTINS` imports this module on first lookup). It rides the no-grad
-log-prob recompute of each step (`PolicyScorer.recompute`): hooks capture the
+log-prob recompute of each step (`PolicyScorer.recompute`), or, when the update is one on-policy pass
+and there is no recompute, the update's own forward of each micro-batch (`PolicyScorer.update_forward`,
+so the probe costs no extra forward): hooks capture the
 post-RoPE query/key states of the sampled layers (`credo.credit.capture_qk`), and `result` turns
 them into multipliers ``gamma`` that become `batch.weights`. Each token's loss is multiplied by its
 ``gamma``, which for the policy-gradient losses equals rescaling its advantage, ``A~_t = gamma_t *
@@ -87,6 +89,7 @@ class AttentionCreditProbe:
         self.sign_mode, self.answer_tokens, self.seed, self.rank = sign_mode, answer_tokens, seed, rank
         self.storage_device, self.credit_kwargs = storage_device, credit_kwargs
         self.needs_entropy = strategy == "entropy"  # read by PolicyScorer.recompute
+        self.rides_update = True  # without a recompute, ride the update's forward (PolicyScorer.update_forward)
         self._capture = None
 
     def capture(self, model: torch.nn.Module):
@@ -148,7 +151,11 @@ class AttentionCreditProbe:
             scores = entropy.float()
         else:
             g = torch.Generator().manual_seed(_mix(self.seed, batch.step, self.rank))
-            scores = torch.rand(mask.shape, generator=g).add_(1e-6).to(mask.device)  # > 0: all selectable
+            # Draw for the whole batch and take this view's rows, so a micro-batch split draws the same tokens.
+            rows = getattr(batch, "source_rows", None)
+            size = getattr(batch, "source_size", mask.shape[0])
+            scores = torch.rand((size, mask.shape[1]), generator=g).add_(1e-6)  # > 0: all selectable
+            scores = (scores if rows is None else scores[rows.cpu()]).to(mask.device)
         return flow_gamma(scores, response_mask=mask, advantages=batch.advantages, q=self.q, gamma_flow=self.gamma_amp,
                           sign_mode=self.sign_mode)
 
