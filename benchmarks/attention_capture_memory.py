@@ -14,11 +14,13 @@ layers (default sampled layers: the middle third, layers 1 and 2), vocab 1000, f
 N tokens, the last 3/4 the response, the last 8 the answer.
 
 How memory is measured (CPU, the default): each case runs in a fresh Python subprocess with one
-thread. It builds the model and inputs, runs the case once at N = 64 (lazily loaded kernels are not
-charged), resets the kernel's peak-RSS counter (writes "5" to /proc/self/clear_refs: VmHWM becomes
-the current RSS), runs the case once, and reports VmHWM minus the RSS before the run: the physical
-memory the case needed on top of the model and inputs. With ``--device cuda`` it is
-``torch.cuda.max_memory_allocated`` after a reset minus the bytes allocated before the run.
+thread. It builds the model and inputs and runs the case once at N = 64 (lazily loaded kernels are
+not charged). Then two phases, each measured from a reset of the kernel's peak-RSS counter (writing
+"5" to /proc/self/clear_refs makes VmHWM the current RSS) as VmHWM minus the RSS at the reset:
+the forward (with the hooks), and the reduction from the captured q/k to gamma (the captured
+states are part of the level it starts from; their size is reported apart). With ``--device cuda``
+the same with ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the bytes
+allocated at the reset.
 
 Usage:
     nice -n 10 .venv/bin/python benchmarks/attention_capture_memory.py [--n 4096] [--device cuda]
@@ -68,38 +70,76 @@ def _inputs(n: int, device: str):
     return ids, mask, t >= n // 4, t >= n - 8
 
 
-def _run(case: str, model, inputs, block_size: int):
+def _forward(case: str, model, inputs):
+    """Phase 1, the forward (with the capture hooks unless case is 'forward'); returns the capture or None."""
+    import torch
+
+    from credo.credit import capture_qk
+
+    ids, mask, _, _ = inputs
+    with torch.no_grad():
+        if case == "forward":
+            model.model(input_ids=ids, attention_mask=mask)
+            return None
+        with capture_qk(model) as cap:
+            model.model(input_ids=ids, attention_mask=mask)
+    return cap
+
+
+def _reduce(case: str, cap, inputs, block_size: int) -> None:
+    """Phase 2, from the captured q/k to gamma: batched streaming (capture) or dense maps."""
     import torch
 
     from credo.credit import (
         attention_from_qk,
         attention_rhythm_gamma,
-        capture_qk,
         flow_gamma,
         flow_gamma_from_qk,
         flow_throughput,
         rhythm_gamma_from_qk,
     )
 
-    ids, mask, response, answer = inputs
+    _, mask, response, answer = inputs
     with torch.no_grad():
-        if case == "forward":
-            model.model(input_ids=ids, attention_mask=mask)
-            return
-        with capture_qk(model) as cap:
-            model.model(input_ids=ids, attention_mask=mask)
         if case == "rhythm capture":
             rhythm_gamma_from_qk(cap, mask, response, strategy="coupled", block_size=block_size)
         elif case == "flow capture":
             flow_gamma_from_qk(cap, mask, response, answer, block_size=block_size)
-        else:
+        elif case in ("rhythm dense", "flow dense"):
             q, k = cap.stacked()  # [L, 1, H, N, d]
             maps = attention_from_qk(q[:, 0], k[:, 0], scale=cap.scale)  # [L, H, N, N]
-            del q, k, cap
+            del q, k
             if case == "rhythm dense":
                 attention_rhythm_gamma(maps, response[0], strategy="coupled")
             else:
                 flow_gamma(flow_throughput(maps, ~response[0], answer[0]), response_mask=response[0])
+
+
+class _Peak:
+    """Peak memory above the level at `reset()`: VmHWM via /proc/self/clear_refs (CPU) or CUDA statistics."""
+
+    def __init__(self, device: str):
+        self.device = device
+
+    def reset(self) -> None:
+        import torch
+
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.before = torch.cuda.memory_allocated()
+        else:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.before = _rss_kib("VmRSS") * 1024
+
+    def read(self) -> int:
+        import torch
+
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated() - self.before
+        return _rss_kib("VmHWM") * 1024 - self.before
 
 
 def worker(case: str, n: int, block_size: int, device: str) -> None:
@@ -107,24 +147,21 @@ def worker(case: str, n: int, block_size: int, device: str) -> None:
 
     torch.set_num_threads(1)
     model = _model(device)
-    _run(case, model, _inputs(64, device), 32)  # warm-up, not measured
+    warm = _inputs(64, device)
+    _reduce(case, _forward(case, model, warm), warm, 32)  # warm-up, not measured
     inputs = _inputs(n, device)
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-    else:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        before = _rss_kib("VmRSS") * 1024
+    peak = _Peak(device)
     start = time.perf_counter()
-    _run(case, model, inputs, block_size)
-    if device == "cuda":
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - before
-    else:
-        peak = _rss_kib("VmHWM") * 1024 - before
-    print(json.dumps({"peak_bytes": peak, "seconds": time.perf_counter() - start}))
+    peak.reset()
+    cap = _forward(case, model, inputs)
+    forward_peak = peak.read()
+    peak.reset()  # the captured states are now part of the level: phase 2 is what the reduction adds
+    mid = time.perf_counter()
+    _reduce(case, cap, inputs, block_size)
+    reduce_peak = peak.read()
+    states = 0 if cap is None else sum(t.numel() * t.element_size() for s in cap.states.values() for t in s.values())
+    print(json.dumps({"forward_peak": forward_peak, "reduce_peak": reduce_peak, "states_bytes": states,
+                      "forward_s": mid - start, "reduce_s": time.perf_counter() - mid}))
 
 
 def main() -> None:
@@ -140,21 +177,25 @@ def main() -> None:
         return
     print(f"Qwen2: {LAYERS} layers, {HEADS} heads x {HEAD_DIM} (KV {KV_HEADS}), fp32, N={args.n}, "
           f"block {args.block_size}, device {args.device}, sampled layers 1, 2")
+    print("| case | forward peak (MiB) | captured q/k (MiB) | reduction peak (MiB) | forward s | reduction s |")
+    print("| --- | --- | --- | --- | --- | --- |")
     results = {}
     for case in args.cases:
         cmd = [sys.executable, __file__, "--worker", case, "--n", str(args.n), "--block-size", str(args.block_size),
                "--device", args.device]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        results[case] = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"{case:<15} peak {results[case]['peak_bytes'] / 2**20:9.1f} MiB  {results[case]['seconds']:7.2f} s",
-              flush=True)
-    fwd = results.get("forward", {}).get("peak_bytes", 0)
+        r = results[case] = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"| {case} | {r['forward_peak'] / 2**20:.1f} | {r['states_bytes'] / 2**20:.1f} | "
+              f"{r['reduce_peak'] / 2**20:.1f} | {r['forward_s']:.2f} | {r['reduce_s']:.2f} |", flush=True)
     for kind in ("rhythm", "flow"):
         cap, dense = results.get(f"{kind} capture"), results.get(f"{kind} dense")
         if cap and dense:
-            print(f"{kind}: capture / dense peak = {cap['peak_bytes'] / dense['peak_bytes']:.3f}; "
-                  f"beyond the forward: {(cap['peak_bytes'] - fwd) / 2**20:.1f} MiB vs "
-                  f"{(dense['peak_bytes'] - fwd) / 2**20:.1f} MiB = {(cap['peak_bytes'] - fwd) / (dense['peak_bytes'] - fwd):.3f}")
+            # what credit adds on top of the forward: the stored states plus the reduction's peak
+            extra_cap = cap["states_bytes"] + cap["reduce_peak"]
+            extra_dense = dense["states_bytes"] + dense["reduce_peak"]
+            print(f"{kind}: reduction peak capture / dense = {cap['reduce_peak'] / dense['reduce_peak']:.3f}; "
+                  f"states + reduction: {extra_cap / 2**20:.1f} MiB vs {extra_dense / 2**20:.1f} MiB = "
+                  f"{extra_cap / extra_dense:.3f}")
 
 
 if __name__ == "__main__":
