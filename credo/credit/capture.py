@@ -273,13 +273,14 @@ def _check_masks(input_ids: torch.Tensor, **masks: torch.Tensor | None) -> None:
 def _packed_layers(capture: QKCapture, index: torch.Tensor, valid: torch.Tensor):
     """Yield ``(layer, q [B, H, n, d], k [B, H_kv, n, d])`` packed by ``index``, one layer at a time.
 
-    Padding slots hold whatever the forward left there. Non-finite states on real tokens are an error, not silently ranked
-    (they arise, for instance, when padding rows turn NaN and leak into real tokens in a float64
-    eager forward); it is raised once all layers are seen, naming the first bad sequence's layers.
+    Padding slots hold whatever the forward left there (credo.credit.batched scrubs them). Non-finite
+    states on real tokens are an error, not silently ranked (they arise, for instance, when padding
+    rows turn NaN and leak into real tokens in a float64 eager forward); it is raised once all
+    layers are seen, naming the first bad sequence's layers.
     """
     capture.check_complete()
     bad: dict[tuple[int, int], list[int]] = {}
-    # Right padding (the trainer's layout) packs to itself: no copy, and no scrub when nothing pads.
+    # Right padding (the trainer's layout) packs to itself: no gather copy.
     identity = index.shape[1] == capture.shape[1] and bool(
         (index == torch.arange(index.shape[1], device=index.device)).all())
     for layer in capture.layers:
