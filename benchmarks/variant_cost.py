@@ -33,13 +33,16 @@ VARIANTS = {
     "asyppo, 2 critics = actor size": ("recipes/asyppo.yaml", []),
     "grpo + attention_credit (coupled)": ("recipes/quickstart.yaml", [
         "stages.probes=[attention_credit]", "stages.probe_kwargs={attention_credit: {strategy: coupled}}"]),
+    "grpo + attention_credit (flow)": ("recipes/quickstart.yaml", [
+        "stages.probes=[attention_credit]", "stages.probe_kwargs={attention_credit: {strategy: flow}}"]),
 }
 
 
-def run(recipe: str, overrides: list[str], out: Path, steps: int) -> list[dict]:
+def run(recipe: str, overrides: list[str], out: Path, steps: int, threads: int = 0) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     cmd = [sys.executable, "-m", "credo.cli", "run", recipe, f"run.output_dir={out}", f"run.steps={steps}",
-           "run.eval_every=0", "run.save_every=0", "run.progress=false", "run.plot=false", *overrides]
+           "run.eval_every=0", "run.save_every=0", "run.progress=false", "run.plot=false",
+           *([f"run.threads={threads}"] if threads else []), *overrides]
     subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
@@ -49,8 +52,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--only", nargs="*", help="variant names to run (default: all)")
+<<<<<<< HEAD
     p.add_argument("--extra", nargs="*", default=[], help="overrides appended to every variant (e.g. a wider model, "
                    "so that model states dominate the resident set)")
+=======
+    p.add_argument("--threads", type=int, default=0,
+                   help="run.threads for every variant (0: the recipe's default); 1 is steadier on a shared CPU")
+>>>>>>> attn
     args = p.parse_args()
     names = [n for n in VARIANTS if not args.only or n in args.only]
     tmp = Path(tempfile.mkdtemp(prefix="credo-variants-"))
@@ -58,8 +66,12 @@ def main() -> None:
     for i in range(args.rounds):
         for j, name in enumerate(names):
             recipe, overrides = VARIANTS[name]
+<<<<<<< HEAD
             rows = [r for r in run(recipe, [*overrides, *args.extra], tmp / f"{i}-{j}", args.steps)
                     if "perf/step_time_s" in r]
+=======
+            rows = [r for r in run(recipe, overrides, tmp / f"{i}-{j}", args.steps, args.threads) if "perf/step_time_s" in r]
+>>>>>>> attn
             rows = rows[2:] or rows  # the first steps warm caches (and critic-only steps skip the update)
             step[name].append(statistics.median(r["perf/step_time_s"] for r in rows))
             for key in ("perf/critic_s", "perf/credit_s"):

@@ -256,7 +256,7 @@ class StagesConfig:
     advantage_kwargs: dict = field(default_factory=dict)
     """Keyword arguments of a non-default advantage stage's factory."""
     probes: list = field(default_factory=list)
-    """Probes on the log-prob recompute (registered names or 'package.module:factory'); an output named 'weights' scales the loss per token."""
+    """Probes on the log-prob recompute, or on the update's forward when there is none (registered names or 'package.module:factory'); an output named 'weights' scales the loss per token."""
     probe_kwargs: dict = field(default_factory=dict)
     """Keyword arguments per probe, keyed by its entry in `probes`."""
 

@@ -8,6 +8,7 @@
 - :mod:`credo.credit.flow`: FlowTracer answer-conditioned flow throughput (arXiv 2606.10646).
 - :mod:`credo.credit.streaming`: the attention quantities from query/key states without
   materialising attention maps.
+- :mod:`credo.credit.batched`: the same quantities for a whole padded batch at once.
 - :mod:`credo.credit.capture`: those query/key states captured from a Llama/Qwen decoder's own
   forward pass (hooks, no ``output_attentions``): ``model_rhythm_gamma``, ``model_flow_gamma``.
 
@@ -22,6 +23,11 @@ from credo.credit.attention import (
     head_span,
     rhythm_gamma,
     waad,
+)
+from credo.credit.batched import (
+    batched_flow_throughput,
+    batched_head_stats,
+    pack_tokens,
 )
 from credo.credit.capture import (
     capture_qk,
@@ -59,6 +65,8 @@ __all__ = [
     "answer_potential",
     "attention_from_qk",
     "attention_rhythm_gamma",
+    "batched_flow_throughput",
+    "batched_head_stats",
     "capture_qk",
     "chunk_ids",
     "chunk_mean",
@@ -80,6 +88,7 @@ __all__ = [
     "model_rhythm_gamma",
     "ipa_loss",
     "num_chunks",
+    "pack_tokens",
     "rhythm_gamma",
     "rhythm_gamma_from_qk",
     "streaming_flow_throughput",

@@ -12,8 +12,10 @@ pass (for instance the no-grad log-prob recompute of a training step), without
   ``apply_rotary_pos_emb`` (``x * cos + rotate_half(x) * sin``) and stores the detached states.
 
 Nothing is recomputed, so the capture also works when ZeRO-3 partitions the projections. Extra
-memory: the states of the sampled layers, ``O(L * B * (H + H_kv) * N * d)``, then
-``O(block_size * N)`` per head step while the streaming functions reduce one sequence at a time.
+memory: the states of the sampled layers, ``O(L * B * (H + H_kv) * N * d)``, a packed copy of one
+layer (rhythm) or of all sampled layers (flow), the ``O(L * B * H * N)`` statistics, and
+``scores_per_step`` attention scores while :mod:`credo.credit.batched` reduces the whole batch
+one block of query rows at a time.
 
 The module imports no ``transformers``: attention modules are recognised by their class name and
 attributes (``q_proj``, ``k_proj``, ``head_dim``, ``scaling``, ``config.num_attention_heads``,
@@ -21,7 +23,7 @@ attributes (``q_proj``, ``k_proj``, ``head_dim``, ``scaling``, ``config.num_atte
 ``Qwen3Attention`` (full causal attention, RoPE over the whole head dimension, as in transformers
 5.x). Any other class is an error naming it.
 
-Over 400 lines because the hooks, the RoPE replay and the per-sequence reductions must agree on one
+Over 400 lines because the hooks, the RoPE replay and the batch reductions must agree on one
 layout of the captured states; kept beside each other they can be checked against the eager maps
 together (tests/credit/test_capture.py).
 """
@@ -30,14 +32,15 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
 
-from credo.credit.attention import group_heads, rhythm_gamma
+from credo.credit.attention import rhythm_gamma
+from credo.credit.batched import batched_flow_throughput, batched_head_stats, group_heads_rows, pack_tokens
 from credo.credit.flow import flow_gamma
-from credo.credit.streaming import streaming_flow_throughput, streaming_head_stats
 
 __all__ = [
     "SUPPORTED_ATTENTION",
@@ -58,7 +61,7 @@ _STATS_KEYS = ("head_quantile", "window", "h_lo", "h_hi")
 _RHYTHM_KEYS = ("q", "gamma_amp", "k", "alpha", "tau_waad", "tau_delta", "sign_mode")
 _FLOW_KEYS = ("edge_threshold", "normalize")
 _FLOW_GAMMA_KEYS = ("q", "gamma_flow", "sign_mode")
-_STREAM_KEYS = ("block_size", "heads_per_step")
+_STREAM_KEYS = ("block_size", "scores_per_step")
 
 
 def default_layers(num_layers: int) -> list[int]:
@@ -127,12 +130,15 @@ class QKCapture:
         states: ``{layer: {"q": tensor, "k": tensor}}``, filled by the forward pass.
         compute_device: where the states were computed (the model's device); :meth:`sequence`
             returns them there, so states kept on ``storage_device="cpu"`` are reduced on the GPU.
+        hook_s: host seconds spent in the hooks (RoPE replay and copies; on a GPU without
+            synchronisation, so a lower bound there).
     """
 
     layers: list[int]
     scale: float
     states: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     compute_device: torch.device | None = None
+    hook_s: float = 0.0
 
     def check_complete(self) -> None:
         """Raise if a sampled layer's query or key states were not captured."""
@@ -217,6 +223,7 @@ def capture_qk(
             return  # a recompute (gradient checkpointing) or a second forward: keep the first
         attn = modules[index]
         cos, sin = slot["_rope"]
+        start = time.perf_counter()
         with torch.no_grad():
             x = output.detach()
             x = x.view(*x.shape[:2], -1, attn.head_dim).transpose(1, 2)  # [B, heads, N, d]
@@ -229,6 +236,7 @@ def capture_qk(
             capture.compute_device = x.device
             rotated = x * c + _rotate_half(x) * s
             slot[name] = rotated if storage_device is None else rotated.to(storage_device)
+        capture.hook_s += time.perf_counter() - start
         if "q" in slot and "k" in slot:
             slot.pop("_rope", None)
 
@@ -262,23 +270,50 @@ def _check_masks(input_ids: torch.Tensor, **masks: torch.Tensor | None) -> None:
             raise ValueError(f"{name} has shape {list(mask.shape)}, expected {list(input_ids.shape)} like input_ids")
 
 
-def _sequences(capture: QKCapture, attention_mask: torch.Tensor):
-    """Yield ``(b, tokens [n], q_b [L, H, n, d], k_b [L, H_kv, n, d])`` over the non-padding tokens.
+def _packed_layers(capture: QKCapture, index: torch.Tensor, valid: torch.Tensor):
+    """Yield ``(layer, q [B, H, n, d], k [B, H_kv, n, d])`` packed by ``index``, one layer at a time.
 
-    One sequence at a time, so the only copy is one sequence's states. Non-finite states on real
-    tokens are an error, not silently ranked: they arise, for instance, when padding rows turn NaN
-    and leak into real tokens in a float64 eager forward.
+    Padding slots hold whatever the forward left there (credo.credit.batched scrubs them). Non-finite
+    states on real tokens are an error, not silently ranked (they arise, for instance, when padding
+    rows turn NaN and leak into real tokens in a float64 eager forward); it is raised once all
+    layers are seen, naming the first bad sequence's layers.
     """
-    mask = attention_mask.to(capture.compute_device).bool()
-    for b in range(mask.shape[0]):
-        tokens = mask[b].nonzero().squeeze(-1)
-        q_b, k_b = capture.sequence(b, tokens)
-        for name, states in (("query", q_b), ("key", k_b)):
-            finite = torch.isfinite(states).flatten(1).all(dim=1)
-            if not finite.all():
-                bad = [capture.layers[i] for i in (~finite).nonzero().flatten().tolist()]
-                raise ValueError(f"sequence {b}: non-finite {name} states on real tokens at layers {bad}")
-        yield b, tokens, q_b, k_b
+    capture.check_complete()
+    bad: dict[tuple[int, int], list[int]] = {}
+    # Right padding (the trainer's layout) packs to itself: no gather copy.
+    identity = index.shape[1] == capture.shape[1] and bool(
+        (index == torch.arange(index.shape[1], device=index.device)).all())
+    for layer in capture.layers:
+        out = []
+        for kind, name in enumerate(("q", "k")):
+            states = capture.states[layer][name].to(capture.compute_device)
+            b, heads, _, d = states.shape
+            packed = states if identity else states.gather(2, index[:, None, :, None].expand(b, heads, index.shape[1], d))
+            # A float32 sum is non-finite iff an entry is (q/k entries are far below overflow);
+            # much cheaper on CPU than isfinite over every entry.
+            finite = (torch.isfinite(packed.float().sum(dim=(1, 3))) | ~valid).all(dim=1)
+            for seq in (~finite).nonzero().flatten().tolist():
+                bad.setdefault((seq, kind), []).append(layer)
+            out.append(packed)  # padding slots are scrubbed by credo.credit.batched
+        yield layer, out[0], out[1]
+    if bad:
+        (seq, kind), layers = min(bad.items())
+        name = ("query", "key")[kind]
+        raise ValueError(f"sequence {seq}: non-finite {name} states on real tokens at layers {layers}")
+
+
+def _pack(x: torch.Tensor | None, index: torch.Tensor, valid: torch.Tensor, fill=0):
+    if x is None:
+        return None
+    packed = x.to(index.device).gather(1, index)
+    return torch.where(valid, packed, torch.full_like(packed, fill))
+
+
+def _unpack(packed: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``[B, N]`` float32 ones with the valid packed values put back at their columns."""
+    out = torch.ones(like.shape, dtype=torch.float32, device=index.device)
+    out = out.scatter(1, index, torch.where(valid, packed.float(), torch.ones_like(packed, dtype=torch.float32)))
+    return out.to(like.device)
 
 
 def rhythm_gamma_from_qk(
@@ -292,11 +327,12 @@ def rhythm_gamma_from_qk(
 ) -> torch.Tensor:
     """Preplan-and-anchor multipliers from captured states (arXiv 2510.13554, Eq. 7-19).
 
-    Per sequence: :func:`~credo.credit.streaming.streaming_head_stats` on its non-padding tokens
-    of all sampled layers, heads grouped jointly with :func:`~credo.credit.attention.group_heads`,
-    WAAD averaged over the local heads, FAI over the global heads, then
-    :func:`~credo.credit.attention.rhythm_gamma`. Equals
-    :func:`~credo.credit.attention.attention_rhythm_gamma` on the sequence's dense maps.
+    For each sequence: the per-head span, WAAD and FAI of its non-padding tokens in all sampled
+    layers, heads grouped jointly (as :func:`~credo.credit.attention.group_heads`), WAAD averaged
+    over the local heads, FAI over the global heads, then :func:`~credo.credit.attention.rhythm_gamma`.
+    Equals :func:`~credo.credit.attention.attention_rhythm_gamma` on the sequence's dense maps.
+    The whole batch is reduced at once (:func:`credo.credit.batched.batched_head_stats` on the
+    real tokens packed to the left), one sampled layer at a time.
 
     Args:
         capture: from :func:`capture_qk` after the forward pass.
@@ -305,8 +341,8 @@ def rhythm_gamma_from_qk(
         strategy: ``"local"``, ``"global"`` or ``"coupled"``.
         advantages: ``[B, N]``, only for ``sign_mode != "both"``.
         rhythm_kwargs: ``head_quantile, window, h_lo, h_hi`` (statistics), ``q, gamma_amp, k, alpha,
-            tau_waad, tau_delta, sign_mode`` (:func:`rhythm_gamma`), ``block_size, heads_per_step``
-            (streaming).
+            tau_waad, tau_delta, sign_mode`` (:func:`rhythm_gamma`), ``block_size, scores_per_step``
+            (streaming: query rows per block, attention scores computed at once).
 
     Returns:
         ``[B, N]`` float32 detached multipliers, 1 on padding and outside the response.
@@ -317,22 +353,22 @@ def rhythm_gamma_from_qk(
     stream_kw = {key: rhythm_kwargs[key] for key in _STREAM_KEYS if key in rhythm_kwargs}
     rule_kw = {key: rhythm_kwargs[key] for key in _RHYTHM_KEYS if key in rhythm_kwargs}
     quantile = rhythm_kwargs.get("head_quantile", 0.3)
-    gamma = torch.ones(attention_mask.shape, dtype=torch.float32, device=attention_mask.device)
-    for b, tokens, q_b, k_b in _sequences(capture, attention_mask):
-        if tokens.numel() == 0:
-            continue
-        response = response_mask[b].to(tokens.device)[tokens].bool()
-        span, waad_h, fai_h = streaming_head_stats(
-            q_b, k_b, response_mask=response, scale=capture.scale, **stats_kw, **stream_kw
-        )
-        local, global_ = group_heads(span, quantile)
-        adv = None if advantages is None else advantages[b].to(tokens.device)[tokens]
-        g = rhythm_gamma(
-            waad_h[local].mean(0), fai_h[global_].mean(0), strategy=strategy, response_mask=response,
-            advantages=adv, **rule_kw,
-        )
-        gamma[b, tokens.to(gamma.device)] = g.to(gamma.dtype).to(gamma.device)
-    return gamma
+    index, valid = pack_tokens(attention_mask.to(capture.compute_device))
+    if valid.shape[1] == 0:
+        return torch.ones(attention_mask.shape, dtype=torch.float32, device=attention_mask.device)
+    response = _pack(response_mask.bool(), index, valid, fill=False)
+    spans, waads, fais = [], [], []
+    for _, q, k in _packed_layers(capture, index, valid):
+        span, waad_h, fai_h = batched_head_stats(q, k, valid, response, scale=capture.scale, **stats_kw, **stream_kw)
+        spans.append(span), waads.append(waad_h), fais.append(fai_h)
+    # Heads are grouped per sequence over all sampled (layer, head) pairs, layer-major.
+    local, global_ = group_heads_rows(torch.cat(spans, dim=1), quantile)
+    local, global_ = local.to(waads[0].dtype), global_.to(waads[0].dtype)
+    waad_t = torch.einsum("bp,bpn->bn", local, torch.cat(waads, dim=1)) / local.sum(1, keepdim=True)
+    fai_t = torch.einsum("bp,bpn->bn", global_, torch.cat(fais, dim=1)) / global_.sum(1, keepdim=True)
+    g = rhythm_gamma(waad_t, fai_t, strategy=strategy, response_mask=response,
+                     advantages=_pack(advantages, index, valid), **rule_kw)
+    return _unpack(g, index, valid, attention_mask)
 
 
 def flow_gamma_from_qk(
@@ -346,9 +382,12 @@ def flow_gamma_from_qk(
 ) -> torch.Tensor:
     """FlowTracer multipliers from captured states (arXiv 2606.10646).
 
-    Per sequence: :func:`~credo.credit.streaming.streaming_flow_throughput` on its non-padding
-    tokens, averaged over all sampled layers and heads, from the question (non-padding tokens
-    outside the response) to ``answer_mask``, then :func:`~credo.credit.flow.flow_gamma`.
+    For each sequence: the throughput of its non-padding tokens (as
+    :func:`~credo.credit.streaming.streaming_flow_throughput`), averaged over all sampled layers
+    and heads, from the question (non-padding tokens outside the response) to ``answer_mask``, then
+    :func:`~credo.credit.flow.flow_gamma`. The whole batch is reduced at once
+    (:func:`credo.credit.batched.batched_flow_throughput`); the packed states of all sampled layers
+    are one extra copy of the captured states.
 
     Args:
         capture: from :func:`capture_qk` after the forward pass.
@@ -357,7 +396,7 @@ def flow_gamma_from_qk(
         answer_mask: ``[B, N]`` bool answer tokens (the flow's sink).
         advantages: ``[B, N]``, only for ``sign_mode != "both"``.
         flow_kwargs: ``edge_threshold, normalize`` (throughput), ``q, gamma_flow, sign_mode``
-            (:func:`flow_gamma`), ``block_size, heads_per_step`` (streaming).
+            (:func:`flow_gamma`), ``block_size, scores_per_step`` (streaming).
 
     Returns:
         ``[B, N]`` float32 detached multipliers, 1 on padding and outside the response.
@@ -366,18 +405,19 @@ def flow_gamma_from_qk(
     _check_batch(capture, attention_mask, response_mask, advantages, answer_mask)
     flow_kw = {key: flow_kwargs[key] for key in _FLOW_KEYS + _STREAM_KEYS if key in flow_kwargs}
     gamma_kw = {key: flow_kwargs[key] for key in _FLOW_GAMMA_KEYS if key in flow_kwargs}
-    gamma = torch.ones(attention_mask.shape, dtype=torch.float32, device=attention_mask.device)
-    for b, tokens, q_b, k_b in _sequences(capture, attention_mask):
-        if tokens.numel() == 0:
-            continue
-        response = response_mask[b].to(tokens.device)[tokens].bool()
-        throughput = streaming_flow_throughput(
-            q_b, k_b, ~response, answer_mask[b].to(tokens.device)[tokens].bool(), scale=capture.scale, **flow_kw
-        )
-        adv = None if advantages is None else advantages[b].to(tokens.device)[tokens]
-        g = flow_gamma(throughput, response_mask=response, advantages=adv, **gamma_kw)
-        gamma[b, tokens.to(gamma.device)] = g.to(gamma.dtype).to(gamma.device)
-    return gamma
+    index, valid = pack_tokens(attention_mask.to(capture.compute_device))
+    if valid.shape[1] == 0:
+        return torch.ones(attention_mask.shape, dtype=torch.float32, device=attention_mask.device)
+    response = _pack(response_mask.bool(), index, valid, fill=False)
+    answer = _pack(answer_mask.bool(), index, valid, fill=False)
+    # All sampled layers side by side as one head axis: the flow averages over every (layer, head).
+    layers = list(_packed_layers(capture, index, valid))
+    q = torch.cat([q for _, q, _ in layers], dim=1)
+    k = torch.cat([k for _, _, k in layers], dim=1)
+    del layers
+    throughput = batched_flow_throughput(q, k, valid, valid & ~response, answer, scale=capture.scale, **flow_kw)
+    g = flow_gamma(throughput, response_mask=response, advantages=_pack(advantages, index, valid), **gamma_kw)
+    return _unpack(g, index, valid, attention_mask)
 
 
 def _check_batch(capture: QKCapture, attention_mask, response_mask, advantages, answer_mask=None) -> None:

@@ -7,7 +7,9 @@ Named in a recipe as
       probe_kwargs: {attention_credit: {strategy: coupled}}
 
 (`credo.train.registry.LAZY_BUILTINS` imports this module on first lookup). It rides the no-grad
-log-prob recompute of each step (`PolicyScorer.recompute`): hooks capture the
+log-prob recompute of each step (`PolicyScorer.recompute`), or, when the update is one on-policy pass
+and there is no recompute, the update's own forward of each micro-batch (`PolicyScorer.update_forward`,
+so the probe costs no extra forward): hooks capture the
 post-RoPE query/key states of the sampled layers (`credo.credit.capture_qk`), and `result` turns
 them into multipliers ``gamma`` that become `batch.weights`. Each token's loss is multiplied by its
 ``gamma``, which for the policy-gradient losses equals rescaling its advantage, ``A~_t = gamma_t *
@@ -30,7 +32,8 @@ response tokens, the baselines among the loss tokens (where the recompute has en
 the same set on every sample that trains.
 
 Metrics (this rank's batch, over loss tokens): ``credit/gamma_mean``, ``credit/gamma_max``,
-``credit/amplified_frac`` (share with ``gamma > 1``).
+``credit/amplified_frac`` (share with ``gamma > 1``), and ``perf/credit_s``: host seconds in the capture
+hooks plus the reduction to weights (not the recompute forward itself, which is in ``perf/logprob_s``).
 
 Memory: the captured states of the sampled layers, ``L * B * (H + H_kv) * N * head_dim`` values in
 the model dtype, on top of the recompute forward (``storage_device: cpu`` keeps them in host memory
@@ -41,6 +44,7 @@ docs/credit.md).
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -71,8 +75,8 @@ class AttentionCreditProbe:
             raise ConfigError(f"config key '{key}.answer_tokens' = {answer_tokens}, expected a positive int")
         allowed = {
             "local": ("head_quantile", "window", "h_lo", "h_hi", "k", "alpha", "tau_waad", "tau_delta",
-                      "block_size", "heads_per_step"),
-            "flow": ("edge_threshold", "normalize", "block_size", "heads_per_step"),
+                      "block_size", "scores_per_step"),
+            "flow": ("edge_threshold", "normalize", "block_size", "scores_per_step"),
         }
         allowed["global"] = allowed["coupled"] = allowed["local"]
         unknown = sorted(set(credit_kwargs) - set(allowed.get(strategy, ())))
@@ -84,6 +88,8 @@ class AttentionCreditProbe:
         self.strategy, self.layers, self.q, self.gamma_amp = strategy, layers, q, gamma_amp
         self.sign_mode, self.answer_tokens, self.seed, self.rank = sign_mode, answer_tokens, seed, rank
         self.storage_device, self.credit_kwargs = storage_device, credit_kwargs
+        self.needs_entropy = strategy == "entropy"  # read by PolicyScorer.recompute
+        self.rides_update = True  # without a recompute, ride the update's forward (PolicyScorer.update_forward)
         self._capture = None
 
     def capture(self, model: torch.nn.Module):
@@ -100,10 +106,13 @@ class AttentionCreditProbe:
 
     def result(self, batch: Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """``{"weights": [B, T]}``: column j weighs the loss of token j+1 (``gamma`` of that token)."""
+        start = time.perf_counter()
+        hook_s = self._capture.hook_s if self._capture is not None else 0.0
         if self.strategy in _ATTENTION:
             weights = self._attention_weights(batch)
         else:
             weights = self._baseline_weights(batch, entropy)
+        batch.metrics["perf/credit_s"] = hook_s + time.perf_counter() - start
         weights = weights.to(log_probs.device, torch.float32)
         on = batch.loss_mask
         chosen = weights[on]
@@ -142,7 +151,11 @@ class AttentionCreditProbe:
             scores = entropy.float()
         else:
             g = torch.Generator().manual_seed(_mix(self.seed, batch.step, self.rank))
-            scores = torch.rand(mask.shape, generator=g).add_(1e-6).to(mask.device)  # > 0: all selectable
+            # Draw for the whole batch and take this view's rows, so a micro-batch split draws the same tokens.
+            rows = getattr(batch, "source_rows", None)
+            size = getattr(batch, "source_size", mask.shape[0])
+            scores = torch.rand((size, mask.shape[1]), generator=g).add_(1e-6)  # > 0: all selectable
+            scores = (scores if rows is None else scores[rows.cpu()]).to(mask.device)
         return flow_gamma(scores, response_mask=mask, advantages=batch.advantages, q=self.q, gamma_flow=self.gamma_amp,
                           sign_mode=self.sign_mode)
 

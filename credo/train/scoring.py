@@ -15,11 +15,21 @@ update:
 A probe's outputs land in `batch.extras['<name>/<key>']`; an output named `weights` is a per-token
 loss weight and is multiplied into `batch.weights`, which the objective passes to the loss as
 `weights=`. So a credit method that produces weights needs no trainer edit.
+
+When the update is one on-policy pass (`ppo_epochs * mini_batches == 1`) there is no recompute to ride:
+rather than paying a forward of its own, a probe that sets `rides_update = True` rides the update's
+forward of each micro-batch (`PolicyScorer.update_forward`). That forward runs the weights that the
+recompute would have run (one optimizer step per batch), so the outputs are the same; `result` sees a
+micro-batch view of the batch (rows sliced, its own `metrics`, and `source_rows` / `source_size`: its rows
+in the whole batch and that batch's size), and the views' metrics are merged:
+`perf/*` summed, `*_max` maxed, the others averaged weighted by loss tokens. A probe that reads its
+entropy only sometimes says so with `needs_entropy` (default True).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import ContextManager, Protocol
 
 import torch
@@ -79,6 +89,10 @@ class PolicyScorer:
         self.needs_old_log_probs = needs_old_log_probs
         self.ref_model = ref_model
         self.probes = list(probes)
+        # Without a recompute forward (one on-policy pass), probes that can ride the update's forward do.
+        self.update_probes = [p for p in self.probes if not needs_old_log_probs and getattr(p, "rides_update", False)]
+        self.recompute_probes = [p for p in self.probes if p not in self.update_probes]
+        self._merge_tokens: tuple = (None, {})
 
     def __call__(self, model, input_ids, attention_mask, token_mask, *, with_entropy: bool, hidden_path: bool | None = None):
         """Log-probs (and entropy) [B, T] of `model` on the given rows; see `policy_forward`."""
@@ -93,23 +107,98 @@ class PolicyScorer:
         The policy forward runs when old log-probs are needed or a probe asks for it; an on-policy
         single pass takes pi_old inside the update instead.
         """
-        if self.needs_old_log_probs or self.probes:
+        if self.needs_old_log_probs or self.recompute_probes:
             with contextlib.ExitStack() as hooks:
-                for probe in self.probes:
+                for probe in self.recompute_probes:
                     hooks.enter_context(probe.capture(model))
-                lp, ent = self(model, batch.input_ids, batch.attention_mask, batch.loss_mask, with_entropy=bool(self.probes))
+                # A probe that never reads the entropy (`needs_entropy = False`) spares its computation.
+                with_entropy = any(getattr(probe, "needs_entropy", True) for probe in self.recompute_probes)
+                lp, ent = self(model, batch.input_ids, batch.attention_mask, batch.loss_mask, with_entropy=with_entropy)
             if self.needs_old_log_probs:
                 batch.old_log_probs = lp
-            for probe in self.probes:
-                for key, value in probe.result(batch, lp, ent).items():
-                    _check_probe_output(probe, key, value, batch)
-                    if key == "weights":
-                        batch.weights = value if batch.weights is None else batch.weights * value
-                    else:
-                        batch.extras[f"{probe.name}/{key}"] = value
+            for probe in self.recompute_probes:
+                _store_probe_outputs(probe, probe.result(batch, lp, ent), batch)
         if self.ref_model is not None:
             batch.ref_log_probs, _ = self(self.ref_model, batch.input_ids, batch.attention_mask, batch.loss_mask,
                                           with_entropy=False, hidden_path=True)
+
+
+    def update_forward(self, model: torch.nn.Module, batch: Batch, rows: torch.Tensor):
+        """The update's forward of micro-batch `rows` (log-probs and entropy, with grad), probes riding it.
+
+        Args:
+            rows: [b] long indices of the micro-batch in `batch`.
+        Returns:
+            log_probs, entropy: [b, T] float32, as `__call__` with `with_entropy=True`.
+        """
+        mask = batch.loss_mask[rows]
+        if not self.update_probes:
+            return self(model, batch.input_ids[rows], batch.attention_mask[rows], mask, with_entropy=True)
+        with contextlib.ExitStack() as hooks:
+            for probe in self.update_probes:
+                hooks.enter_context(probe.capture(model))
+            lp, ent = self(model, batch.input_ids[rows], batch.attention_mask[rows], mask, with_entropy=True)
+        view = _rows_view(batch, rows)
+        for probe in self.update_probes:
+            outputs = probe.result(view, lp.detach(), ent.detach())
+            for key, value in outputs.items():
+                _check_probe_output(probe, key, value, view)
+                if key == "weights":
+                    if batch.weights is None:
+                        batch.weights = torch.ones(batch.loss_mask.shape, dtype=value.dtype, device=value.device)
+                    batch.weights[rows] = batch.weights[rows] * value
+                else:
+                    name = f"{probe.name}/{key}"
+                    if name not in batch.extras:
+                        batch.extras[name] = value.new_zeros(batch.loss_mask.shape)
+                    batch.extras[name][rows] = value
+        if self._merge_tokens[0] is not batch:  # running token counts of the averaged metrics, per batch
+            self._merge_tokens = (batch, {})
+        _merge_metrics(batch.metrics, view.metrics, float(mask.sum()), self._merge_tokens[1])
+        return lp, ent
+
+
+def _rows_view(batch: Batch, rows: torch.Tensor) -> Batch:
+    """A shallow copy of `batch` with its [B, ...] tensor fields (and lists) sliced to `rows`, empty metrics."""
+    size = batch.loss_mask.shape[0]
+    keep = rows.tolist()
+    sliced = {}
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == size:
+            sliced[f.name] = value[rows]
+        elif isinstance(value, list) and len(value) == size:
+            sliced[f.name] = [value[i] for i in keep]
+    view = dataclasses.replace(batch, **{**sliced, "extras": {}, "metrics": {}})
+    view.source_rows, view.source_size = rows, size  # for probes whose draws must not depend on the split
+    return view
+
+
+def _merge_metrics(into: dict, new: dict, tokens: float, weights: dict) -> None:
+    """Fold a micro-batch view's metrics `new` into `into`: perf/* summed, *_max maxed, others averaged
+    weighted by `tokens` (the view's loss tokens; `weights` keeps each averaged key's running count)."""
+    for key, value in new.items():
+        if key not in weights:
+            into[key] = value
+            weights[key] = tokens
+        elif key.startswith("perf/"):
+            into[key] += value
+        elif key.endswith("_max"):
+            into[key] = max(into[key], value)
+        else:
+            total = weights[key] + tokens
+            if total > 0:
+                into[key] = (into[key] * weights[key] + value * tokens) / total
+            weights[key] = total
+
+
+def _store_probe_outputs(probe, outputs: dict, batch: Batch) -> None:
+    for key, value in outputs.items():
+        _check_probe_output(probe, key, value, batch)
+        if key == "weights":
+            batch.weights = value if batch.weights is None else batch.weights * value
+        else:
+            batch.extras[f"{probe.name}/{key}"] = value
 
 
 def _check_probe_output(probe, key: str, value, batch: Batch) -> None:

@@ -53,8 +53,8 @@ class Updater:
                 bad = None
                 for micro in mb.tensor_split(self.grad_accum):
                     m = batch.loss_mask[micro]
-                    lp, ent = self.scorer(engine.module, batch.input_ids[micro], batch.attention_mask[micro], m,
-                                          with_entropy=True)
+                    # Probes without a recompute to ride take this forward (weights set before the loss).
+                    lp, ent = self.scorer.update_forward(engine.module, batch, micro)
                     loss, terms, metrics = self.objective(
                         lp, ent, old_log_probs=lp.detach() if batch.old_log_probs is None else batch.old_log_probs[micro],
                         advantages=batch.advantages[micro], mask=m, rollout_log_probs=batch.rollout_log_probs[micro],

@@ -46,8 +46,9 @@ def make_batch(step: int = 1) -> Batch:
 
 
 def recompute(probe, batch=None):
+    """The probe on the recompute forward (an off-policy update needs that forward anyway)."""
     batch = make_batch() if batch is None else batch
-    scorer = PolicyScorer(temperature=1.0, chunk_size=64, hidden_path=True, needs_old_log_probs=False,
+    scorer = PolicyScorer(temperature=1.0, chunk_size=64, hidden_path=True, needs_old_log_probs=True,
                           probes=[probe])
     scorer.recompute(tiny_qwen2(), batch)
     return batch
@@ -115,7 +116,7 @@ def test_entropy_baseline_picks_the_highest_entropy_tokens():
             return {"entropy": entropy}
 
     batch = make_batch()
-    scorer = PolicyScorer(temperature=1.0, chunk_size=64, hidden_path=True, needs_old_log_probs=False,
+    scorer = PolicyScorer(temperature=1.0, chunk_size=64, hidden_path=True, needs_old_log_probs=True,
                           probes=[Keep(), AttentionCreditProbe("entropy", gamma_amp=2.0)])
     scorer.recompute(tiny_qwen2(), batch)
     entropy = batch.extras["keep/entropy"]
@@ -176,3 +177,27 @@ def test_sign_mode_positive_leaves_negative_advantage_samples_alone(strategy):
     batch = recompute(AttentionCreditProbe(strategy, layers=[1, 2], sign_mode="positive"))
     assert (batch.weights[1] == 1).all()
     assert (batch.weights[0] > 1).any()
+
+
+@pytest.mark.parametrize("strategy", ["coupled", "flow", "random", "entropy"])
+def test_riding_the_update_forward_equals_the_recompute(strategy):
+    # One on-policy pass: no recompute forward; the probe rides the update's micro-batch forwards
+    # (rows [0, 1] then [2]) and must give the recompute's weights and metrics.
+    kwargs = {"layers": [1, 2], "answer_tokens": 3} if strategy in ("coupled", "flow") else {}
+    want = recompute(AttentionCreditProbe(strategy, seed=4, **kwargs))
+    batch = make_batch()
+    scorer = PolicyScorer(temperature=1.0, chunk_size=64, hidden_path=True, needs_old_log_probs=False,
+                          probes=[AttentionCreditProbe(strategy, seed=4, **kwargs)])
+    model = tiny_qwen2()
+    scorer.recompute(model, batch)
+    assert batch.weights is None and batch.old_log_probs is None  # no forward ran
+    for rows in (torch.tensor([0, 1]), torch.tensor([2])):
+        lp, ent = scorer.update_forward(model, batch, rows)
+        ref_lp, ref_ent = scorer(model, batch.input_ids[rows], batch.attention_mask[rows], batch.loss_mask[rows],
+                                 with_entropy=True)
+        torch.testing.assert_close(lp, ref_lp) and torch.testing.assert_close(ent, ref_ent)
+    torch.testing.assert_close(batch.weights, want.weights, rtol=0, atol=1e-6)
+    assert (batch.weights > 1).any()
+    for key in ("credit/gamma_mean", "credit/gamma_max", "credit/amplified_frac"):
+        assert batch.metrics[key] == pytest.approx(want.metrics[key]), key
+    assert batch.metrics["perf/credit_s"] > 0
