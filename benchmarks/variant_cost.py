@@ -52,13 +52,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--only", nargs="*", help="variant names to run (default: all)")
-<<<<<<< HEAD
     p.add_argument("--extra", nargs="*", default=[], help="overrides appended to every variant (e.g. a wider model, "
                    "so that model states dominate the resident set)")
-=======
     p.add_argument("--threads", type=int, default=0,
                    help="run.threads for every variant (0: the recipe's default); 1 is steadier on a shared CPU")
->>>>>>> attn
     args = p.parse_args()
     names = [n for n in VARIANTS if not args.only or n in args.only]
     tmp = Path(tempfile.mkdtemp(prefix="credo-variants-"))
@@ -66,12 +63,8 @@ def main() -> None:
     for i in range(args.rounds):
         for j, name in enumerate(names):
             recipe, overrides = VARIANTS[name]
-<<<<<<< HEAD
-            rows = [r for r in run(recipe, [*overrides, *args.extra], tmp / f"{i}-{j}", args.steps)
+            rows = [r for r in run(recipe, [*overrides, *args.extra], tmp / f"{i}-{j}", args.steps, args.threads)
                     if "perf/step_time_s" in r]
-=======
-            rows = [r for r in run(recipe, overrides, tmp / f"{i}-{j}", args.steps, args.threads) if "perf/step_time_s" in r]
->>>>>>> attn
             rows = rows[2:] or rows  # the first steps warm caches (and critic-only steps skip the update)
             step[name].append(statistics.median(r["perf/step_time_s"] for r in rows))
             for key in ("perf/critic_s", "perf/credit_s"):
