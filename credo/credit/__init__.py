@@ -5,7 +5,6 @@
   chunk-level policy loss ``"ipa"`` of :mod:`credo.algos.ipa`.
 - :mod:`credo.credit.attention`: preplan-and-anchor head span, WAAD, FAI, rhythm credit
   (arXiv 2510.13554).
-- :mod:`credo.credit.turns`: GEM turn-level Monte-Carlo returns and ReBN (arXiv 2510.01051).
 - :mod:`credo.credit.flow`: FlowTracer answer-conditioned flow throughput (arXiv 2606.10646).
 - :mod:`credo.credit.streaming`: the attention quantities from query/key states without
   materialising attention maps.
@@ -50,7 +49,6 @@ from credo.credit.flow import (
     forward_flow,
 )
 from credo.credit.ipa import ipa_loss
-from credo.credit.turns import return_batch_norm, turn_returns
 from credo.credit.streaming import (
     attention_from_qk,
     streaming_flow_throughput,
@@ -58,8 +56,6 @@ from credo.credit.streaming import (
 )
 
 __all__ = [
-    "return_batch_norm",
-    "turn_returns",
     "answer_potential",
     "attention_from_qk",
     "attention_rhythm_gamma",

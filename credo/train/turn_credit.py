@@ -1,7 +1,8 @@
 """The `turn_credit` advantage stage: credit for multi-turn trajectories, selected by `credit`.
 
     mc_rebn  GEM (arXiv 2510.01051): per-turn Monte-Carlo returns with discount gamma, batch-normalised (ReBN)
-             over every turn of every kept episode on all ranks; each token of a turn gets its turn's value
+             over every turn of every kept episode on all ranks (`credo.algos.rebn`, population std,
+             eps 1e-9); each token of a turn gets its turn's value
     mc       the same returns without normalisation (plain REINFORCE)
     grpo     trajectory level: the episode return (sum of turn rewards) normalised within its group of G
              episodes of the same env seed (`credo.algos` grpo), on every token of the trajectory
@@ -18,11 +19,11 @@ algo.advantage: gae) fed the episode return by the `env` reward stage.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from credo import algos
 from credo.config import ConfigError
-from credo.credit.chunks import chunk_ids, chunk_returns_from_rewards, chunk_to_tokens, num_chunks
-from credo.credit.turns import return_batch_norm, turn_returns
+from credo.credit.chunks import chunk_ids, chunk_returns_from_rewards, num_chunks
 from credo.distributed.engine import all_gather_cat, all_reduce_max, rank_and_world
 from credo.train.advantage import OutcomeAdvantage, gather_rows
 from credo.train.batch import Batch
@@ -59,23 +60,24 @@ class TurnCredit:
         if self.credit == "ipa":
             adv = chunk_returns_from_rewards(rewards, ids, self.gamma)
         else:
-            returns = turn_returns(rewards, counts, self.gamma)
-            if self.credit == "mc_rebn":
-                returns = self._rebn(returns, counts, batch.valid)
-            adv = chunk_to_tokens(returns, ids, 0.0)
+            adv = self._rebn(rewards, counts, ids, batch.valid)
         batch.advantages = adv * batch.loss_mask
         exists = torch.arange(rewards.shape[1])[None, :] < counts[:, None]
         batch.metrics["credit/turns_mean"] = float(counts[batch.valid].float().mean()) if batch.valid.any() else 0.0
         batch.metrics["credit/turn_reward_mean"] = float(rewards[exists].mean()) if exists.any() else 0.0
 
-    def _rebn(self, returns: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """ReBN over every rank's transitions; this rank's rows back."""
+    def _rebn(self, rewards: torch.Tensor, counts: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """`credo.algos.rebn` over every rank's kept transitions (GEM all-reduces the statistics); this rank's rows."""
         rank, _ = rank_and_world()
-        B, K = returns.shape
-        width = int(all_reduce_max(torch.tensor(K)))
-        keep = (torch.arange(K)[None, :] < counts[:, None]) & valid[:, None]
-        all_ret, all_keep = gather_rows(returns, width), gather_rows(keep, width)
-        return return_batch_norm(all_ret, all_keep, self.eps)[rank * B:(rank + 1) * B, :K]
+        (B, K), T = rewards.shape, ids.shape[1]
+        k_all, t_all = (int(x) for x in all_reduce_max(torch.tensor([K, T])))
+        turns = (torch.arange(K)[None, :] < counts[:, None]) & valid[:, None]
+        ids = torch.where(valid[:, None], ids, torch.full_like(ids, -1))
+        all_rewards, all_turns = gather_rows(rewards, k_all), gather_rows(turns, k_all)
+        all_ids = all_gather_cat(F.pad(ids, (0, t_all - T), value=-1))
+        adv = algos.rebn(all_rewards, all_turns, all_ids, gamma=self.gamma, normalize=self.credit == "mc_rebn",
+                         eps=self.eps)
+        return adv[rank * B:(rank + 1) * B, :T]
 
     def state_dict(self) -> dict:
         return {}
