@@ -17,8 +17,9 @@ than env.max_failure_frac of a step's episodes stop the run with `EnvFailureErro
 
 Per sample `meta`: turn_rewards, turn_spans (response-index [start, end) of each model turn), chunk_ids (per
 response token: the turn index, -1 on observation tokens), terminated, truncated, end ('terminated',
-'env_truncated', 'max_turns', 'max_total_tokens', 'failed'), failed, error, env_seed, actions. Env seeds and
-sampling seeds are functions of (run seed, step), so a resumed run replays the same episodes.
+'env_truncated', 'max_turns', 'max_total_tokens', 'failed'), failed, error, env_seed, actions, observations
+(the env's reply to each action, the last one included). Env seeds and sampling seeds are functions of
+(run seed, step), so a resumed run replays the same episodes.
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ class Episode:
     turn_spans: list[list[int]] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)
     first_observation: str = ""
     version: int = 0
     end: str | None = None
@@ -127,7 +129,7 @@ class Episode:
         meta = {"turn_rewards": self.turn_rewards, "turn_spans": self.turn_spans, "chunk_ids": self.chunk_ids,
                 "terminated": self.end == "terminated", "truncated": self.end not in ("terminated", "failed"),
                 "end": self.end, "failed": self.end == "failed", "error": self.error, "env_seed": self.env_seed,
-                "actions": self.actions}
+                "actions": self.actions, "observations": self.observations}
         return Sample(self.prompt_ids or list(fallback_prompt), self.response_ids, self.response_mask, self.log_probs,
                       finished=self.end == "terminated", policy_version=self.version, meta=meta)
 
@@ -209,6 +211,7 @@ class MultiTurnRollout:
                     continue
                 obs, reward, terminated, truncated, info = res
                 e.turn_rewards.append(float(reward))
+                e.observations.append(_text(obs, info))
                 if terminated:
                     e.end = "terminated"
                 elif truncated:
@@ -216,7 +219,7 @@ class MultiTurnRollout:
                 elif turn == c.max_turns - 1:
                     e.end = "max_turns"
                 else:
-                    ids = tok(self.observation(_text(obs, info)), add_special_tokens=False)["input_ids"]
+                    ids = tok(self.observation(e.observations[-1]), add_special_tokens=False)["input_ids"]
                     # the next turn needs room for at least one token after the observation
                     if len(e.prompt_ids) + len(e.response_ids) + len(ids) + 1 > c.max_total_tokens:
                         e.end = "max_total_tokens"

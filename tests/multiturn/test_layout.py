@@ -31,7 +31,7 @@ def test_three_turn_episode_matches_a_hand_built_layout():
     assert s.meta["turn_spans"] == [[0, 2], [10, 12], [19, 21]]
     assert s.meta["turn_rewards"] == [0.0, 0.0, -0.1]
     assert s.meta["terminated"] and not s.meta["truncated"] and s.meta["end"] == "terminated"
-    assert s.meta["actions"] == ["4", "6", "x"]
+    assert s.meta["actions"] == ["4", "6", "x"] and s.meta["observations"] == ["higher", "lower", "invalid"]
     assert s.rollout_log_probs == [-0.5, -0.5] + [0.0] * 8 + [-0.5, -0.5] + [0.0] * 7 + [-0.5, -0.5]
     assert backend.calls == [1, 1, 1]  # one generate call per turn
 
