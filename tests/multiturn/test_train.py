@@ -17,7 +17,7 @@ def test_builtin_game_trains_two_steps_with_ipa(tmp_path):
         "env.id": "credo:GuessNumber-v0", "env.kwargs": "{low: 1, high: 7, max_turns: 3}", "env.max_turns": 3,
         "env.max_total_tokens": 64, "env.max_new_tokens_per_turn": 3, "env.expert_noise": 0.5,
         "stages.advantage_kwargs": "{credit: ipa, gamma: 0.9}", "algo.policy_loss": "ipa"})
-    p = run_cli(["run", *o])
+    p = run_cli(["run", "recipes/multiturn.yaml", *o])
     assert p.returncode == 0, p.stderr[-3000:]
     rows = read_rows(tmp_path / "run")
     assert [r["step"] for r in rows] == [0, 1, 2] and "eval/return" in rows[0] and "eval/return" in rows[2]
@@ -35,10 +35,10 @@ def test_builtin_game_trains_two_steps_with_ipa(tmp_path):
 def test_gem_game_id_trains_two_steps(tmp_path):
     pytest.importorskip("gem")
     o = tiny_overrides(tmp_path / "run", **MULTITURN, **{
-        "env.id": "game:GuessTheNumber-v0-easy", "env.max_turns": 4, "env.max_total_tokens": 700,
+        "env.id": "game:GuessTheNumber-v0-easy", "env.kwargs": "{}", "env.max_turns": 4, "env.max_total_tokens": 700,
         "env.max_new_tokens_per_turn": 8, "model.tiny.max_position_embeddings": 1024, "sft.enabled": False,
         "stages.advantage_kwargs": "{credit: mc_rebn, gamma: 0.9}"})
-    p = run_cli(["run", *o])
+    p = run_cli(["run", "recipes/multiturn.yaml", *o])
     assert p.returncode == 0, p.stderr[-3000:]
     rows = read_rows(tmp_path / "run")
     assert [r["step"] for r in rows] == [0, 1, 2]
