@@ -321,6 +321,33 @@ class MipuConfig:
 
 
 @dataclass
+class EnvConfig:
+    id: Optional[str] = None
+    """Multi-turn environment (GEM's protocol, docs/multiturn.md): 'credo:GuessNumber-v0' (built-in) or a gem.make id
+    such as 'game:GuessTheNumber-v0-easy'; null = no environment (single-turn tasks). Needs stages.rollout: multiturn."""
+    kwargs: dict = field(default_factory=dict)
+    """Constructor overrides of the environment (gem.make(id, **kwargs)), e.g. {max_turns: 5}."""
+    max_turns: int = ranged(4, ge=1)
+    """Model turns per episode; an episode still running after the last one is truncated."""
+    max_total_tokens: int = ranged(256, ge=2)
+    """Cap on prompt + all turns + observations; an episode that would pass it ends truncated."""
+    max_new_tokens_per_turn: int = ranged(16, ge=1)
+    """Generation length cap of one model turn (the turn ends at EOS or here)."""
+    step_timeout_s: float = ranged(10.0, gt=0)
+    """An env reset or step that runs longer ends its episode as a failure (masked out, counted in env/failures)."""
+    max_failure_frac: float = ranged(0.5, ge=0, le=1)
+    """Stop the run when more than this fraction of a step's episodes fail."""
+    observation_template: str = checked("auto", lambda v: v == "auto" or "{observation}" in v,
+                                        "auto, or a string with '{observation}'")
+    """How an observation follows the model's turn: 'auto' = the tokenizer's chat template (a user turn, then the
+    assistant header), or '\\n{observation}\\n' without one; or a string with '{observation}'."""
+    expert_noise: float = ranged(0.0, ge=0, le=1)
+    """Warm-up demonstrations (built-in envs with an expert): probability of a random action in each expert turn."""
+    eval_episodes: int = ranged(64, ge=1)
+    """Held-out episodes (fixed seeds disjoint from training) per evaluation; eval/return is their mean return."""
+
+
+@dataclass
 class RunConfig:
     name: str = checked(MISSING, bool, "a non-empty string")
     """Name of the run; the default output directory is runs/<name>/<timestamp>."""
@@ -388,6 +415,8 @@ class Recipe:
     """Value models for PPO / AsyPPO (off unless num_critics >= 1)."""
     mipu: MipuConfig = field(default_factory=MipuConfig)
     """MIPU step 2: accept-or-roll-back of each update, and the random-rollback control (off by default)."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Multi-turn environment of the multiturn rollout source (off unless env.id is set)."""
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -553,6 +582,7 @@ def _check_combinations(r: Recipe) -> None:
             raise ConfigError(f"config key 'reward.functions[{i}]' = {spec!r}: expected 'module:function'")
     _check_critic(r)
     _check_mipu(r)
+    _check_env(r)
 
 
 def _check_mipu(r: Recipe) -> None:
@@ -577,6 +607,22 @@ def _check_mipu(r: Recipe) -> None:
     if (ro.fp8_weights or ro.dtype is not None) and r.optim.zero_stage >= 3 and ro.backend == "hf":
         raise _out_of_range("optim.zero_stage", 3, "<= 2 with rollout.dtype or rollout.fp8_weights on the hf backend "
                             "(the rollout copy is made from full weights)")
+
+
+def _check_env(r: Recipe) -> None:
+    e, multi = r.env, r.stages.rollout == "multiturn"
+    if multi and not e.id:
+        raise ConfigError("config key 'stages.rollout' = 'multiturn' needs an environment: set env.id "
+                          "(e.g. 'credo:GuessNumber-v0' or 'game:GuessTheNumber-v0-easy')")
+    if e.id and not multi:
+        raise ConfigError(f"config key 'env.id' = '{e.id}' is set but stages.rollout is '{r.stages.rollout}': "
+                          "expected stages.rollout: multiturn (the source that plays the environment)")
+    if e.id and r.stages.reward == "default":
+        raise ConfigError(f"config key 'env.id' = '{e.id}' needs stages.reward: env (the episode return) or a reward "
+                          "stage of your own; the default reward scores single-turn task answers")
+    if e.id and e.max_new_tokens_per_turn >= e.max_total_tokens:
+        raise _out_of_range("env.max_new_tokens_per_turn", e.max_new_tokens_per_turn,
+                            f"< env.max_total_tokens ({e.max_total_tokens})")
 
 
 def _check_critic(r: Recipe) -> None:
@@ -624,6 +670,10 @@ def _check_registries(r: Recipe) -> None:
     from credo.train.registry import check_stages
 
     check_stages(r.stages)
+    if r.env.id:
+        from credo.envs import check_env_id
+
+        check_env_id(r.env.id)
     from credo.rewards.worker import import_reward_fn
 
     for i, spec in enumerate(r.reward.functions):  # importable now, not at step 1 after the model has loaded

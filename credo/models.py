@@ -101,12 +101,28 @@ def resolve_model_path(path: str, tiny: TinyModelConfig) -> str:
 _PAD_WARNED: set[str] = set()
 
 
+def _is_char_tokenizer(path: str) -> bool:
+    """The folder holds the built-in character tokenizer (a WordLevel tokenizer.json)."""
+    f = Path(path) / "tokenizer.json"
+    if not f.is_file():
+        return False
+    try:
+        return json.loads(f.read_text()).get("model", {}).get("type") == "WordLevel"
+    except (OSError, ValueError):
+        return False
+
+
 def load_tokenizer(path: str):
     """Load a tokenizer and check it can pad and stop: it must have an EOS, and gets PAD = EOS if it lacks one."""
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(path)
+        if _is_char_tokenizer(path):  # AutoTokenizer (transformers 5) rebuilds it as a byte-level BPE by the
+            from transformers import PreTrainedTokenizerFast  # model type, which drops spaces and newlines
+
+            tok = PreTrainedTokenizerFast.from_pretrained(path)
+        else:
+            tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.path '{path}': could not load a tokenizer ({str(e).splitlines()[0]})") from None
     if tok.eos_token_id is None:

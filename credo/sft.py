@@ -83,6 +83,8 @@ def data_digest(r: Recipe) -> dict:
     for k, default in (("system_prompt", None), ("chat_template", "auto")):
         if d.get(k) == default:
             d.pop(k)
+    if r.env.id:  # a multi-turn run warms up on the env's expert episodes
+        d["env"] = asdict(r.env)
     if r.task.name == "file":
         d["files"] = {k: file_digest(Path(v)) for k, v in sorted(r.task.kwargs.items())
                       if k in ("train", "eval") and v and Path(v).is_file()}

@@ -104,8 +104,11 @@ def build(r: Recipe) -> Components:
         raise ConfigError(f"config key 'rollout.prompts_per_step' = {r.rollout.prompts_per_step} must be divisible "
                           f"by the number of processes ({world})")
     torch.manual_seed(r.run.seed)
-    task = make_task(r.task)
-    _check_context(r, resolve_model_path(r.model.path, r.model.tiny), task)  # before the warm-up, not after it
+    if r.env.id:  # a multi-turn run: the task is the env's expert episodes (warm-up demonstrations)
+        task = _env_task(r)
+    else:
+        task = make_task(r.task)
+        _check_context(r, resolve_model_path(r.model.path, r.model.tiny), task)  # before the warm-up, not after it
     run_dir = _run_dir(r, world)  # made once the recipe is known to start
     policy_path, sft_key = _prepare_policy(r, task, rank, world)
     tokenizer = load_tokenizer(policy_path)
@@ -125,16 +128,16 @@ def build(r: Recipe) -> Components:
     sampling = dict(prompts_per_step=ro.prompts_per_step, group_size=ro.group_size, max_new_tokens=ro.max_new_tokens,
                     temperature=ro.temperature, top_p=ro.top_p)
     ctx = StageContext(rank=rank, world=world, seed=r.run.seed, tokenizer=tokenizer, task=task, backend=backend,
-                       engine=engine, rollout=sampling, render=render)
+                       engine=engine, rollout=sampling, render=render, env=r.env)
 
     holdout = r.mipu.val_prompts if r.mipu.enabled else 0
     ctx.default = PromptRollout(task, tokenizer, backend, seed=r.run.seed, rank=rank, world=world, render=render,
                                 holdout=holdout, **sampling)
     source = _stage(ctx, "rollout", r.stages.rollout, r.stages.rollout_kwargs)
-    fn = _reward_fn(r, task)
-    worker = RewardWorker(fn, timeout_s=r.reward.timeout_s, workers=r.reward.workers,
-                          max_failure_frac=r.reward.max_failure_frac)
-    ctx.default = FunctionReward(worker, tokenizer, ro.group_size)
+    fn = None if r.env.id else _reward_fn(r, task)  # a multi-turn run's reward is the env's (stages.reward: env)
+    ctx.default = None if fn is None else FunctionReward(
+        RewardWorker(fn, timeout_s=r.reward.timeout_s, workers=r.reward.workers,
+                     max_failure_frac=r.reward.max_failure_frac), tokenizer, ro.group_size)
     reward = _stage(ctx, "reward", r.stages.reward, r.stages.reward_kwargs)
     if not r.critic.num_critics:
         ctx.default = OutcomeAdvantage(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs)
@@ -159,9 +162,13 @@ def build(r: Recipe) -> Components:
                        max_consecutive_skips=r.run.max_consecutive_skips)
     gate = _step_gate(r, state, source, backend, reward, scorer, engine, tokenizer, render, task, rank, world)
     eval_reward = fn if isinstance(fn, WeightedRewards) else WeightedRewards([fn])  # scores tasks without a verifier
-    evaluate = Evaluator(task, tokenizer, source, seed=r.run.seed, temperature=r.run.eval_temperature,
+    evaluate = None if r.env.id else Evaluator(task, tokenizer, source, seed=r.run.seed, temperature=r.run.eval_temperature,
                          samples=r.run.eval_samples, rank=rank, world=world, render=render,
                          reward_fn=eval_reward) if r.run.eval_every else None
+    if r.env.id and r.run.eval_every:  # held-out episodes of the env, played by the multi-turn source
+        from credo.train.multiturn import EnvEvaluator
+
+        evaluate = EnvEvaluator(source, r.env.eval_episodes, temperature=r.run.eval_temperature, seed=r.run.seed)
     wandb_cfg = {"project": r.run.wandb_project, "mode": r.run.wandb_mode} if r.run.wandb else None
     return Components(
         rank=rank, world=world, run_dir=run_dir, tokenizer=tokenizer, task=task, engine=engine, source=source,
@@ -272,6 +279,29 @@ def _prepare_policy(r: Recipe, task, rank: int, world: int) -> tuple[str, str | 
     if world > 1:
         dist.broadcast_object_list(out, src=0)
     return out[0], out[1]
+
+
+def _env_task(r: Recipe):
+    """The env's expert episodes as a task; env.max_total_tokens must fit the base model's context."""
+    from transformers import AutoConfig
+
+    from credo.envs.task import EnvTask
+    from credo.train.multiturn import turn_format
+
+    base = resolve_model_path(r.model.path, r.model.tiny)
+    try:
+        limit = getattr(AutoConfig.from_pretrained(base), "max_position_embeddings", None)
+    except (OSError, ValueError):
+        limit = None
+    if limit is not None and r.env.max_total_tokens > limit:
+        raise ConfigError(f"config key 'env.max_total_tokens' = {r.env.max_total_tokens} is more than the model's "
+                          f"context of {limit} tokens (max_position_embeddings)")
+    try:
+        tokenizer = load_tokenizer(base)
+    except (OSError, ValueError):  # not loadable here: loading the model reports it
+        return EnvTask(r.env, None, None, None)
+    render = prompt_renderer(tokenizer, r.task.system_prompt, r.task.chat_template)
+    return EnvTask(r.env, tokenizer, *turn_format(tokenizer, render, r.env.observation_template))
 
 
 def _check_context(r: Recipe, base_path: str, task) -> None:

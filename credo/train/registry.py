@@ -60,11 +60,18 @@ class StageContext:
     """`render(problem) -> str`: the recipe's prompt rendering (chat template, system prompt), as the default stages use."""
     default: Any = None
     """The built-in stage of the kind being built (a plug-in may wrap it)."""
+    env: Any = None
+    """The recipe's env: section (`credo.config.EnvConfig`), for multi-turn sources."""
 
 
 DEFAULT = "default"
 
-LAZY_BUILTINS: dict[str, dict[str, str]] = {"probe": {"attention_credit": "credo.train.attention_probe"}}
+LAZY_BUILTINS: dict[str, dict[str, str]] = {
+    "probe": {"attention_credit": "credo.train.attention_probe"},
+    "rollout": {"multiturn": "credo.train.multiturn"},
+    "reward": {"env": "credo.train.multiturn"},
+    "advantage": {"turn_credit": "credo.train.turn_credit"},
+}
 """Built-in stages whose module registers them on import; imported on first lookup so this one stays light."""
 
 
