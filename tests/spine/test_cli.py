@@ -40,7 +40,11 @@ def test_list_prints_every_registered_name(capsys):
     assert {n.rstrip("*") for n in listed if n.endswith("*")} == set(GROUP_ESTIMATORS)
     assert set(library) == {"rebn"}  # the trainer cannot run it (credo check refuses it)
     assert critic == ["gae"]  # runs with a critic: section
-    assert "tasks (task.name):\n  arithmetic\n  file: " in out and "\n  hf:<name-or-folder>: " in out
+    from credo.rewards.tasks import TASKS
+
+    assert {"arithmetic", "add_scratch", "mul_scratch", "sort"} <= set(TASKS)
+    listed_tasks = "  " + ", ".join(sorted(TASKS)) + "\n"
+    assert f"tasks (task.name):\n{listed_tasks}  file: " in out and "\n  hf:<name-or-folder>: " in out
     assert "\n  rg:<name>" in out
     assert "strategy: local, global, coupled" in out and "ipa:" in out and "flow_gamma" in out
 
