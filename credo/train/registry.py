@@ -60,11 +60,18 @@ class StageContext:
     """`render(problem) -> str`: the recipe's prompt rendering (chat template, system prompt), as the default stages use."""
     default: Any = None
     """The built-in stage of the kind being built (a plug-in may wrap it)."""
+    judge: Any = None
+    """The recipe's `judge:` section (JudgeConfig), for judge reward stages."""
+    task_config: Any = None
+    """The recipe's `task:` section (what a judge warm-up builds its judging task from)."""
+    reward_isolation: dict = field(default_factory=dict)
+    """reward.timeout_s, reward.workers and reward.max_failure_frac."""
 
 
 DEFAULT = "default"
 
-LAZY_BUILTINS: dict[str, dict[str, str]] = {"probe": {"attention_credit": "credo.train.attention_probe"}}
+LAZY_BUILTINS: dict[str, dict[str, str]] = {"probe": {"attention_credit": "credo.train.attention_probe"},
+                                             "reward": {"judge": "credo.train.judge_reward"}}
 """Built-in stages whose module registers them on import; imported on first lookup so this one stays light."""
 
 
