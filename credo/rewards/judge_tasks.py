@@ -22,8 +22,8 @@ import random
 
 from credo.config import ConfigError
 from credo.rewards.judge import parse_pairwise_verdict, parse_pointwise_score
-from credo.rewards.judge_prompts import (COMPACT_PAIRWISE, COMPACT_POINTWISE, check_template, pairwise_prompt,
-                                         pointwise_prompt)
+from credo.rewards.judge_prompts import (COMPACT_CRITERIA_POINTWISE, COMPACT_PAIRWISE, COMPACT_POINTWISE, check_template,
+                                         pairwise_prompt, pointwise_prompt)
 from credo.rewards.tasks import ArithmeticTask, Problem
 
 CRITIQUES = {"ok": "ok", "carry": "carry lost", "digit": "bad digit", "format": "stray dot"}
@@ -125,3 +125,62 @@ def critique_names_error(response: str, problem: Problem) -> bool:
     """The judge's critique names the item's real error (its human critique phrase), as the
     "critique correctness" of RM-NLHF's guessing finding is read on this task."""
     return CRITIQUES.get(problem.meta["error"], problem.meta["critique"]) in critique_of(response)
+
+
+COMPACT_CRITERIA = "{question}#"
+"""CE-RM turn 1 for a tiny judge: the query alone; the criteria it learns to write are the expected answer."""
+
+
+def gold_criteria(answer: str) -> str:
+    """The unified criteria of the synthetic CE-RM task: what a right answer must be ("=052")."""
+    return f"={answer}"
+
+
+class CriteriaJudgeTask:
+    """CE-RM's two turns on arithmetic (arXiv 2601.20327), as warm-up data and held-out evaluation items.
+
+    Even items are turn 1 (query-only criteria: "07+45=#" -> "=052"); odd items are turn 2 (pointwise 0-10
+    scoring of one candidate against the gold criteria: "=052|07+45=042?" -> "\\boxed{0}"). `instance(i)`
+    gives the (query, chosen, rejected) triple the two-stage rollout trains on. Held-out items are turn-2
+    items, so eval/accuracy is the evaluation stage's accuracy given right criteria.
+    """
+
+    def __init__(self, train_size: int, eval_size: int, seed: int, **arithmetic):
+        self.pointwise = ArithmeticJudgeTask(train_size, eval_size, seed, mode="pointwise", **arithmetic)
+        self.base, self.seed = self.pointwise.base, seed
+        self._eval = [self._evaluation(p) for p in self.pointwise.eval_problems()]
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def _evaluation(self, item: Problem) -> Problem:
+        m = item.meta
+        crit = gold_criteria(m["reference"])
+        prompt = pointwise_prompt(m["question"], m["candidate"], template=COMPACT_CRITERIA_POINTWISE, criteria=crit)
+        return Problem(prompt=prompt, answer=f"\\boxed{{{m['label']}}}", meta={**m, "turn": 2, "criteria": crit})
+
+    def train(self, i: int) -> Problem:
+        if i % 2 == 0:
+            p = self.base.train(i // 2)
+            return Problem(prompt=render_criteria(p.prompt), answer=gold_criteria(p.answer),
+                           meta={"turn": 1, "question": p.prompt, "reference": p.answer})
+        return self._evaluation(self.pointwise.train(i // 2))
+
+    def eval_problems(self) -> list[Problem]:
+        return self._eval
+
+    def instance(self, i: int) -> tuple[str, str, str]:
+        """(query, chosen, rejected): the right answer and a spoiled one (a pairwise item's two responses)."""
+        p = self.base.train(i)
+        rng = random.Random(self.seed * 7_000_003 + i)
+        a, b = (int(x) for x in p.prompt.rstrip("=").replace("-", "+").split("+")[:2])
+        return p.prompt, p.answer, wrong_answer(p.answer, rng.choice(ERRORS), rng, a, b)
+
+    def score(self, response: str, problem: Problem) -> float:
+        if problem.meta["turn"] == 1:
+            return float(response.strip() == problem.answer)
+        return self.pointwise.score(response, problem)
+
+
+def render_criteria(question: str, template: str = COMPACT_CRITERIA) -> str:
+    return template.replace("{question}", question)

@@ -152,10 +152,17 @@ def make_task(cfg: TaskConfig):
             return ArithmeticJudgeTask(cfg.train_size, cfg.eval_size, cfg.seed, **kwargs)
         except TypeError as e:
             raise ConfigError(f"task.kwargs for 'judge_arithmetic': {e}") from None
+    if cfg.name == "ce_rm_arithmetic":  # CE-RM's two turns on arithmetic (credo.rewards.judge_tasks)
+        from credo.rewards.judge_tasks import CriteriaJudgeTask
+
+        try:
+            return CriteriaJudgeTask(cfg.train_size, cfg.eval_size, cfg.seed, **kwargs)
+        except TypeError as e:
+            raise ConfigError(f"task.kwargs for 'ce_rm_arithmetic': {e}") from None
     if cfg.name.startswith("rg:"):
         return ReasoningGymTask(cfg.name[3:], cfg.train_size, cfg.eval_size, cfg.seed, **kwargs)
     if cfg.name not in TASKS:
-        raise ConfigError(f"config key 'task.name' = '{cfg.name}' is not a known task (known: {', '.join(TASKS)}, judge_arithmetic, rg:<dataset>, file, hf:<name>)")
+        raise ConfigError(f"config key 'task.name' = '{cfg.name}' is not a known task (known: {', '.join(TASKS)}, judge_arithmetic, ce_rm_arithmetic, rg:<dataset>, file, hf:<name>)")
     try:
         return TASKS[cfg.name](cfg.train_size, cfg.eval_size, cfg.seed, **kwargs)
     except TypeError as e:
