@@ -56,21 +56,24 @@ class ArithmeticJudgeTask:
         wrong_frac: pointwise share of wrong candidates.
         critique: targets start with the human critique.
         human_critique_frac: share of items whose meta carries the human critique.
+        critique_noise: share of targets whose critique is another (wrong) phrase while the label stays right:
+            a warm-up that teaches RM-NLHF's "guessing" (right label, wrong critique).
         arithmetic kwargs: max_operand, ops, fixed_width as the arithmetic task.
     """
 
     def __init__(self, train_size: int, eval_size: int, seed: int, mode: str = "pointwise",
                  template: str | None = None, wrong_frac: float = 0.5, critique: bool = False,
-                 human_critique_frac: float = 1.0, **arithmetic):
+                 human_critique_frac: float = 1.0, critique_noise: float = 0.0, **arithmetic):
         if mode not in ("pointwise", "pairwise"):
             raise ConfigError(f"task.kwargs.mode = {mode!r}: expected 'pointwise' or 'pairwise'")
         self.mode, self.seed, self.critique = mode, seed, critique
         self.template = template or (COMPACT_POINTWISE if mode == "pointwise" else COMPACT_PAIRWISE)
         check_template(self.template, mode, "task.kwargs.template")
-        for name, v in (("wrong_frac", wrong_frac), ("human_critique_frac", human_critique_frac)):
+        for name, v in (("wrong_frac", wrong_frac), ("human_critique_frac", human_critique_frac),
+                        ("critique_noise", critique_noise)):
             if not 0 <= v <= 1:
                 raise ConfigError(f"task.kwargs.{name} = {v}: expected a number in [0, 1]")
-        self.wrong_frac, self.human_frac = wrong_frac, human_critique_frac
+        self.wrong_frac, self.human_frac, self.critique_noise = wrong_frac, human_critique_frac, critique_noise
         self.base = ArithmeticTask(train_size, eval_size, seed, **arithmetic)
         self._eval = [self._item(p, 10**9 + i) for i, p in enumerate(self.base.eval_problems())]
 
@@ -104,7 +107,10 @@ class ArithmeticJudgeTask:
             meta.update(label=label, responses=(ra, rb), critique=CRITIQUES[error])
             prompt = pairwise_prompt(p.prompt, ra, rb, template=self.template)
             box = f"\\boxed{{{label}}}"
-        answer = f"{meta['critique']} {box}" if self.critique else box
+        said = meta["critique"]  # the warm-up target's critique: with critique_noise, a wrong phrase (a guesser)
+        if rng.random() < self.critique_noise:
+            said = rng.choice([c for c in CRITIQUES.values() if c != said])
+        answer = f"{said} {box}" if self.critique else box
         return Problem(prompt=prompt, answer=answer, meta=meta)
 
     def score(self, response: str, problem: Problem) -> float:

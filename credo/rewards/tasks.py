@@ -134,7 +134,22 @@ class ReasoningGymTask:
         return float(self._train.score_answer(answer=response.strip(), entry=problem.meta["entry"]))
 
 
-TASKS: dict[str, Callable[..., Any]] = {"arithmetic": ArithmeticTask}
+def _judge_arithmetic(*args, **kwargs):
+    """The synthetic judging task (credo.rewards.judge_tasks; imported here lazily, it builds on ArithmeticTask)."""
+    from credo.rewards.judge_tasks import ArithmeticJudgeTask
+
+    return ArithmeticJudgeTask(*args, **kwargs)
+
+
+def _ce_rm_arithmetic(*args, **kwargs):
+    """CE-RM's two turns on arithmetic (credo.rewards.judge_tasks)."""
+    from credo.rewards.judge_tasks import CriteriaJudgeTask
+
+    return CriteriaJudgeTask(*args, **kwargs)
+
+
+TASKS: dict[str, Callable[..., Any]] = {"arithmetic": ArithmeticTask, "judge_arithmetic": _judge_arithmetic,
+                                        "ce_rm_arithmetic": _ce_rm_arithmetic}
 
 
 def make_task(cfg: TaskConfig):
@@ -145,24 +160,10 @@ def make_task(cfg: TaskConfig):
         from credo.rewards.data import make_file_task
 
         return make_file_task(cfg.name, cfg)
-    if cfg.name == "judge_arithmetic":  # the synthetic judging task (credo.rewards.judge_tasks)
-        from credo.rewards.judge_tasks import ArithmeticJudgeTask
-
-        try:
-            return ArithmeticJudgeTask(cfg.train_size, cfg.eval_size, cfg.seed, **kwargs)
-        except TypeError as e:
-            raise ConfigError(f"task.kwargs for 'judge_arithmetic': {e}") from None
-    if cfg.name == "ce_rm_arithmetic":  # CE-RM's two turns on arithmetic (credo.rewards.judge_tasks)
-        from credo.rewards.judge_tasks import CriteriaJudgeTask
-
-        try:
-            return CriteriaJudgeTask(cfg.train_size, cfg.eval_size, cfg.seed, **kwargs)
-        except TypeError as e:
-            raise ConfigError(f"task.kwargs for 'ce_rm_arithmetic': {e}") from None
     if cfg.name.startswith("rg:"):
         return ReasoningGymTask(cfg.name[3:], cfg.train_size, cfg.eval_size, cfg.seed, **kwargs)
     if cfg.name not in TASKS:
-        raise ConfigError(f"config key 'task.name' = '{cfg.name}' is not a known task (known: {', '.join(TASKS)}, judge_arithmetic, ce_rm_arithmetic, rg:<dataset>, file, hf:<name>)")
+        raise ConfigError(f"config key 'task.name' = '{cfg.name}' is not a known task (known: {', '.join(TASKS)}, rg:<dataset>, file, hf:<name>)")
     try:
         return TASKS[cfg.name](cfg.train_size, cfg.eval_size, cfg.seed, **kwargs)
     except TypeError as e:

@@ -195,6 +195,10 @@ def two_stage_source(ctx: StageContext, n_criteria: int = 4, evals_per_response:
         if v < 1:
             raise ConfigError(f"config key 'stages.rollout_kwargs.{key}' = {v}: expected >= 1")
     ro = ctx.rollout
+    if ro["group_size"] != n_criteria * (1 + 2 * evals_per_response):
+        raise ConfigError(f"config key 'rollout.group_size' = {ro['group_size']}: expected n_criteria * (1 + 2 * "
+                          f"evals_per_response) = {n_criteria * (1 + 2 * evals_per_response)}, the trajectories of one "
+                          "instance (the update's batch size counts on it)")
     return TwoStageRollout(ctx.default, ctx.task, ctx.tokenizer, ctx.backend, seed=ctx.seed,
                            prompts_per_step=ro["prompts_per_step"], n_criteria=n_criteria,
                            evals_per_response=evals_per_response, criteria_max_new_tokens=criteria_max_new_tokens,
