@@ -302,6 +302,8 @@ class JudgeConfig:
     """Shape of a tiny judge (used when path is 'tiny')."""
     backend: str = one_of("hf", ("hf", "vllm"))
     """Engine that serves the judge: hf (transformers generate) or vllm."""
+    vllm_gpu_memory_utilization: float = ranged(0.25, gt=0, le=1)
+    """Fraction of GPU memory the judge's vLLM engine may take (GPU, judge.backend: vllm)."""
     mode: str = one_of("pointwise", ("pointwise", "pairwise"))
     """pointwise: each response scored in the last \\boxed{} (reward = (score - lo) / (hi - lo)); pairwise: each
     response against judge.opponents others of its group, reward = the share of comparisons it wins."""

@@ -168,7 +168,9 @@ def load_judge(ctx: StageContext, path: str):
     if j.backend == "vllm":
         from credo.distributed.vllm_backend import VLLMBackend
 
-        return VLLMBackend(path, seed=ctx.seed, enforce_eager=not torch.cuda.is_available()), tok, path
+        gpu = torch.cuda.is_available()
+        return VLLMBackend(path, dtype="bfloat16" if gpu else "float32", seed=ctx.seed, enforce_eager=not gpu,
+                           gpu_memory_utilization=j.vllm_gpu_memory_utilization), tok, path
     from credo.distributed.engine import device
     from credo.distributed.rollout import HFBackend
 
