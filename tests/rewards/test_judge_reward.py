@@ -162,3 +162,21 @@ def test_missing_judge_path_names_the_key():
                     ["stages.reward=judge", "judge.path=tiny", "judge.mode=pairwise", "judge.opponents=8"])
     with pytest.raises(ConfigError, match="unknown config key 'judge.temprature'"):
         load_recipe(REPO / "recipes" / "quickstart.yaml", ["judge.temprature=0"])
+
+
+def test_judging_task_items_are_consistent():
+    from credo.rewards.judge_tasks import CRITIQUES, ArithmeticJudgeTask
+
+    pw = ArithmeticJudgeTask(300, 20, 0, mode="pairwise", critique=True, max_operand=49, fixed_width=True)
+    pt = ArithmeticJudgeTask(300, 20, 0, mode="pointwise", max_operand=49, fixed_width=True)
+    for i in range(300):
+        p = pw.train(i)
+        a, b = p.meta["responses"]
+        right = {"A": a, "B": b}[p.meta["label"]]
+        wrong = {"A": b, "B": a}[p.meta["label"]]
+        assert right == p.meta["reference"] and wrong != right
+        assert p.answer == f"{CRITIQUES[p.meta['error']]} \\boxed{{{p.meta['label']}}}" and pw.score(p.answer, p) == 1.0
+        q = pt.train(i)
+        assert (q.meta["candidate"] == q.meta["reference"]) == (q.meta["label"] == 10)
+        assert pt.score(q.answer, q) == 1.0 and pt.score("\\boxed{11}", q) == 0.0
+    assert pw.train(5).prompt == pw.train(5).prompt and pw.train(5).prompt != pw.train(6).prompt
