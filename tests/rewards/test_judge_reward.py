@@ -180,3 +180,25 @@ def test_judging_task_items_are_consistent():
         assert (q.meta["candidate"] == q.meta["reference"]) == (q.meta["label"] == 10)
         assert pt.score(q.answer, q) == 1.0 and pt.score("\\boxed{11}", q) == 0.0
     assert pw.train(5).prompt == pw.train(5).prompt and pw.train(5).prompt != pw.train(6).prompt
+
+
+def test_a_judge_context_too_short_is_an_error_at_start():
+    from credo.config import JudgeConfig, TinyModelConfig
+    from credo.models import build_char_tokenizer, resolve_model_path
+    from credo.rewards.tasks import ArithmeticTask
+    from credo.train.judge_reward import check_judge_context
+    from credo.train.registry import StageContext
+
+    tiny = TinyModelConfig(num_layers=1, hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=64,
+                           max_position_embeddings=64)
+    path = resolve_model_path("tiny", tiny)
+    task = ArithmeticTask(50, 5, 0, max_operand=9)
+    tok = build_char_tokenizer()
+    template = "{question}{response}?"
+    ok = StageContext(rank=0, world=1, seed=0, task=task, rollout={"max_new_tokens": 8},
+                      judge=JudgeConfig(path="tiny", max_new_tokens=40, template=template))
+    check_judge_context(tok, path, ok, template)  # "9+9=" 4 + "?" 1 + 8 + 40 = 53 <= 64
+    bad = StageContext(rank=0, world=1, seed=0, task=task, rollout={"max_new_tokens": 8},
+                       judge=JudgeConfig(path="tiny", max_new_tokens=60, template=template))
+    with pytest.raises(ConfigError, match="judge.max_new_tokens=60 = 73 > the judge's context of 64"):
+        check_judge_context(tok, path, bad, template)
