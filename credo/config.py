@@ -348,6 +348,49 @@ class EnvConfig:
 
 
 @dataclass
+class JudgeConfig:
+    """An LLM judge as the reward model (stages.reward: judge; credo.train.judge_reward)."""
+
+    path: Optional[str] = None
+    """Judge model: 'tiny' (built from judge.tiny), a local Hugging Face folder (e.g. a judge run's final/) or a hub
+    id; required with stages.reward: judge. The judge is a separate model from the policy and stays frozen."""
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    """Shape of a tiny judge (used when path is 'tiny')."""
+    backend: str = one_of("hf", ("hf", "vllm"))
+    """Engine that serves the judge: hf (transformers generate) or vllm."""
+    vllm_gpu_memory_utilization: float = ranged(0.25, gt=0, le=1)
+    """Fraction of GPU memory the judge's vLLM engine may take (GPU, judge.backend: vllm)."""
+    mode: str = one_of("pointwise", ("pointwise", "pairwise"))
+    """pointwise: each response scored in the last \\boxed{} (reward = (score - lo) / (hi - lo)); pairwise: each
+    response against judge.opponents others of its group, reward = the share of comparisons it wins."""
+    template: Optional[str] = None
+    """Judge prompt with {question} {response} (pointwise) or {question} {response_a} {response_b} (pairwise);
+    None = the mode's full template (credo.rewards.judge_prompts)."""
+    max_new_tokens: int = ranged(256, ge=1)
+    """Judgement length cap."""
+    temperature: float = ranged(0.0, ge=0, note="0 = greedy")
+    """Judge sampling temperature."""
+    score_range: list = checked(None, lambda v: len(v) == 2 and all(isinstance(x, (int, float)) for x in v)
+                                and v[0] < v[1], "two numbers lo < hi", factory=lambda: [0, 10])
+    """Pointwise score range [lo, hi]; a score outside it is unparseable."""
+    opponents: int = ranged(1, ge=1)
+    """Pairwise: comparisons per response (response i against i+1, ..., i+opponents of its group, cyclically)."""
+    max_consecutive_failures: int = ranged(3, ge=1)
+    """Stop the run when the judge call (timeout: reward.timeout_s) fails this many steps in a row."""
+    warmup_steps: int = ranged(0, ge=0)
+    """Supervised warm-up of the judge on the synthetic judging task built from the policy's arithmetic task
+    (cached like sft); 0 = use judge.path as it is."""
+    warmup_batch_size: int = ranged(64, ge=1)
+    """Judging examples per warm-up step."""
+    warmup_lr: float = ranged(3e-3, gt=0)
+    """Warm-up learning rate (AdamW, cosine decay)."""
+    warmup_seed: int = 0
+    """Seed of the warm-up's data order."""
+    warmup_kwargs: dict = field(default_factory=dict)
+    """Options of the judging task (credo.rewards.judge_tasks.ArithmeticJudgeTask): wrong_frac, critique."""
+
+
+@dataclass
 class RunConfig:
     name: str = checked(MISSING, bool, "a non-empty string")
     """Name of the run; the default output directory is runs/<name>/<timestamp>."""
@@ -417,6 +460,8 @@ class Recipe:
     """MIPU step 2: accept-or-roll-back of each update, and the random-rollback control (off by default)."""
     env: EnvConfig = field(default_factory=EnvConfig)
     """Multi-turn environment of the multiturn rollout source (off unless env.id is set)."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """An LLM judge as the reward model (used with stages.reward: judge)."""
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -583,6 +628,8 @@ def _check_combinations(r: Recipe) -> None:
     _check_critic(r)
     _check_mipu(r)
     _check_env(r)
+    if r.stages.reward == "judge":
+        _check_judge(r)
 
 
 def _check_mipu(r: Recipe) -> None:
@@ -623,6 +670,23 @@ def _check_env(r: Recipe) -> None:
     if e.id and e.max_new_tokens_per_turn >= e.max_total_tokens:
         raise _out_of_range("env.max_new_tokens_per_turn", e.max_new_tokens_per_turn,
                             f"< env.max_total_tokens ({e.max_total_tokens})")
+
+
+def _check_judge(r: Recipe) -> None:
+    j = r.judge
+    if not j.path:
+        raise ConfigError("config key 'judge.path' is required with stages.reward = 'judge': expected 'tiny', a "
+                          "Hugging Face model folder or a hub id")
+    if j.template is not None:
+        from credo.rewards.judge_prompts import check_template
+
+        check_template(j.template, j.mode)
+    if j.warmup_steps and r.task.name != "arithmetic":
+        raise _out_of_range("judge.warmup_steps", j.warmup_steps, f"0 unless task.name = 'arithmetic' (the synthetic "
+                            f"judging task is built from it; got '{r.task.name}')")
+    if j.mode == "pairwise" and j.opponents >= r.rollout.group_size:
+        raise _out_of_range("judge.opponents", j.opponents, f"< rollout.group_size ({r.rollout.group_size}) with "
+                            "judge.mode = 'pairwise' (each response meets others of its own group)")
 
 
 def _check_critic(r: Recipe) -> None:

@@ -43,6 +43,8 @@ def preflight(r: Recipe) -> list[str]:
         _check_reward(spec, f"reward.functions[{i}]")
     notes += _check_task(r)
     notes += _check_model(r.model.path)
+    if r.stages.reward == "judge" and r.judge.path:
+        notes += _check_model(r.judge.path, key="judge.path")
     return notes
 
 
@@ -124,23 +126,26 @@ def _check_task(r: Recipe) -> list[str]:
     return []
 
 
-def _check_model(path: str) -> list[str]:
+def _check_model(path: str, key: str = "model.path") -> list[str]:
     """The model folder and its tokenizer; a hub id only when it is in the local cache."""
     if path == "tiny":
         return []
     from credo.config import TinyModelConfig
     from credo.models import load_tokenizer, resolve_model_path
 
-    resolved = resolve_model_path(path, TinyModelConfig())  # the tiny config is unused for a real path  # a local path that does not exist raises here
+    try:  # a local path that does not exist raises here (the tiny config is unused for a real path)
+        resolved = resolve_model_path(path, TinyModelConfig())
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("model.path", key)) from None
     local = Path(resolved).is_dir()
     if not local and not _in_hub_cache(resolved):
         where = "offline" if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false") else "not downloaded yet"
-        return [f"model.path '{path}': not checked ({where})"]
+        return [f"{key} '{path}': not checked ({where})"]
     try:
         load_tokenizer(resolved)
     except ConfigError as e:
         msg = str(e)
-        raise ConfigError(msg if "model.path" in msg else f"config key 'model.path' = '{path}': {msg}") from None
+        raise ConfigError(msg.replace("model.path", key) if "model.path" in msg else f"config key '{key}' = '{path}': {msg}") from None
     return []
 
 

@@ -87,7 +87,9 @@ class Trainer:
         lengths = all_gather_cat(torch.tensor([float(len(s.response_ids)) for s in batch.samples]))
         n_tok = all_reduce_sum(batch.attention_mask.sum().cpu()).item()
         elapsed = t_sync - t0
-        extra = {k: v for k, v in batch.metrics.items() if not k.startswith("reward/")}
+        # reward/failures and reward/timeouts are summed over ranks above; a reward model's own metrics
+        # (e.g. a judge's reward/unparseable_frac) are logged as this rank reports them
+        extra = {k: v for k, v in batch.metrics.items() if k not in ("reward/failures", "reward/timeouts")}
         return {
             "step": batch.step,
             "train/reward_mean": float(rew_all[val_all].mean()) if val_all.any() else float("nan"),

@@ -135,10 +135,25 @@ class ReasoningGymTask:
         return float(self._train.score_answer(answer=response.strip(), entry=problem.meta["entry"]))
 
 
+def _judge_arithmetic(*args, **kwargs):
+    """The synthetic judging task (credo.rewards.judge_tasks; imported here lazily, it builds on ArithmeticTask)."""
+    from credo.rewards.judge_tasks import ArithmeticJudgeTask
+
+    return ArithmeticJudgeTask(*args, **kwargs)
+
+
+def _ce_rm_arithmetic(*args, **kwargs):
+    """CE-RM's two turns on arithmetic (credo.rewards.judge_tasks)."""
+    from credo.rewards.judge_tasks import CriteriaJudgeTask
+
+    return CriteriaJudgeTask(*args, **kwargs)
+
+
 from credo.rewards.skills import AddScratchTask, MulScratchTask, SortTask  # noqa: E402  (they import Problem)
 
 TASKS: dict[str, Callable[..., Any]] = {"arithmetic": ArithmeticTask, "add_scratch": AddScratchTask,
-                                       "mul_scratch": MulScratchTask, "sort": SortTask}
+                                       "mul_scratch": MulScratchTask, "sort": SortTask,
+                                       "judge_arithmetic": _judge_arithmetic, "ce_rm_arithmetic": _ce_rm_arithmetic}
 
 
 def make_task(cfg: TaskConfig):

@@ -236,6 +236,23 @@ class RewardWorker:
             )
         return RewardResult(rewards, valid, failures, timeouts, parts or None)
 
+    def run_one(self, *args) -> tuple[str, object]:
+        """Run `fn(*args)` once under the timeout, without the reward-list checks (a batched judge's generate call).
+
+        Returns:
+            ('ok', value), ('error', exception) or ('timeout', None); the first failure of each kind is logged.
+        """
+        call = _Call(args)
+        self._queue.put(call)
+        status, value = self._wait(call)
+        kind = "timeout" if status == "timeout" else type(value).__name__
+        if status != "ok" and kind not in self._seen_kinds:
+            self._seen_kinds.add(kind)
+            log.warning("'%s' failed (%s); its samples are masked. Further failures of this kind are counted, "
+                        "not logged.", self.name, f"a call exceeded reward.timeout_s={self.timeout_s}"
+                        if status == "timeout" else f"{kind}: {value}", exc_info=value if status == "error" else None)
+        return status, value
+
     def close(self) -> None:
         """Let the worker threads exit once idle (calls still queued run first); safe to call twice."""
         workers, self._workers = self._workers, 0

@@ -128,7 +128,9 @@ def build(r: Recipe) -> Components:
     sampling = dict(prompts_per_step=ro.prompts_per_step, group_size=ro.group_size, max_new_tokens=ro.max_new_tokens,
                     temperature=ro.temperature, top_p=ro.top_p)
     ctx = StageContext(rank=rank, world=world, seed=r.run.seed, tokenizer=tokenizer, task=task, backend=backend,
-                       engine=engine, rollout=sampling, render=render, env=r.env)
+                       engine=engine, rollout=sampling, render=render, env=r.env, judge=r.judge, task_config=r.task,
+                       reward_isolation=dict(timeout_s=r.reward.timeout_s, workers=r.reward.workers,
+                                             max_failure_frac=r.reward.max_failure_frac))
 
     holdout = r.mipu.val_prompts if r.mipu.enabled else 0
     ctx.default = PromptRollout(task, tokenizer, backend, seed=r.run.seed, rank=rank, world=world, render=render,

@@ -62,14 +62,21 @@ class StageContext:
     """The built-in stage of the kind being built (a plug-in may wrap it)."""
     env: Any = None
     """The recipe's env: section (`credo.config.EnvConfig`), for multi-turn sources."""
+    judge: Any = None
+    """The recipe's `judge:` section (JudgeConfig), for judge reward stages."""
+    task_config: Any = None
+    """The recipe's `task:` section (what a judge warm-up builds its judging task from)."""
+    reward_isolation: dict = field(default_factory=dict)
+    """reward.timeout_s, reward.workers and reward.max_failure_frac."""
 
 
 DEFAULT = "default"
 
 LAZY_BUILTINS: dict[str, dict[str, str]] = {
     "probe": {"attention_credit": "credo.train.attention_probe"},
-    "rollout": {"multiturn": "credo.train.multiturn"},
-    "reward": {"env": "credo.train.multiturn"},
+    "rollout": {"multiturn": "credo.train.multiturn", "ce_rm_two_stage": "credo.train.ce_rm"},
+    "reward": {"env": "credo.train.multiturn", "judge": "credo.train.judge_reward", "rm_nlhf": "credo.train.rm_nlhf",
+               "ce_rm": "credo.train.ce_rm"},
     "advantage": {"turn_credit": "credo.train.turn_credit"},
 }
 """Built-in stages whose module registers them on import; imported on first lookup so this one stays light."""
@@ -105,9 +112,13 @@ def resolve(kind: str, spec: str, key: str) -> Callable | None:
 def check_stages(stages) -> None:
     """Resolve every stage a recipe names (`credo check` time): unknown names and failed imports are errors."""
     for kind in ("rollout", "reward", "advantage"):
-        if resolve(kind, getattr(stages, kind), f"stages.{kind}") is None and getattr(stages, f"{kind}_kwargs"):
+        factory = resolve(kind, getattr(stages, kind), f"stages.{kind}")
+        kwargs = getattr(stages, f"{kind}_kwargs")
+        if factory is None and kwargs:
             raise ConfigError(f"config key 'stages.{kind}_kwargs' is set but stages.{kind} is 'default', whose settings "
                               "live in their own sections; name the stage they are for")
+        if factory is not None and kwargs:
+            _check_factory_kwargs(factory, kwargs, f"stages.{kind}_kwargs")
     for i, spec in enumerate(stages.probes):
         if not isinstance(spec, str):
             raise ConfigError(f"config key 'stages.probes[{i}]' = {spec!r}: expected a name or 'package.module:factory'")
@@ -116,3 +127,18 @@ def check_stages(stages) -> None:
     for spec in stages.probe_kwargs:
         if spec not in stages.probes:
             raise ConfigError(f"config key 'stages.probe_kwargs.{spec}' names no entry of stages.probes ({stages.probes})")
+
+
+def _check_factory_kwargs(factory: Callable, kwargs: dict, key: str) -> None:
+    """Each key of `kwargs` is a keyword `factory(ctx, ...)` takes (a factory with **kwargs takes any)."""
+    import inspect
+
+    params = list(inspect.signature(factory).parameters.values())[1:]  # the first is ctx
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    valid = sorted(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+    for k in kwargs:
+        if k not in valid:
+            close = difflib.get_close_matches(str(k), valid, n=1, cutoff=0.5)
+            hint = f"; did you mean '{key}.{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown config key '{key}.{k}'{hint} (valid: {', '.join(valid) or 'none'})")
