@@ -21,7 +21,7 @@ import random
 import string
 
 from credo.config import ConfigError
-from credo.rewards.tasks import Problem
+from credo.rewards.tasks import Problem, SplitSpaceTask
 
 
 def _final_int(response: str) -> int | None:
@@ -32,24 +32,8 @@ def _final_int(response: str) -> int | None:
     return int(tail)
 
 
-class _ScratchTask:
-    """Shared split logic of the two column-arithmetic tasks; subclasses define the space and the worked answer."""
-
-    def __init__(self, space: list[tuple[int, int]], train_size: int, eval_size: int, seed: int):
-        if eval_size >= len(space):
-            raise ConfigError(f"task.eval_size = {eval_size} leaves no training problems (the task has {len(space)})")
-        random.Random(seed).shuffle(space)
-        self._eval = space[:eval_size]
-        self._train = space[eval_size:][:train_size]
-
-    def __len__(self) -> int:
-        return len(self._train)
-
-    def train(self, i: int) -> Problem:
-        return self._problem(*self._train[i % len(self._train)])
-
-    def eval_problems(self) -> list[Problem]:
-        return [self._problem(*t) for t in self._eval]
+class _ScratchTask(SplitSpaceTask):
+    """The two column-arithmetic tasks: subclasses define the space and the worked answer."""
 
     @staticmethod
     def score(response: str, problem: Problem) -> float:

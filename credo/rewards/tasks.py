@@ -26,7 +26,32 @@ class Problem:
     """Task-specific data the verifier may need; a file task's other columns under 'columns'."""
 
 
-class ArithmeticTask:
+class SplitSpaceTask:
+    """A finite problem space shuffled once with the task seed: the first `eval_size` problems are the
+    held-out split and never appear in training; the next `train_size` are the training problems.
+    Subclasses build the space (tuples) and `_problem(*item) -> Problem`."""
+
+    def __init__(self, space: list[tuple], train_size: int, eval_size: int, seed: int):
+        if eval_size >= len(space):
+            raise ConfigError(f"task.eval_size = {eval_size} leaves no training problems (the task has {len(space)})")
+        random.Random(seed).shuffle(space)
+        self._eval = space[:eval_size]
+        self._train = space[eval_size:][:train_size]
+
+    def _problem(self, *item) -> Problem:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self._train)
+
+    def train(self, i: int) -> Problem:
+        return self._problem(*self._train[i % len(self._train)])
+
+    def eval_problems(self) -> list[Problem]:
+        return [self._problem(*t) for t in self._eval]
+
+
+class ArithmeticTask(SplitSpaceTask):
     """`a+b=` / `a-b=` with operands in [0, max_operand]; reward 1 for the exact integer, else 0.
 
     With `fixed_width`, operands are zero-padded to the width of max_operand and the answer to one more
@@ -43,27 +68,14 @@ class ArithmeticTask:
         if max_operand < 1:
             raise ConfigError(f"task.kwargs.max_operand = {max_operand}: expected >= 1")
         space = [(a, b, o) for o in ops for a in range(max_operand + 1) for b in range(max_operand + 1)]
-        if eval_size >= len(space):
-            raise ConfigError(f"task.eval_size = {eval_size} leaves no training problems (the task has {len(space)})")
-        random.Random(seed).shuffle(space)
+        super().__init__(space, train_size, eval_size, seed)
         self.width = len(str(max_operand)) if fixed_width else 0
-        self._eval = space[:eval_size]
-        self._train = space[eval_size:][:train_size]
 
     def _problem(self, a: int, b: int, o: str) -> Problem:
         w = self.width  # fixed width zero-pads operands and the answer ("07+45=052"): digits keep their positions
         value = a + b if o == "+" else a - b
         answer = f"{'-' if value < 0 else ''}{abs(value):0{w + 1 if w else 0}d}"
         return Problem(prompt=f"{a:0{w}d}{o}{b:0{w}d}=" if w else f"{a}{o}{b}=", answer=answer)
-
-    def __len__(self) -> int:
-        return len(self._train)
-
-    def train(self, i: int) -> Problem:
-        return self._problem(*self._train[i % len(self._train)])
-
-    def eval_problems(self) -> list[Problem]:
-        return [self._problem(*t) for t in self._eval]
 
     @staticmethod
     def score(response: str, problem: Problem) -> float:
