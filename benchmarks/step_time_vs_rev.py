@@ -37,6 +37,17 @@ def same_but_perf(a: list[dict], b: list[dict]) -> bool:
     return json.dumps(strip(a), sort_keys=True) == json.dumps(strip(b), sort_keys=True)
 
 
+def compare_old_keys(old: list[dict], new: list[dict]) -> tuple[bool, list[str], list[str]]:
+    """Whether every non-perf key of the old rows has the bit-identical value in the new rows (same steps),
+    and the keys only the new (old) rows have: metrics a revision added are listed, not hidden."""
+    if [r.get("step") for r in old] != [r.get("step") for r in new]:
+        return False, [], []
+    same = all(json.dumps(n.get(k)) == json.dumps(v) for o, n in zip(old, new)
+               for k, v in o.items() if not k.startswith("perf/"))
+    keys = lambda rows: {k for r in rows for k in r if not k.startswith("perf/")}
+    return same, sorted(keys(new) - keys(old)), sorted(keys(old) - keys(new))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rev", required=True, help="the other revision (e.g. a3216c6)")
@@ -62,6 +73,9 @@ def main() -> None:
         print(f"new / old median step time: {ratio:.3f}  (old {statistics.median(times['old']):.4f} s, "
               f"new {statistics.median(times['new']):.4f} s, {args.rounds} runs each)")
         print(f"metrics.jsonl identical but perf/*: {same_but_perf(rows['old'], rows['new'])}")
+        same, added, dropped = compare_old_keys(rows["old"], rows["new"])
+        print(f"every old non-perf key bit-identical: {same}; keys added: {added or 'none'}; "
+              f"keys dropped: {dropped or 'none'}")
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=REPO, check=False)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -103,7 +103,9 @@ def sft_cache_key(r: Recipe, base_path: str) -> str:
     """
     folder = _model_folder(r, base_path)
     model = model_digest(folder) if folder is not None else {"hub_id": base_path}
-    payload = {"model": model, "data": data_digest(r), "sft": asdict(r.sft), "seed": sft_seed(r), "version": 2}
+    # version 3: warm-ups cached before the char tokenizer was loaded as itself had trained without spaces and
+    # newlines (AutoTokenizer rebuilt it as a byte-level BPE), and kept that tokenizer; they must not be reused
+    payload = {"model": model, "data": data_digest(r), "sft": asdict(r.sft), "seed": sft_seed(r), "version": 3}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
