@@ -265,7 +265,7 @@ class MultiTurnRollout:
             "env/failures": int(s["env/failures"]), "env/timeouts": int(s["env/timeouts"]),
             "env/return_mean": s["env/return_sum"] / ok if ok else float("nan"),
             "env/turns_mean": s["env/turns_sum"] / n, "env/terminated_frac": s["env/terminated"] / n,
-            "env/overflow_frac": s["env/overflow"] / n, "env/episodes_per_s": len(eps) / max(elapsed, 1e-9)})
+            "env/overflow_frac": s["env/overflow"] / n, "perf/episodes_per_s": len(eps) / max(elapsed, 1e-9)})
         return batch
 
     def evaluate(self, n: int, *, temperature: float, seed: int) -> float:
