@@ -16,8 +16,9 @@ from typing import Any, Callable
 
 from credo.config import ConfigError
 from credo.envs.guess import GuessNumberEnv
+from credo.envs.mastermind import MastermindEnv
 
-BUILTIN_ENVS: dict[str, Callable[..., Any]] = {"credo:GuessNumber-v0": GuessNumberEnv}
+BUILTIN_ENVS: dict[str, Callable[..., Any]] = {"credo:GuessNumber-v0": GuessNumberEnv, "credo:Mastermind-v0": MastermindEnv}
 
 
 def gem_ids() -> list[str]:
