@@ -344,6 +344,11 @@ class EnvConfig:
     assistant header), or '\\n{observation}\\n' without one; or a string with '{observation}'."""
     expert_noise: float = ranged(0.0, ge=0, le=1)
     """Warm-up demonstrations (built-in envs with an expert): probability of a random action in each expert turn."""
+    init_resample_frac: float = ranged(0.0, ge=0, le=1)
+    """IPA's chunk-level initialised resampling (arXiv 2512.24873 Sec. 3.2.4.4, parallelised initialisation): this
+    fraction of each game's training episodes starts from a prefix of the noiseless expert's episode on the same
+    seed, replayed through the env (anchor uniform over the expert's turns but its last). 0 = every episode from
+    the start. Needs an env with a scripted expert; evaluation always starts from the start."""
     eval_episodes: int = ranged(64, ge=1)
     """Held-out episodes (fixed seeds disjoint from training) per evaluation; eval/return is their mean return."""
 

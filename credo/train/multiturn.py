@@ -38,6 +38,7 @@ from credo.rewards.chat import has_chat_template, plain_prompt
 from credo.rewards.tasks import Problem
 from credo.train.batch import Batch
 from credo.train.registry import register_stage
+from credo.train.resample import choose_prefixes, expert_actions
 from credo.train.rollout import step_problem_indices, step_seed
 
 EVAL_SEED_BASE = 10**10
@@ -117,6 +118,7 @@ class Episode:
     actions: list[str] = field(default_factory=list)
     observations: list[str] = field(default_factory=list)
     first_observation: str = ""
+    prefix_actions: list[str] = field(default_factory=list)
     version: int = 0
     end: str | None = None
     error: str | None = None
@@ -129,7 +131,7 @@ class Episode:
         meta = {"turn_rewards": self.turn_rewards, "turn_spans": self.turn_spans, "chunk_ids": self.chunk_ids,
                 "terminated": self.end == "terminated", "truncated": self.end not in ("terminated", "failed"),
                 "end": self.end, "failed": self.end == "failed", "error": self.error, "env_seed": self.env_seed,
-                "actions": self.actions, "observations": self.observations}
+                "actions": self.actions, "observations": self.observations, "prefix_actions": self.prefix_actions}
         return Sample(self.prompt_ids or list(fallback_prompt), self.response_ids, self.response_mask, self.log_probs,
                       finished=self.end == "terminated", policy_version=self.version, meta=meta)
 
@@ -157,10 +159,14 @@ class MultiTurnRollout:
 
     # ------------------------------------------------------------------------------------ episodes
     def run_episodes(self, env_seeds: list[int], *, temperature: float, top_p: float,
-                     sample_seeds: list[int] | None) -> tuple[list[Episode], dict]:
-        """Play one episode per env seed; `sample_seeds[i]` seeds episode i's sampling (None: greedy)."""
+                     sample_seeds: list[int] | None, prefixes: list[list[str]] | None = None
+                     ) -> tuple[list[Episode], dict]:
+        """Play one episode per env seed; `sample_seeds[i]` seeds episode i's sampling (None: greedy).
+        `prefixes[i]` (IPA's initialised resampling, credo/train/resample.py): actions replayed through episode
+        i's env after its reset; they and their observations join the prompt, and the model plays on."""
         c, tok = self.cfg, self.tokenizer
-        eps = [Episode(env=self.env_factory(), env_seed=s) for s in env_seeds]
+        eps = [Episode(env=self.env_factory(), env_seed=s, prefix_actions=list(p))
+               for s, p in zip(env_seeds, prefixes or [[]] * len(env_seeds))]
         timeouts = 0
         # resets one after another: GEM's reset seeds the global `random`, so parallel resets would race
         for e in eps:
@@ -172,10 +178,15 @@ class MultiTurnRollout:
             e.first_observation = _text(*res)
             e.prompt_ids = tok(self.render(Problem(prompt=self.prompt_text(e.first_observation), answer="")),
                                add_special_tokens=False)["input_ids"]
+            if e.prefix_actions:
+                ok, overran = self._replay(e)
+                timeouts += overran
+                if not ok:
+                    continue
             if len(e.prompt_ids) + 1 > c.max_total_tokens:
                 e.end = "max_total_tokens"
         for turn in range(c.max_turns):
-            live = [i for i, e in enumerate(eps) if not e.done]
+            live = [i for i, e in enumerate(eps) if not e.done]  # a resampled episode ends its turns early
             if not live:
                 break
             contexts = [eps[i].prompt_ids + eps[i].response_ids for i in live]
@@ -192,7 +203,7 @@ class MultiTurnRollout:
                 e.response_ids += ids
                 e.response_mask += [1] * len(ids)
                 e.log_probs += lps + [0.0] * (len(ids) - len(lps))
-                e.chunk_ids += [turn] * len(ids)
+                e.chunk_ids += [len(e.turn_spans)] * len(ids)
                 e.turn_spans.append([start, start + len(ids)])
                 e.version = o.policy_version
                 e.actions.append(tok.decode(ids, skip_special_tokens=True))
@@ -216,7 +227,7 @@ class MultiTurnRollout:
                     e.end = "terminated"
                 elif truncated:
                     e.end = "env_truncated"
-                elif turn == c.max_turns - 1:
+                elif len(e.prefix_actions) + len(e.turn_spans) >= c.max_turns:
                     e.end = "max_turns"
                 else:
                     ids = tok(self.observation(e.observations[-1]), add_special_tokens=False)["input_ids"]
@@ -235,7 +246,27 @@ class MultiTurnRollout:
                  "env/turns_sum": float(sum(len(e.turn_spans) for e in eps)),
                  "env/terminated": float(sum(e.end == "terminated" for e in eps)),
                  "env/overflow": float(sum(e.end == "max_total_tokens" for e in eps))}
+        if prefixes is not None:
+            stats["env/resampled"] = float(sum(bool(e.prefix_actions) for e in eps))
+            stats["env/prefix_turns_sum"] = float(sum(len(e.prefix_actions) for e in eps))
         return eps, stats
+
+    def _replay(self, e: Episode) -> tuple[bool, int]:
+        """Step episode `e`'s env through its prefix actions, appending each action (+ EOS) and observation to its
+        prompt. (ok, timeouts): not ok (the episode ended as failed) when the env fails or the prefix ends the game."""
+        tok = self.tokenizer
+        for k, action in enumerate(e.prefix_actions):
+            (status, res), = call_with_deadline([lambda a=action: e.env.step(a)], self.cfg.step_timeout_s)
+            if status != "ok":
+                e.end, e.error = "failed", f"prefix step {k}: {status} {res!r}"
+                return False, int(status == "timeout")
+            obs, _, terminated, truncated, info = res
+            if terminated or truncated:  # an expert prefix stops before the expert's last turn: not expected
+                e.end, e.error = "failed", f"prefix step {k}: the game ended during the replayed prefix"
+                return False, 0
+            e.prompt_ids = e.prompt_ids + tok(action, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] \
+                + tok(self.observation(_text(obs, info)), add_special_tokens=False)["input_ids"]
+        return True, 0
 
     # ------------------------------------------------------------------------------------ the stage
     def rollout(self, step: int) -> Batch:
@@ -247,8 +278,9 @@ class MultiTurnRollout:
         env_seeds = [idx[j] for j in games for _ in range(G)]
         sample_seeds = [step_seed(self.seed, step, 1 + j * G + g) for j in games for g in range(G)]
         t0 = time.perf_counter()
+        prefixes = self.resample_prefixes(env_seeds, sample_seeds) if self.cfg.init_resample_frac > 0 else None
         eps, stats = self.run_episodes(env_seeds, temperature=self.temperature, top_p=self.top_p,
-                                       sample_seeds=sample_seeds)
+                                       sample_seeds=sample_seeds, prefixes=prefixes)
         elapsed = time.perf_counter() - t0
         tot = all_reduce_sum(torch.tensor(list(stats.values()), dtype=torch.float64)).tolist()
         s = dict(zip(stats, tot))
@@ -266,7 +298,17 @@ class MultiTurnRollout:
             "env/return_mean": s["env/return_sum"] / ok if ok else float("nan"),
             "env/turns_mean": s["env/turns_sum"] / n, "env/terminated_frac": s["env/terminated"] / n,
             "env/overflow_frac": s["env/overflow"] / n, "perf/episodes_per_s": len(eps) / max(elapsed, 1e-9)})
+        if prefixes is not None:
+            batch.metrics.update({"env/resampled_frac": s["env/resampled"] / n,
+                                  "env/prefix_turns_mean": s["env/prefix_turns_sum"] / n})
         return batch
+
+    def resample_prefixes(self, env_seeds: list[int], sample_seeds: list[int]) -> list[list[str]]:
+        """The first round(env.init_resample_frac * G) episodes of each game start from an expert prefix."""
+        on = round(self.cfg.init_resample_frac * self.G)
+        experts = {s: expert_actions(self.env_factory(), s, self.cfg.max_turns) for s in dict.fromkeys(env_seeds)}
+        resampled = [i % self.G < on for i in range(len(env_seeds))]
+        return choose_prefixes([experts[s] for s in env_seeds], resampled, [step_seed(s, -2, 0) for s in sample_seeds])
 
     def evaluate(self, n: int, *, temperature: float, seed: int) -> float:
         """Mean return of `n` held-out episodes (env seeds EVAL_SEED_BASE + i, this rank's share), over all ranks."""

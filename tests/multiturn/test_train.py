@@ -45,3 +45,22 @@ def test_gem_game_id_trains_two_steps(tmp_path):
     # an untrained model writes no \boxed{} guess: GEM's format penalty ends every episode at turn 1
     for r in rows[1:]:
         assert r["env/failures"] == 0 and r["env/turns_mean"] >= 1 and r["train/reward_mean"] <= 1.0
+
+
+@pytest.mark.slow
+def test_mastermind_with_initialised_resampling_trains_two_steps(tmp_path):
+    o = tiny_overrides(tmp_path / "run", **MULTITURN, **{
+        "env.id": "credo:Mastermind-v0", "env.kwargs": "{positions: 2, colours: 3, max_turns: 4}", "env.max_turns": 4,
+        "env.max_total_tokens": 64, "env.max_new_tokens_per_turn": 3, "env.expert_noise": 0.5,
+        "env.init_resample_frac": 0.5, "stages.advantage_kwargs": "{credit: ipa, gamma: 0.9}", "algo.policy_loss": "ipa"})
+    p = run_cli(["run", "recipes/multiturn_mastermind.yaml", *o])
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = read_rows(tmp_path / "run")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in rows[1:]:  # the first of each game's 2 episodes starts from a prefix (unless the expert needs 1 turn)
+        assert r["env/failures"] == 0 and 0 < r["env/resampled_frac"] <= 0.5 and r["env/prefix_turns_mean"] > 0
+    dump = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step_2.jsonl").read_text().splitlines()]
+    for row in dump:
+        prefix = row["meta"]["prefix_actions"]
+        assert len(prefix) + len(row["meta"]["actions"]) <= 4
+        assert all(a in row["prompt"] for a in prefix)  # the replayed turns are in the prompt, not trained
