@@ -18,8 +18,9 @@ than env.max_failure_frac of a step's episodes stop the run with `EnvFailureErro
 Per sample `meta`: turn_rewards, turn_spans (response-index [start, end) of each model turn), chunk_ids (per
 response token: the turn index, -1 on observation tokens), terminated, truncated, end ('terminated',
 'env_truncated', 'max_turns', 'max_total_tokens', 'failed'), failed, error, env_seed, actions, observations
-(the env's reply to each action, the last one included). Env seeds and sampling seeds are functions of
-(run seed, step), so a resumed run replays the same episodes.
+(the env's reply to each action, the last one included), prefix_actions (expert actions replayed into the
+prompt by IPA's initialised resampling, env.init_resample_frac; credo/train/resample.py). Env seeds, sampling
+seeds and resampling anchors are functions of (run seed, step), so a resumed run replays the same episodes.
 """
 
 from __future__ import annotations

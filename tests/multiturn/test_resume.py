@@ -1,15 +1,16 @@
-"""Exact resume of a multi-turn run: killed right after the step-2 checkpoint and resumed to step 4, it equals
-the uninterrupted run (metrics.jsonl less perf/*, and the final parameters, bit for bit).
+"""Exact resume of a multi-turn IPA run with initialised resampling: killed right after the step-2 checkpoint
+and resumed to step 4, it equals the uninterrupted run (metrics.jsonl less perf/*, and the final parameters,
+bit for bit).
 
-The env seeds and sampling seeds of a step are functions of (run seed, step), and each episode gets a fresh
-env, so nothing about the episodes needs saving; this test is what keeps that true.
+The env seeds, sampling seeds and resampling anchors of a step are functions of (run seed, step), and each
+episode gets a fresh env, so nothing about the episodes needs saving; this test is what keeps that true.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.e2e.common import tiny_overrides
+from tests.e2e.common import read_rows, tiny_overrides
 from tests.multiturn.test_train import MULTITURN
 from tests.reliability.common import assert_same_run, has_checkpoint, run_and_kill, start, wait_ok
 
@@ -24,7 +25,7 @@ def args(out, **extra) -> list[str]:
          "env.kwargs": "{low: 1, high: 7, max_turns: 3}", "env.max_turns": 3, "env.max_total_tokens": 64,
          "env.max_new_tokens_per_turn": 3, "env.expert_noise": 0.5,
          "stages.advantage_kwargs": "{credit: ipa, gamma: 0.9}", "algo.policy_loss": "ipa",
-         "algo.ppo_epochs": 2}
+         "algo.ppo_epochs": 2, "env.init_resample_frac": 0.5}
     o.update(extra)
     return ["run", "recipes/multiturn.yaml", *tiny_overrides(out, **o)]
 
@@ -37,3 +38,5 @@ def test_sigkill_after_a_checkpoint_and_resume_is_exact(tmp_path):
     err = wait_ok(start(args(killed, **{"run.resume": "auto"}), tmp_path / "resumed.log"))
     assert "resumed from" in err
     assert_same_run(full, killed, STEPS)
+    trained = [r for r in read_rows(full) if "env/resampled_frac" in r]
+    assert len(trained) == STEPS and all(r["env/resampled_frac"] > 0 for r in trained)
