@@ -23,7 +23,7 @@ quickstart: install
 	$(VENV)/bin/credo run recipes/quickstart.yaml $(ARGS)
 
 test: install
-	$(PY) -m pytest -q -ra $(ARGS)
+	$(PY) -m pytest -q -ra --durations=15 $(ARGS)
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not vllm" $(ARGS)
