@@ -64,3 +64,27 @@ def test_mastermind_with_initialised_resampling_trains_two_steps(tmp_path):
         prefix = row["meta"]["prefix_actions"]
         assert len(prefix) + len(row["meta"]["actions"]) <= 4
         assert all(a in row["prompt"] for a in prefix)  # the replayed turns are in the prompt, not trained
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_builtin_game_on_the_vllm_backend(tmp_path):
+    """The multi-turn source on vLLM: one generate call per turn through the engine, the same layout and chunk
+    ids as on hf, and the engine's log-probs of the model's tokens agree with the trainer's (K3 near 0)."""
+    pytest.importorskip("vllm")
+    o = tiny_overrides(tmp_path / "run", **MULTITURN, **{
+        "rollout.backend": "vllm", "env.id": "credo:GuessNumber-v0", "env.kwargs": "{low: 1, high: 7, max_turns: 3}",
+        "env.max_turns": 3, "env.max_total_tokens": 64, "env.max_new_tokens_per_turn": 3, "env.expert_noise": 0.5,
+        "stages.advantage_kwargs": "{credit: mc_rebn, gamma: 0.9}"})
+    p = run_cli(["run", "recipes/multiturn.yaml", *o])
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = read_rows(tmp_path / "run")
+    assert [r["step"] for r in rows] == [0, 1, 2] and "eval/return" in rows[2]
+    for r in rows[1:]:
+        assert r["env/failures"] == 0 and 1 <= r["env/turns_mean"] <= 3
+        assert 0 <= r["mismatch/k3"] < 1e-3, r["mismatch/k3"]  # fp32 engine and trainer: the same policy
+    dump = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step_2.jsonl").read_text().splitlines()]
+    for row in dump:
+        chunks = row["meta"]["chunk_ids"]
+        assert [c >= 0 for c in chunks] == [m == 1 for m in row["response_mask"]]
+        assert max(chunks) + 1 == len(row["meta"]["turn_rewards"]) == len(row["meta"]["actions"])
