@@ -7,7 +7,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: quickstart test test-fast install mutation
+.PHONY: quickstart test test-heavy test-fast install mutation
 
 install: $(VENV)/.installed
 
@@ -23,7 +23,11 @@ quickstart: install
 	$(VENV)/bin/credo run recipes/quickstart.yaml $(ARGS)
 
 test: install
-	$(PY) -m pytest -q -ra --durations=15 $(ARGS)
+	$(PY) -m pytest -q -ra --durations=15 -m "not heavy" $(ARGS)
+
+# the few tests of a minute or more each (multi-process and engine runs that CI's budget leaves out)
+test-heavy: install
+	$(PY) -m pytest -q -ra --durations=15 -m heavy $(ARGS)
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not vllm" $(ARGS)

@@ -10,7 +10,7 @@ import pytest
 from credo.distributed.engine import _free_port
 from tests.e2e.common import read_rows, run_cli, tiny_overrides
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # two processes with rollbacks: about a minute
 
 
 def test_two_process_mipu_keeps_ranks_identical(tmp_path):

@@ -68,6 +68,7 @@ def test_mastermind_with_initialised_resampling_trains_two_steps(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.vllm
+@pytest.mark.heavy  # a vLLM engine start-up: about a minute
 def test_builtin_game_on_the_vllm_backend(tmp_path):
     """The multi-turn source on vLLM: one generate call per turn through the engine, the same layout and chunk
     ids as on hf, and the engine's log-probs of the model's tokens agree with the trainer's (K3 near 0)."""
