@@ -160,6 +160,16 @@ def _token_counts(mask, rewards):
     return as_bool_mask(mask, "mask", mask).sum(-1).to(rewards.dtype)
 
 
+@register_advantage_estimator("reinforce")
+def reinforce(rewards, group_ids, mask) -> torch.Tensor:
+    """REINFORCE without a baseline (Williams 1992): ``A_i = R_i``, the raw reward on every token.
+
+    The high-variance reference that every baseline improves on; the testbed's deliberately weak
+    variant (issue #12). ``group_ids`` is unused (kept for the shared signature).
+    """
+    return _broadcast(normalize_rewards(rewards, group_ids, mean_scope="none", std_scope="none"), mask, rewards)
+
+
 @register_advantage_estimator("grpo")
 def grpo(rewards, group_ids, mask, *, norm_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """GRPO group-relative advantage (DeepSeekMath, arXiv 2402.03300)::

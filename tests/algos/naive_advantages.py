@@ -59,6 +59,11 @@ def grpo(rewards, group_ids, mask, norm_std=True, eps=1e-6):
     return _broadcast(adv, mask)
 
 
+@reference("advantage", "reinforce")
+def reinforce(rewards, group_ids, mask):
+    return _broadcast(rewards.tolist(), mask)  # no baseline: every token carries its sequence's raw reward
+
+
 @reference("advantage", "dr_grpo")
 def dr_grpo(rewards, group_ids, mask):
     return grpo(rewards, group_ids, mask, norm_std=False)
