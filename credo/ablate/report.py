@@ -8,7 +8,7 @@ Outputs in the sweep's output_dir:
   interval excludes 0 (statistics in `credo.ablate.stats`);
 - `table.csv`: the same numbers, per metric the columns `<label> mean`, `std`, `n`, `ci95 low`,
   `ci95 high` and, with a baseline, `diff`, `diff ci95 low`, `diff ci95 high`, `welch df`, `welch p`,
-  `diff ci excludes 0`;
+  `diff ci excludes 0`, `cohen d` (the difference in pooled standard deviations);
 - `curves.png`: per curve key, each variant's mean over seeds against step with its 95% t-interval band.
 """
 
@@ -27,7 +27,7 @@ from credo.tracking import read_metrics
 
 CONFIDENCE = 0.95
 CSV_STAT_COLUMNS = ("mean", "std", "n", "ci95 low", "ci95 high")
-CSV_DIFF_COLUMNS = ("diff", "diff ci95 low", "diff ci95 high", "welch df", "welch p", "diff ci excludes 0")
+CSV_DIFF_COLUMNS = ("diff", "diff ci95 low", "diff ci95 high", "welch df", "welch p", "diff ci excludes 0", "cohen d")
 
 
 @dataclass
@@ -58,6 +58,8 @@ def reduce_metric(rows: list[dict], metric: Metric) -> float | None:
         return None
     if metric.reduce == "final":
         return vals[-1]
+    if metric.reduce == "gain":  # e.g. final eval accuracy minus the step-0 eval of the warm-up
+        return vals[-1] - vals[0]
     if metric.reduce == "best":
         return max(vals) if metric.mode == "max" else min(vals)
     tail = vals[-metric.k:]
@@ -117,7 +119,7 @@ def _metric_table(sweep: Sweep, results: list[VariantResult], label: str) -> lis
     pct = f"{CONFIDENCE:.0%}"
     head = ["variant", "n", "mean ± std", f"{pct} CI (t)"]
     if sweep.baseline:
-        head += [f"Δ vs {sweep.baseline}", f"{pct} CI of Δ (Welch)", "p (Welch)", "CI of Δ excludes 0"]
+        head += [f"Δ vs {sweep.baseline}", f"{pct} CI of Δ (Welch)", "p (Welch)", "CI of Δ excludes 0", "d (pooled std)"]
     lines = [f"### {label}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for res in results:
         s = res.stats[label]
@@ -125,9 +127,9 @@ def _metric_table(sweep: Sweep, results: list[VariantResult], label: str) -> lis
                  _interval(s.low, s.high)]
         if sweep.baseline:
             d = res.vs_baseline.get(label)
-            cells += (["baseline", "", "", ""] if d is None else
+            cells += (["baseline", "", "", "", ""] if d is None else
                       [_fmt(d.diff, sign=True), _interval(d.low, d.high, sign=True), _fmt_p(d.p),
-                       "*" if d.excludes_zero else ""])
+                       "*" if d.excludes_zero else "", _fmt(d.d, sign=True)])
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -139,8 +141,9 @@ def _method_note(sweep: Sweep) -> list[str]:
     if sweep.baseline:
         note += (f" Δ: the variant's mean minus the mean of the baseline `{sweep.baseline}`, with its {pct} confidence "
                  "interval and two-sided p-value from Welch's t-test (unequal variances, Welch–Satterthwaite degrees "
-                 f"of freedom); * marks a Δ whose {pct} CI excludes 0. No correction for comparing several variants "
-                 "and metrics.")
+                 f"of freedom); * marks a Δ whose {pct} CI excludes 0; d: Cohen's d, Δ in units of the pooled "
+                 "standard deviation of the two variants' seeds (the testbed's separation). No correction for comparing "
+                 "several variants and metrics.")
     return [note, ""]
 
 
@@ -182,7 +185,7 @@ def _write_csv(sweep: Sweep, results: list[VariantResult]) -> None:
                 if sweep.baseline:
                     d = res.vs_baseline.get(lab)
                     row += ([None] * len(CSV_DIFF_COLUMNS) if d is None else
-                            [d.diff, d.low, d.high, d.df, d.p, "true" if d.excludes_zero else "false"])
+                            [d.diff, d.low, d.high, d.df, d.p, "true" if d.excludes_zero else "false", d.d])
             w.writerow([_csv_cell(x) for x in row])
     os.replace(tmp, sweep.output_dir / "table.csv")
 

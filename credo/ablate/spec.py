@@ -19,6 +19,7 @@ the metrics to report and, optionally, the baseline variant the others are compa
       - {key: eval/accuracy, reduce: final}            # the last logged value
       - {key: eval/accuracy, reduce: best}             # max (mode: min for the smallest)
       - {key: train/reward_mean, reduce: last_k_mean, k: 5}   # mean of the last k logged values
+      - {key: eval/accuracy, reduce: gain}             # the last logged value minus the first (gain over the start)
     curves: [eval/accuracy, train/reward_mean]         # optional; default: the metric keys
     output_dir: runs/ablations/tricks_or_traps         # optional; default runs/ablations/<name>
     launcher: torchrun --standalone --nproc_per_node 8 # optional; what starts `-m credo.cli run` (default: this python)
@@ -42,7 +43,7 @@ from credo.config import ConfigError
 SWEEP_KEYS = ("name", "description", "base", "overrides", "seeds", "variants", "grid", "baseline", "metrics", "curves",
               "output_dir", "launcher", "gpus_per_run")
 METRIC_KEYS = ("key", "reduce", "k", "mode", "label")
-REDUCES = ("final", "best", "last_k_mean")
+REDUCES = ("final", "best", "last_k_mean", "gain")
 RUNNER_KEYS = ("run.seed", "run.output_dir", "run.resume")  # set per run by the runner
 DEFAULT_SEEDS = [0, 1, 2, 3, 4]
 """Five seeds: a 95% t-interval's half-width is t(0.975, 4)·s/√5 = 1.24·s, against 2.48·s with three."""
@@ -56,7 +57,7 @@ class Metric:
     key: str
     """Metric name in metrics.jsonl, e.g. eval/accuracy."""
     reduce: str
-    """How one run's curve becomes one number: final, best or last_k_mean."""
+    """How one run's curve becomes one number: final, best, last_k_mean or gain (last minus first)."""
     k: int = 1
     """Number of last logged values averaged by last_k_mean."""
     mode: str = "max"
@@ -174,7 +175,7 @@ def _metric(path: Path, i: int, spec) -> Metric:
     if "mode" in spec and reduce != "best":
         raise _fail(path, f"{where}.mode is only used by reduce: best")
     label = spec.get("label") or {"final": f"{spec['key']} final", "best": f"{spec['key']} {'best' if mode == 'max' else 'min'}",
-                                  "last_k_mean": f"{spec['key']} last-{k} mean"}[reduce]
+                                  "last_k_mean": f"{spec['key']} last-{k} mean", "gain": f"{spec['key']} gain"}[reduce]
     return Metric(key=spec["key"], reduce=reduce, k=k, mode=mode, label=str(label))
 
 

@@ -47,6 +47,10 @@ class WelchDiff:
     """diff / standard error; +-inf when both variances are 0 and the means differ, nan when 0 / 0."""
     p: float
     """Two-sided p-value of t."""
+    d: float = NAN
+    """Cohen's d: diff in units of the pooled standard deviation
+    sqrt(((n_a - 1) s_a^2 + (n_b - 1) s_b^2) / (n_a + n_b - 2)); +-inf when both variances are 0 and the
+    means differ, nan when either group has n < 2 or 0 / 0. The testbed's "separation in std"."""
 
     @property
     def excludes_zero(self) -> bool:
@@ -101,6 +105,8 @@ def welch_diff(a: list[float], b: list[float], confidence: float = 0.95) -> Welc
     The interval is diff +- t(1 - (1 - confidence) / 2, df) * se and p = P(|T_df| >= |t|), as
     scipy.stats.ttest_ind(a, b, equal_var=False) gives them.
 
+    Also Cohen's d, the difference in units of the pooled standard deviation (see `WelchDiff.d`).
+
     Edge cases: a group with n < 2 has no variance estimate, so everything but diff is nan. Both variances
     0 (every seed gave the same value within each group): se = 0, the interval is the single point diff,
     df is nan, and t = +-inf with p = 0 when the means differ, t = p = nan when they are equal.
@@ -115,12 +121,14 @@ def welch_diff(a: list[float], b: list[float], confidence: float = 0.95) -> Welc
     diff = mean_a - mean_b
     if n_a < 2 or n_b < 2:
         return WelchDiff(diff=diff, low=NAN, high=NAN, df=NAN, t=NAN, p=NAN)
+    pooled = math.sqrt(((n_a - 1) * var_a + (n_b - 1) * var_b) / (n_a + n_b - 2))
+    d = diff / pooled if pooled > 0 else (math.copysign(math.inf, diff) if diff != 0 else NAN)
     v_a, v_b = var_a / n_a, var_b / n_b
     se = math.sqrt(v_a + v_b)
     if se == 0:
         t = math.copysign(math.inf, diff) if diff != 0 else NAN
-        return WelchDiff(diff=diff, low=diff, high=diff, df=NAN, t=t, p=0.0 if diff != 0 else NAN)
+        return WelchDiff(diff=diff, low=diff, high=diff, df=NAN, t=t, p=0.0 if diff != 0 else NAN, d=d)
     df = (v_a + v_b) ** 2 / (v_a ** 2 / (n_a - 1) + v_b ** 2 / (n_b - 1))
     t = diff / se
     half = t_quantile(0.5 + confidence / 2, df) * se
-    return WelchDiff(diff=diff, low=diff - half, high=diff + half, df=df, t=t, p=two_sided_p(t, df))
+    return WelchDiff(diff=diff, low=diff - half, high=diff + half, df=df, t=t, p=two_sided_p(t, df), d=d)

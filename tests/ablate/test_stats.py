@@ -47,6 +47,8 @@ def test_welch_by_hand_equal_sizes():
     # two-sided p = 2 * (1 - F_4(3.674235)) = 2 * (1 - 0.989344) = 0.021312
     assert r.p == pytest.approx(2 * (1 - student_t_cdf_df4(3.0 / math.sqrt(2 / 3))), rel=1e-9)
     assert r.p == pytest.approx(0.021312, abs=1e-6) and r.excludes_zero
+    # Cohen's d: pooled variance ((3-1)*1 + (3-1)*1) / (3+3-2) = 1, so d = 3 / 1
+    assert r.d == pytest.approx(3.0, rel=1e-12)
 
 
 def test_welch_by_hand_unequal_sizes_and_variances():
@@ -58,6 +60,8 @@ def test_welch_by_hand_unequal_sizes_and_variances():
     assert r.df == pytest.approx(216 / 53, rel=1e-12)
     half = t_quantile(0.975, 216 / 53) * math.sqrt(2)
     assert (r.low, r.high) == pytest.approx((3 - half, 3 + half), rel=1e-12)
+    # pooled variance ((4-1) 20/3 + (3-1) 1) / (4+3-2) = 22/5, d = 3 / sqrt(4.4) (Welch's se is not pooled)
+    assert r.d == pytest.approx(3 / math.sqrt(4.4), rel=1e-12)
 
 
 def _samples(rng, n, scale, shift):
@@ -77,6 +81,9 @@ def test_welch_agrees_with_scipy(n_a, n_b):
         assert r.df == pytest.approx(ref.df, rel=1e-9)
         assert (r.low, r.high) == pytest.approx((ci.low, ci.high), rel=1e-9, abs=1e-12)
         assert r.excludes_zero == (ref.pvalue < 0.05)  # the 95% CI excludes 0 exactly when p < 0.05
+        # Cohen's d against the pooled-variance t of scipy's Student test: t_pooled = d / sqrt(1/n_a + 1/n_b)
+        pooled = scipy.stats.ttest_ind(a, b, equal_var=True).statistic
+        assert r.d == pytest.approx(pooled * math.sqrt(1 / n_a + 1 / n_b), rel=1e-9)
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 30])
@@ -95,7 +102,7 @@ def test_one_seed_gives_nan_intervals():
     e = mean_ci([])
     assert e.n == 0 and math.isnan(e.mean)
     d = welch_diff([0.7], [0.4, 0.5])
-    assert d.diff == pytest.approx(0.25) and all(math.isnan(x) for x in (d.low, d.high, d.df, d.t, d.p))
+    assert d.diff == pytest.approx(0.25) and all(math.isnan(x) for x in (d.low, d.high, d.df, d.t, d.p, d.d))
     assert not d.excludes_zero
     assert math.isnan(welch_diff([], [0.4, 0.5]).diff)
 
@@ -105,7 +112,7 @@ def test_zero_variance_in_both_groups():
     # every seed gave the same value in each group: se = 0, the CI is the point diff, as scipy reports it
     d = welch_diff([0.5, 0.5, 0.5], [0.25, 0.25])
     ref = scipy.stats.ttest_ind([0.5, 0.5, 0.5], [0.25, 0.25], equal_var=False)
-    assert (d.diff, d.low, d.high, d.t, d.p) == (0.25, 0.25, 0.25, math.inf, 0.0)
+    assert (d.diff, d.low, d.high, d.t, d.p, d.d) == (0.25, 0.25, 0.25, math.inf, 0.0, math.inf)
     assert d.t == ref.statistic and d.p == ref.pvalue and d.excludes_zero
     same = welch_diff([0.5, 0.5], [0.5, 0.5])
     assert same.diff == 0 and (same.low, same.high) == (0, 0) and math.isnan(same.p) and not same.excludes_zero

@@ -85,7 +85,7 @@ def test_unknown_override_key_fails_before_any_run(tmp_path, fake_trainer):
 def test_bad_value_and_bad_metric_are_named(tmp_path):
     with pytest.raises(ConfigError, match=r"variant 'a' \(seed 0\): config key 'algo.agg_mode' = 'sum'"):
         ablate.plan_runs(ablate.load_sweep(write_sweep(tmp_path, variants={"a": ["algo.agg_mode=sum"]})), threads=1)
-    with pytest.raises(ConfigError, match=r"metrics\[0\].reduce = 'median', expected one of final, best, last_k_mean"):
+    with pytest.raises(ConfigError, match=r"metrics\[0\].reduce = 'median', expected one of final, best, last_k_mean, gain"):
         ablate.load_sweep(write_sweep(tmp_path, metrics=[{"key": "eval/accuracy", "reduce": "median"}]))
     with pytest.raises(ConfigError, match=r"unknown key 'metrics\[0\].kk'"):
         ablate.load_sweep(write_sweep(tmp_path, metrics=[{"key": "eval/accuracy", "reduce": "last_k_mean", "kk": 3}]))
@@ -137,6 +137,8 @@ def test_reduce_metric_by_hand():
     # last 2 finite rewards are steps 2 and 4 (step 3 is NaN and skipped): (0.4 + 0.9) / 2
     assert ablate.reduce_metric(rows, M("train/reward_mean", "last_k_mean", k=2)) == pytest.approx(0.65)
     assert ablate.reduce_metric(rows, M("train/loss", "final")) is None
+    # gain: the last logged accuracy (step 4) minus the first (step 0, the warm-up's start)
+    assert ablate.reduce_metric(rows, M("eval/accuracy", "gain")) == pytest.approx(0.3 - 0.1)
 
 
 def test_baseline_must_name_a_variant(tmp_path):
@@ -207,14 +209,17 @@ def test_sweep_runs_tabulates_and_second_invocation_starts_nothing(tmp_path, fak
         assert float(row["eval/accuracy final diff ci95 high"]) == pytest.approx(diff + T2 * se)
         assert float(row["eval/accuracy final welch p"]) == pytest.approx(p)
         assert row["eval/accuracy final diff ci excludes 0"] == ("true" if marked else "false")
+        # Cohen's d: diff / pooled std, pooled variance ((2-1) std^2 + (2-1) std_a^2) / (2 + 2 - 2)
+        d = diff / math.sqrt((std ** 2 + std_a ** 2) / 2)
+        assert float(row["eval/accuracy final cohen d"]) == pytest.approx(d)
         md_rows[variant] = (f"| {variant} | 2 | {mean:.3f} ± {std:.3f} | [{mean - T1 * std / math.sqrt(2):.3f}, "
                             f"{mean + T1 * std / math.sqrt(2):.3f}] | {diff:+.3f} | [{diff - T2 * se:+.3f}, "
-                            f"{diff + T2 * se:+.3f}] | {p:.3f} | {'*' if marked else ''} |")
+                            f"{diff + T2 * se:+.3f}] | {p:.3f} | {'*' if marked else ''} | {d:+.3f} |")
     table = (out / "table.md").read_text()
     assert f"| a | 2 | {stats['a'][0]:.3f} ± {stats['a'][1]:.3f} |" in table
     final_section = table.split("### eval/accuracy final")[1].split("###")[0]
-    assert "| variant | n | mean ± std | 95% CI (t) | Δ vs a | 95% CI of Δ (Welch) | p (Welch) | CI of Δ excludes 0 |" \
-        in final_section
+    assert ("| variant | n | mean ± std | 95% CI (t) | Δ vs a | 95% CI of Δ (Welch) | p (Welch) | CI of Δ excludes 0 "
+            "| d (pooled std) |") in final_section
     assert "| a | 2 |" in final_section and "| baseline |" in final_section
     assert md_rows["b"] in final_section and md_rows["c"] in final_section
     assert "Student-t" in table and "Welch" in table
