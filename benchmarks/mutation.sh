@@ -13,8 +13,10 @@
 # no `mutants/` folder: MUTATION_DIR (default /tmp/credo-mutation; kept between runs, so results and
 # mutmut's test-coverage map are reused; delete it after changing tests). MUTATION_JOBS: parallel
 # mutants (default 1). MUTATION_RESUME=1 runs only the mutants without a result in MUTATION_DIR (an
-# interrupted run goes on where it stopped). At the end it prints killed/total per module and writes them to
-# $MUTATION_DIR/summary.tsv.
+# interrupted run goes on where it stopped). MUTATION_SAMPLE=N runs a seeded (MUTATION_SEED, default 0)
+# uniform sample of N of the globs' mutants without a result: the whole set is hours, a sample of a few
+# hundred estimates the kill rate to a few points. At the end it prints killed/total per module and per
+# package, with a 95% Wilson interval of the rate, and writes them to $MUTATION_DIR/summary.tsv.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${MUTATION_DIR:-/tmp/credo-mutation}
@@ -29,16 +31,31 @@ cd "$work"
 unset PYTHONPATH  # mutmut puts mutants/ first on the path; the original credo must not be importable
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$repo/.cache/torch_extensions} CREDO_CACHE=${CREDO_CACHE:-$repo/.cache/credo}
-if [ "${MUTATION_RESUME:-0}" = 1 ] && [ -d mutants ]; then
-    # run only the mutants of these globs that have no result yet (mutmut reruns every named mutant)
-    mapfile -t todo < <("$py" -m mutmut results --all true 2>/dev/null | "$py" -c '
+list_unchecked() {  # the mutants of the globs "$@" without a result, one name a line
+    "$py" -m mutmut results --all true 2>/dev/null | "$py" -c '
 import fnmatch, sys
 globs = sys.argv[1:]
 for line in sys.stdin:
     if line.strip().endswith(": not checked"):
         name = line.strip().rsplit(":", 1)[0]
         if any(fnmatch.fnmatch(name, g) for g in globs):
-            print(name)' "$@")
+            print(name)' "$@"
+}
+if [ -n "${MUTATION_SAMPLE:-}" ]; then
+    # a seeded uniform sample of MUTATION_SAMPLE mutants from those of the globs: the first call
+    # generates every mutant and maps tests to them (a glob that names no mutant runs none)
+    [ -d mutants ] || "$py" -m mutmut run --max-children "$jobs" 'credo.no_such_module.*' || true
+    mapfile -t todo < <(list_unchecked "$@" | "$py" -c '
+import random, sys
+names = sorted(line.strip() for line in sys.stdin if line.strip())
+k = min(int(sys.argv[1]), len(names))
+print(f"sampling {k} of {len(names)} unchecked mutants (seed {sys.argv[2]})", file=sys.stderr)
+print("\n".join(sorted(random.Random(int(sys.argv[2])).sample(names, k))))' "$MUTATION_SAMPLE" "${MUTATION_SEED:-0}")
+    printf '%s\n' "${todo[@]}" > sample.txt
+    [ ${#todo[@]} -eq 0 ] || "$py" -m mutmut run --max-children "$jobs" "${todo[@]}" || true
+elif [ "${MUTATION_RESUME:-0}" = 1 ] && [ -d mutants ]; then
+    # run only the mutants of these globs that have no result yet (mutmut reruns every named mutant)
+    mapfile -t todo < <(list_unchecked "$@")
     echo "resuming: ${#todo[@]} mutants without a result"
     [ ${#todo[@]} -eq 0 ] || "$py" -m mutmut run --max-children "$jobs" "${todo[@]}" || true
 else
@@ -57,16 +74,28 @@ for line in open("results.txt"):
         continue
     module = re.sub(r"\.x[ǁ_][^.]*$", "", name.split("__mutmut_")[0])
     counts[module][status] += 1
+def wilson(k, n, z=1.959964):
+    # 95% Wilson score interval of a kill rate k/n: a sampled run estimates the rate of all mutants
+    if n == 0:
+        return float("nan"), float("nan")
+    p = k / n
+    mid, half = p + z * z / (2 * n), z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    return (mid - half) / (1 + z * z / n), (mid + half) / (1 + z * z / n)
+
+def row(m, c):
+    killed = c["killed"] + c["timeout"] + c["segfault"] + c["caught by type check"]
+    total = sum(c.values())
+    other = total - killed - c["survived"] - c["no tests"]
+    lo, hi = wilson(killed, total)
+    return f"{m}\t{killed}\t{c['survived']}\t{c['no tests']}\t{other}\t{total}\t{killed / total:.1%}\t[{lo:.1%}, {hi:.1%}]"
+
+packages = defaultdict(Counter)  # credo.algos, credo.credit, credo.train, credo.trainer, ...
+for m, c in counts.items():
+    packages[".".join(m.split(".")[:2])].update(c)
 with open("summary.tsv", "w") as f:
-    header = "module\tkilled\tsurvived\tno_tests\tother\tchecked\tkill_rate"
-    print(header)
-    print(header, file=f)
-    for m in sorted(counts):
-        c = counts[m]
-        killed = c["killed"] + c["timeout"] + c["segfault"] + c["caught by type check"]
-        total = sum(c.values())
-        other = total - killed - c["survived"] - c["no tests"]
-        line = f"{m}\t{killed}\t{c['survived']}\t{c['no tests']}\t{other}\t{total}\t{killed / total:.1%}"
+    header = "module\tkilled\tsurvived\tno_tests\tother\tchecked\tkill_rate\twilson_95ci"
+    for line in [header] + [row(m, counts[m]) for m in sorted(counts)] + [""] + [
+            row(p + " (package)", packages[p]) for p in sorted(packages)] + [row("all", sum(counts.values(), Counter()))]:
         print(line)
         print(line, file=f)
 PY

@@ -91,6 +91,10 @@ def register(registry: dict, kind: str, name: str, fn):
 
     Registering a *different* function under a taken name raises ValueError naming both;
     re-registering the same function (a module reload) is allowed.
+
+    credo's own functions register by a call after the ``def`` (``ppo = register_policy_loss("ppo")(
+    per_token_policy_loss(ppo))``), not as decorators: mutmut 3 does not mutate decorated functions,
+    and the mutation tests (docs/reliability.md) must reach the losses. User code may use either form.
     """
     old = registry.get(name)
     if old is not None and _qualified(old) != _qualified(fn):

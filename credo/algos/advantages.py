@@ -160,7 +160,6 @@ def _token_counts(mask, rewards):
     return as_bool_mask(mask, "mask", mask).sum(-1).to(rewards.dtype)
 
 
-@register_advantage_estimator("reinforce")
 def reinforce(rewards, group_ids, mask) -> torch.Tensor:
     """REINFORCE without a baseline (Williams 1992): ``A_i = R_i``, the raw reward on every token.
 
@@ -170,7 +169,9 @@ def reinforce(rewards, group_ids, mask) -> torch.Tensor:
     return _broadcast(normalize_rewards(rewards, group_ids, mean_scope="none", std_scope="none"), mask, rewards)
 
 
-@register_advantage_estimator("grpo")
+reinforce = register_advantage_estimator("reinforce")(reinforce)
+
+
 def grpo(rewards, group_ids, mask, *, norm_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """GRPO group-relative advantage (DeepSeekMath, arXiv 2402.03300)::
 
@@ -180,13 +181,17 @@ def grpo(rewards, group_ids, mask, *, norm_std: bool = True, eps: float = 1e-6) 
     return _broadcast(adv, mask, rewards)
 
 
-@register_advantage_estimator("dr_grpo")
+grpo = register_advantage_estimator("grpo")(grpo)
+
+
 def dr_grpo(rewards, group_ids, mask) -> torch.Tensor:
     """Dr. GRPO (arXiv 2503.20783): group mean only, ``A_i = R_i - mean_group(R)``."""
     return _broadcast(normalize_rewards(rewards, group_ids, mean_scope="group", std_scope="none"), mask, rewards)
 
 
-@register_advantage_estimator("rloo")
+dr_grpo = register_advantage_estimator("dr_grpo")(dr_grpo)
+
+
 def rloo(rewards, group_ids, mask) -> torch.Tensor:
     """RLOO leave-one-out baseline (Kool et al. 2019; Ahmadian et al. arXiv 2402.14740)::
 
@@ -203,7 +208,9 @@ def rloo(rewards, group_ids, mask) -> torch.Tensor:
     return _broadcast(adv, mask, rewards)
 
 
-@register_advantage_estimator("reinforce_pp")
+rloo = register_advantage_estimator("rloo")(rloo)
+
+
 def reinforce_pp(rewards, group_ids, mask, *, eps: float = 1e-8, token_weighted: bool = True) -> torch.Tensor:
     """REINFORCE++ (arXiv 2501.03262): batch whitening of the rewards::
 
@@ -219,7 +226,9 @@ def reinforce_pp(rewards, group_ids, mask, *, eps: float = 1e-8, token_weighted:
     return _broadcast(adv, mask, rewards)
 
 
-@register_advantage_estimator("reinforce_pp_baseline")
+reinforce_pp = register_advantage_estimator("reinforce_pp")(reinforce_pp)
+
+
 def reinforce_pp_baseline(rewards, group_ids, mask, *, eps: float = 1e-8, token_weighted: bool = True) -> torch.Tensor:
     """REINFORCE++-baseline (arXiv 2501.03262): subtract the group mean, then whiten over the batch::
 
@@ -233,7 +242,9 @@ def reinforce_pp_baseline(rewards, group_ids, mask, *, eps: float = 1e-8, token_
     return _broadcast(adv, mask, rewards)
 
 
-@register_advantage_estimator("lite_ppo")
+reinforce_pp_baseline = register_advantage_estimator("reinforce_pp_baseline")(reinforce_pp_baseline)
+
+
 def lite_ppo(rewards, group_ids, mask, *, eps: float = 1e-6) -> torch.Tensor:
     """Lite PPO advantage (arXiv 2508.08221): group mean, batch std (ROLL ``norm_mean_type: group``,
     ``norm_std_type: batch``)::
@@ -244,7 +255,9 @@ def lite_ppo(rewards, group_ids, mask, *, eps: float = 1e-6) -> torch.Tensor:
     return _broadcast(adv, mask, rewards)
 
 
-@register_advantage_estimator("gae", inputs="token_rewards_values")
+lite_ppo = register_advantage_estimator("lite_ppo")(lite_ppo)
+
+
 def gae(
     token_rewards: torch.Tensor,
     values: torch.Tensor,
@@ -297,6 +310,9 @@ def gae(
     return adv, masked_fill_zero(adv + v, m)
 
 
+gae = register_advantage_estimator("gae", inputs="token_rewards_values")(gae)
+
+
 def turn_returns(turn_rewards: torch.Tensor, turn_mask: torch.Tensor, *, gamma: float = 1.0) -> torch.Tensor:
     """Per-turn discounted returns ``G_k = r_k + gamma G_{k+1}`` within each episode (row).
 
@@ -321,7 +337,6 @@ def turn_returns(turn_rewards: torch.Tensor, turn_mask: torch.Tensor, *, gamma: 
     return out
 
 
-@register_advantage_estimator("rebn", inputs="turn_rewards")
 def rebn(
     turn_rewards: torch.Tensor,
     turn_mask: torch.Tensor,
@@ -378,3 +393,6 @@ def rebn(
         )
         G = torch.zeros_like(G).masked_scatter(tm, A)
     return masked_fill_zero(torch.gather(G, 1, idx), inside)
+
+
+rebn = register_advantage_estimator("rebn", inputs="turn_rewards")(rebn)

@@ -20,8 +20,6 @@ from credo.algos.chunks import chunk_mean, chunk_mismatch_mask, chunk_ratio
 __all__ = ["ipa_loss"]
 
 
-@register_policy_loss("ipa")
-@per_token_policy_loss
 def ipa_loss(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
@@ -122,3 +120,6 @@ def ipa_loss(
             **ratio_summary(ratio, m),
         }
     return token_loss, metrics
+
+
+ipa_loss = register_policy_loss("ipa")(per_token_policy_loss(ipa_loss))

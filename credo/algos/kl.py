@@ -46,21 +46,24 @@ def _finish(kl, m):
     return kl if m is None else masked_fill_zero(kl, m)
 
 
-@register_kl_estimator("k1")
 def k1(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
     """k1 = log pi - log pi_ref."""
     d, m = _log_ratio(log_probs, ref_log_probs, mask)
     return _finish(d, m)
 
 
-@register_kl_estimator("k2")
+k1 = register_kl_estimator("k1")(k1)
+
+
 def k2(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
     """k2 = (log pi - log pi_ref)^2 / 2."""
     d, m = _log_ratio(log_probs, ref_log_probs, mask)
     return _finish(0.5 * d * d, m)
 
 
-@register_kl_estimator("k3")
+k2 = register_kl_estimator("k2")(k2)
+
+
 def k3(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
     """k3 = pi_ref/pi - 1 - log(pi_ref/pi), unclamped (only ``d`` is clamped to [-20, 20]).
 
@@ -72,7 +75,9 @@ def k3(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, *, mask: torch.Tens
     return _finish(torch.exp(-d) - 1 + d, m)
 
 
-@register_kl_estimator("k3_clamped")
+k3 = register_kl_estimator("k3")(k3)
+
+
 def k3_clamped(
     log_probs: torch.Tensor,
     ref_log_probs: torch.Tensor,
@@ -84,3 +89,6 @@ def k3_clamped(
     [-10, 10]); bounds the penalty when pi_ref assigns a sampled token almost no mass."""
     d, m = _log_ratio(log_probs, ref_log_probs, mask)
     return _finish((torch.exp(-d) - 1 + d).clamp(-max_value, max_value), m)
+
+
+k3_clamped = register_kl_estimator("k3_clamped")(k3_clamped)

@@ -84,8 +84,6 @@ def mipu_weights(
         return masked_fill_zero(w, m)
 
 
-@register_policy_loss("mipu")
-@per_token_policy_loss
 def mipu(
     log_probs,
     old_log_probs,
@@ -149,6 +147,9 @@ def mipu(
     metrics["mipu_w_mean"] = masked_mean(w, mask)
     metrics["mipu_w_capped_frac"] = capped
     return w * token_loss, metrics
+
+
+mipu = register_policy_loss("mipu")(per_token_policy_loss(mipu))
 
 
 def mipu_t_post(

@@ -196,8 +196,6 @@ def _clip_metrics(ratio, adv, m, low_bound, high_bound):
         }
 
 
-@register_policy_loss("ppo")
-@per_token_policy_loss
 def ppo(log_probs, old_log_probs, advantages, mask, *, clip_low=0.2, clip_high=0.2, dual_clip=None):
     """PPO clipped surrogate with asymmetric clip and optional dual clip (arXiv 1707.06347).
 
@@ -236,8 +234,9 @@ def ppo(log_probs, old_log_probs, advantages, mask, *, clip_low=0.2, clip_high=0
     return loss, metrics
 
 
-@register_policy_loss("reinforce")
-@per_token_policy_loss
+ppo = register_policy_loss("ppo")(per_token_policy_loss(ppo))
+
+
 def reinforce(log_probs, old_log_probs, advantages, mask):
     """Vanilla policy gradient (REINFORCE, Williams 1992): ``l_t = -A_t log pi_theta(a_t)``.
 
@@ -246,8 +245,9 @@ def reinforce(log_probs, old_log_probs, advantages, mask):
     return -advantages * log_probs, {}
 
 
-@register_policy_loss("gspo")
-@per_token_policy_loss
+reinforce = register_policy_loss("reinforce")(per_token_policy_loss(reinforce))
+
+
 def gspo(log_probs, old_log_probs, advantages, mask, *, clip_low=3e-4, clip_high=4e-4):
     """GSPO: clipped surrogate on the length-normalised sequence ratio (arXiv 2507.18071).
 
@@ -273,8 +273,9 @@ def gspo(log_probs, old_log_probs, advantages, mask, *, clip_low=3e-4, clip_high
     return loss, _clip_metrics(s.detach(), advantages, mask, 1 - clip_low, 1 + clip_high)
 
 
-@register_policy_loss("cispo")
-@per_token_policy_loss
+gspo = register_policy_loss("gspo")(per_token_policy_loss(gspo))
+
+
 def cispo(log_probs, old_log_probs, advantages, mask, *, clip_low=1.0, clip_high=4.0):
     """CISPO: REINFORCE with a clipped, detached IS weight (MiniMax-M1, arXiv 2506.13585 Eq. 4)::
 
@@ -297,8 +298,9 @@ def cispo(log_probs, old_log_probs, advantages, mask, *, clip_low=1.0, clip_high
     return -weight * advantages * log_probs, metrics
 
 
-@register_policy_loss("topr")
-@per_token_policy_loss
+cispo = register_policy_loss("cispo")(per_token_policy_loss(cispo))
+
+
 def topr(
     log_probs,
     old_log_probs,
@@ -351,8 +353,9 @@ def topr(
     return -coef * advantages * log_probs, metrics
 
 
-@register_policy_loss("sapo")
-@per_token_policy_loss
+topr = register_policy_loss("topr")(per_token_policy_loss(topr))
+
+
 def sapo(log_probs, old_log_probs, advantages, mask, *, tau_pos=1.0, tau_neg=1.05):
     """SAPO: soft adaptive policy optimisation, a sigmoid gate instead of the hard clip
     (Gao et al., arXiv 2511.20347)::
@@ -381,8 +384,9 @@ def sapo(log_probs, old_log_probs, advantages, mask, *, tau_pos=1.0, tau_neg=1.0
     return -(4 / tau) * gate * advantages, metrics
 
 
-@register_policy_loss("kimi15")
-@per_token_policy_loss
+sapo = register_policy_loss("sapo")(per_token_policy_loss(sapo))
+
+
 def kimi15(log_probs, old_log_probs, advantages, mask, *, tau=0.1):
     """Kimi k1.5 policy-mirror-descent surrogate (arXiv 2501.12599 Eq. 3, ROLL's token form)::
 
@@ -393,3 +397,6 @@ def kimi15(log_probs, old_log_probs, advantages, mask, *, tau=0.1):
     """
     diff = log_probs - old_log_probs
     return -advantages * log_probs + 0.5 * tau * diff * diff, {}
+
+
+kimi15 = register_policy_loss("kimi15")(per_token_policy_loss(kimi15))

@@ -174,8 +174,10 @@ def _mix(*parts: int) -> int:
     return value
 
 
-@register_stage("probe", "attention_credit")
 def make_attention_credit_probe(ctx: StageContext, **kwargs) -> AttentionCreditProbe:
     """`stages.probes: [attention_credit]`; `stages.probe_kwargs.attention_credit` are the probe's keywords."""
     kwargs.setdefault("seed", ctx.seed)
     return AttentionCreditProbe(rank=ctx.rank, **kwargs)
+
+
+make_attention_credit_probe = register_stage("probe", "attention_credit")(make_attention_credit_probe)

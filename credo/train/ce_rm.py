@@ -182,7 +182,6 @@ class CERMReward:
         pass
 
 
-@register_stage("rollout", "ce_rm_two_stage")
 def two_stage_source(ctx: StageContext, n_criteria: int = 4, evals_per_response: int = 2,
                      criteria_max_new_tokens: int = 8, eval_max_new_tokens: int = 12) -> TwoStageRollout:
     """stages.rollout: ce_rm_two_stage (stages.rollout_kwargs: n_criteria, evals_per_response, *_max_new_tokens)."""
@@ -206,7 +205,12 @@ def two_stage_source(ctx: StageContext, n_criteria: int = 4, evals_per_response:
                            rank=ctx.rank, world=ctx.world)
 
 
-@register_stage("reward", "ce_rm")
+two_stage_source = register_stage("rollout", "ce_rm_two_stage")(two_stage_source)
+
+
 def ce_rm_reward(ctx: StageContext, n_criteria: int = 4, evals_per_response: int = 2) -> CERMReward:
     """stages.reward: ce_rm (n_criteria and evals_per_response as the rollout's)."""
     return CERMReward(ctx.tokenizer, K=n_criteria, E=evals_per_response)
+
+
+ce_rm_reward = register_stage("reward", "ce_rm")(ce_rm_reward)

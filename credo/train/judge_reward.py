@@ -225,7 +225,6 @@ def check_judge_context(tok, model_path: str, ctx: StageContext, template: str) 
                           f"judge's context of {limit} tokens; shorten judge.template or judge.max_new_tokens")
 
 
-@register_stage("reward", "judge")
 def judge_stage(ctx: StageContext) -> JudgeReward:
     """The `judge:` section's judge as the reward model."""
     j = ctx.judge
@@ -240,3 +239,6 @@ def judge_stage(ctx: StageContext) -> JudgeReward:
                        template=template, max_new_tokens=j.max_new_tokens, temperature=j.temperature,
                        lo=j.score_range[0], hi=j.score_range[1], opponents=j.opponents,
                        timeout_s=iso["timeout_s"], max_consecutive_failures=j.max_consecutive_failures, seed=ctx.seed)
+
+
+judge_stage = register_stage("reward", "judge")(judge_stage)

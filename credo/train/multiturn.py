@@ -363,7 +363,6 @@ class EnvReward:
         pass
 
 
-@register_stage("rollout", "multiturn")
 def multiturn_source(ctx, **kwargs) -> MultiTurnRollout:
     if ctx.env is None or not ctx.env.id:
         raise ConfigError("config key 'stages.rollout' = 'multiturn' needs env.id")
@@ -374,8 +373,13 @@ def multiturn_source(ctx, **kwargs) -> MultiTurnRollout:
                             render=ctx.render, **ctx.rollout)
 
 
-@register_stage("reward", "env")
+multiturn_source = register_stage("rollout", "multiturn")(multiturn_source)
+
+
 def env_reward(ctx, **kwargs) -> EnvReward:
     if kwargs:
         raise ConfigError(f"config key 'stages.reward_kwargs': the env reward takes none, got {sorted(kwargs)}")
     return EnvReward()
+
+
+env_reward = register_stage("reward", "env")(env_reward)

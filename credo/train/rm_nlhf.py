@@ -141,7 +141,6 @@ class RMNLHFReward:
         self.outcome.close()
 
 
-@register_stage("reward", "rm_nlhf")
 def rm_nlhf_stage(ctx: StageContext, lam: float = 0.5, similarity: str = "auto", gate_on_outcome: bool = False,
                   metarm: bool = True, metarm_lr: float = 1e-2, metarm_steps: int = 20) -> RMNLHFReward:
     """RM-NLHF's reward over the recipe's verifier (stages.reward_kwargs: lam, similarity: auto|embedding|rouge_l,
@@ -154,3 +153,6 @@ def rm_nlhf_stage(ctx: StageContext, lam: float = 0.5, similarity: str = "auto",
     model = MetaRM(lr=metarm_lr, seed=ctx.seed) if metarm else None
     return RMNLHFReward(ctx.default, ctx.tokenizer, lam=lam, similarity=sim, gate_on_outcome=gate_on_outcome,
                         metarm=model, metarm_steps=metarm_steps)
+
+
+rm_nlhf_stage = register_stage("reward", "rm_nlhf")(rm_nlhf_stage)

@@ -86,7 +86,6 @@ class TurnCredit:
         pass
 
 
-@register_stage("advantage", "turn_credit")
 def turn_credit(ctx, *, credit: str = "mc_rebn", gamma: float = 1.0, eps: float = 1e-9) -> TurnCredit:
     """stages.advantage_kwargs: credit (mc_rebn, mc, grpo or ipa), gamma (per-turn discount), eps (ReBN)."""
     if credit not in CREDITS:
@@ -96,3 +95,6 @@ def turn_credit(ctx, *, credit: str = "mc_rebn", gamma: float = 1.0, eps: float 
     if credit == "grpo" and ctx.rollout.get("group_size", 2) < 2:
         raise ConfigError("config key 'rollout.group_size' must be >= 2 with credit: grpo (the group baseline)")
     return TurnCredit(credit, gamma, eps)
+
+
+turn_credit = register_stage("advantage", "turn_credit")(turn_credit)
