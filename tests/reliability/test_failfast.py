@@ -258,14 +258,20 @@ def test_cli_prints_the_resume_line_even_if_ctrl_c_hits_the_shutdown(monkeypatch
 def test_deferred_interrupt_needs_two_presses():
     from credo.train.interrupt import DeferredInterrupt
 
-    with DeferredInterrupt(announce=False) as stop:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.05)
-        assert stop.requested
-        with pytest.raises(KeyboardInterrupt):
+    # a shell that starts pytest in the background (`cmd &`, nohup) hands it SIGINT ignored; start from
+    # Python's usual handler so the test sees the handler the context manager must put back
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with DeferredInterrupt(announce=False) as stop:
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            assert stop.requested
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, outer)
 
 
 def test_resume_command_replaces_output_and_resume_overrides():
