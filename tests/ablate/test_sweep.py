@@ -414,8 +414,10 @@ def test_every_sweep_file_plans_valid_runs():
         if path.name == "tricks_or_traps_qwen3_4b.yaml":  # a recipe, not a sweep
             continue
         sweep = ablate.load_sweep(path)
+        assert sweep.seeds, path.name
+        sweep.seeds = sweep.seeds[:1]  # every variant's recipe validates; the other seeds differ only in run.seed
         runs = planned[path.stem] = ablate.plan_runs(sweep, threads=1)
-        assert len(runs) == len(sweep.variants) * len(sweep.seeds), path.name
+        assert len(runs) == len(sweep.variants), path.name
         assert sweep.baseline in sweep.variants, f"{path.name} names no baseline variant"
     outcome = {n for n, kind in A.ADVANTAGE_INPUTS.items() if kind == "outcome"}
     assert {r.recipe.algo.advantage for r in planned["advantages"]} == outcome

