@@ -1,6 +1,7 @@
 """`credo run RECIPE.yaml key=value ...`, `credo check RECIPE.yaml ...` (validate only), `credo ablate SWEEP.yaml`,
 `credo list` (the names a recipe can use), `credo export CHECKPOINT_DIR OUT_DIR` (a checkpoint as a Hugging Face
-model folder) and `credo --version`."""
+model folder), `credo bon RECIPE.yaml --n 1 4 16 --out FILE.json` (best-of-N with the recipe's CE-RM judge) and
+`credo --version`."""
 
 from __future__ import annotations
 
@@ -111,6 +112,24 @@ def list_names() -> str:
     return "\n\n".join(sections)
 
 
+def _best_of_n(recipe, ns: list[int], out: str | None) -> int:
+    """`credo bon`: the checks first (a ConfigError before any model loads), then the table on stdout."""
+    import json
+
+    from credo.rewards.best_of_n import check_bon, run_best_of_n
+
+    check_bon(recipe, ns)
+    res = run_best_of_n(recipe, ns, log=lambda m: logging.getLogger("credo").info(m))
+    print("N\tjudge\trandom\toracle")
+    for n, row in res["table"].items():
+        print(f"{n}\t{row['judge']:.3f}\t{row['random']:.3f}\t{row['oracle']:.3f}")
+    if out:
+        with open(out, "w") as f:
+            json.dump(res, f)
+        print(f"credo: wrote {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # the deepspeed launcher appends --local_rank=N; LOCAL_RANK in the environment carries the same
@@ -128,6 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     p_ablate.add_argument("sweep")
     p_ablate.add_argument("--jobs", type=int, default=0)
     p_ablate.add_argument("--dry-run", action="store_true")
+    p_bon = sub.add_parser("bon", help="best-of-N accuracy of the policy's samples picked by the recipe's judge "
+                           "(CE-RM pointwise, credo.rewards.best_of_n) vs a random and the verifier's pick")
+    p_bon.add_argument("recipe")
+    p_bon.add_argument("overrides", nargs="*")
+    p_bon.add_argument("--n", type=int, nargs="+", default=[1, 4, 16], help="the N, prefixes of max(N) samples")
+    p_bon.add_argument("--out", default=None, help="write the result (table, scores, verdicts) as JSON here")
     sub.add_parser("list", help="print the policy losses, advantage and KL estimators, tasks and credit strategies")
     p_export = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model folder")
     p_export.add_argument("checkpoint", help="a checkpoint folder, e.g. runs/NAME/checkpoints/step_00000010")
@@ -161,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_sweep(args.sweep, jobs=args.jobs, dry_run=args.dry_run)
         recipe = load_recipe(args.recipe, args.overrides)
         _library_verbosity(recipe.run.verbose)
+        if args.cmd == "bon":
+            return _best_of_n(recipe, args.n, args.out)
         if args.cmd == "check":
             from credo.config import recipe_to_yaml
             from credo.preflight import preflight

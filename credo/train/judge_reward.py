@@ -157,13 +157,14 @@ class JudgeReward:
         self.backend.close()
 
 
-def load_judge(ctx: StageContext, path: str):
-    """(backend, tokenizer, model path) of the judge at `path`, warmed up first when judge.warmup_steps > 0."""
+def load_judge(ctx: StageContext, path: str, task_name: str = "judge_arithmetic"):
+    """(backend, tokenizer, model path) of the judge at `path`, warmed up first on `task_name` when
+    judge.warmup_steps > 0."""
     from credo.models import check_vocab, load_causal_lm, load_tokenizer
 
     j = ctx.judge
     if j.warmup_steps:
-        path = warm_up_judge(ctx, path)
+        path = warm_up_judge(ctx, path, task_name)
     tok = load_tokenizer(path)
     if j.backend == "vllm":
         from credo.distributed.vllm_backend import VLLMBackend
@@ -179,19 +180,23 @@ def load_judge(ctx: StageContext, path: str):
     return HFBackend(model, tok), tok, path
 
 
-def warm_up_judge(ctx: StageContext, base_path: str) -> str:
-    """SFT of the judge on the synthetic judging task of the policy's arithmetic task (cached by `run_sft`)."""
+def warm_up_judge(ctx: StageContext, base_path: str, task_name: str = "judge_arithmetic") -> str:
+    """SFT of the judge on a synthetic judging task of the policy's arithmetic task (cached by `run_sft`):
+    `judge_arithmetic` (one-turn, judge.mode and judge.template) or `ce_rm_arithmetic` (CE-RM's two turns,
+    whose formats are fixed)."""
     from credo.config import ModelConfig, Recipe, SFTConfig, TaskConfig
     from credo.rewards.tasks import make_task
     from credo.sft import run_sft
 
     j, t = ctx.judge, ctx.task_config
     kw = {k: v for k, v in t.kwargs.items() if k in ("max_operand", "ops", "fixed_width")}
-    kw.update(mode=j.mode, template=j.template, **j.warmup_kwargs)
+    if task_name == "judge_arithmetic":
+        kw.update(mode=j.mode, template=j.template)
+    kw.update(j.warmup_kwargs)
     r = Recipe()
     r.run.name = "judge-warmup"
     r.model = ModelConfig(path=j.path, tiny=j.tiny)
-    r.task = TaskConfig(name="judge_arithmetic", train_size=t.train_size, eval_size=t.eval_size, seed=t.seed,
+    r.task = TaskConfig(name=task_name, train_size=t.train_size, eval_size=t.eval_size, seed=t.seed,
                         kwargs=kw, chat_template=False)
     r.sft = SFTConfig(enabled=True, steps=j.warmup_steps, batch_size=j.warmup_batch_size, lr=j.warmup_lr,
                       seed=j.warmup_seed)
