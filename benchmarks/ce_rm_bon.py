@@ -85,6 +85,36 @@ def main() -> None:
              f"{[results[s].get('wall_s') for s in args.seeds]}; commit {commit}; overrides {args.overrides}"]
     (out / "table.md").write_text("\n".join(rows) + "\n")
     print("\n".join(rows))
+    plot(results, args, out / "bon.png")
+
+
+def plot(results: dict, args, path: Path) -> None:
+    """Accuracy of each pick against N, mean over seeds with its 95% Student-t interval as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from credo.ablate.stats import mean_ci
+
+    picks = {"judge pick": lambda r, n: r["table"][str(n)]["judge"],
+             "random pick": lambda r, n: r["table"][str(n)]["random"],
+             "well-formed random": lambda r, n: well_formed_random(r["responses"], r["correct"], n),
+             "verifier pick (pass@N)": lambda r, n: r["table"][str(n)]["oracle"]}
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for i, (name, get) in enumerate(picks.items()):
+        cis = [mean_ci([get(results[s], n) for s in args.seeds]) for n in args.n]
+        x = [n * (1 + 0.04 * (i - 1.5)) for n in args.n]  # a small offset so the error bars do not overlap
+        ax.errorbar(x, [c.mean for c in cis], yerr=[[c.mean - c.low for c in cis], [c.high - c.mean for c in cis]],
+                    marker="o", capsize=3, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(args.n, [str(n) for n in args.n])
+    ax.set_xlabel("N (samples per problem)")
+    ax.set_ylabel("verifier accuracy of the pick")
+    ax.set_title(f"CE-RM best-of-N, {len(args.seeds)} seeds, 95% CI", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
