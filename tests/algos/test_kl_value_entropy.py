@@ -201,3 +201,11 @@ def test_train_infer_correction_ess_is_scale_free():
     assert m["is_ess"].item() == pytest.approx(sum(rho) ** 2 / (3 * sum(r * r for r in rho)))
     _, _, m = train_infer_correction(old[:, [0, 2]], rollout[:, :2], mask[:, :2], mode="tis", level="token", cap=2.0)
     assert m["is_ess"].item() == pytest.approx(1.0)  # equal weights: every unit counts
+
+
+def test_value_loss_checks_the_shape_of_values_first():
+    # A 1-D values (one sequence without its batch dim) is reported as a shape error, before the
+    # NaN it holds would be.
+    values = torch.tensor([0.5, float("nan")])
+    with pytest.raises(ValueError, match=r"^values has shape \[2\], expected 2 dimensions$"):
+        value_loss(values, torch.zeros(2), torch.zeros(2), torch.ones(2, dtype=torch.bool))
