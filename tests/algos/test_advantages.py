@@ -153,6 +153,8 @@ def test_normalize_rewards_validation():
         normalize_rewards(torch.tensor([0.0, float("nan")]), torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match=r"mask has shape \[3, 2\], expected \[4, T\] like rewards"):
         ADVANTAGE_ESTIMATORS["grpo"](r, torch.zeros(4, dtype=torch.long), torch.ones(3, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"sample_weights has negative values, expected weights >= 0"):
+        normalize_rewards(r, torch.zeros(4, dtype=torch.long), sample_weights=torch.tensor([1.0, -0.5, 1.0, 1.0]))
 
 
 @SETTINGS
@@ -184,6 +186,17 @@ def test_gae_hand_worked_skips_observation_tokens():
     adv, ret = gae(rewards, values, mask)
     torch.testing.assert_close(adv, torch.tensor([[0.5, 0.0, 0.8]]))
     torch.testing.assert_close(ret, torch.tensor([[1.0, 0.0, 1.0]]))
+
+
+def test_gae_and_turn_returns_validation():
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"^token_rewards has shape \[3\], expected 2 dimensions"):
+        gae(torch.zeros(3), torch.zeros(3), mask[0])
+    # integer rewards would make the advantages integer (0.5 truncated to 0): rejected
+    with pytest.raises(ValueError, match=r"^token_rewards has dtype torch.int64, expected a floating dtype"):
+        gae(torch.tensor([[0, 0, 1]]), torch.zeros(1, 3), mask)
+    with pytest.raises(ValueError, match=r"^turn_rewards has shape \[3\], expected 2 dimensions"):
+        turn_returns(torch.zeros(3), mask[0])
 
 
 @st.composite

@@ -133,6 +133,20 @@ def test_same_critic_values_in_another_order_tie_exactly():
         assert adv.tolist() == [[False, True]] and ent.tolist() == [[True, False]]
 
 
+def test_spreads_one_ulp_apart_are_ranked_not_tied():
+    # Token 0's first critic is one float32 ulp above token 1's, so its spread is (barely) larger.
+    # The population std keeps the two sigmas apart; the sample std (/(M-1)) rounds both to the
+    # same float, a tie that would drop token 0 (earlier) instead of token 1.
+    hi, lo, other = 0.49625661969184875, 0.49625658988952637, 0.025811970233917236
+    values = torch.tensor([[hi, lo], [other, other]], dtype=torch.float32)[:, None, :]
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    assert token_sigma(values, 0, 0) > token_sigma(values, 0, 1)
+    expected = naive_masks(values, mask, 0.5, 0.5)
+    assert expected[0].tolist() == [[True, False]]
+    got = asyppo_masks(values, mask, 0.5, 0.5)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
 @pytest.mark.parametrize("M", [2, 3])
 @pytest.mark.parametrize("fracs", [(0.2, 0.2), (0.0, 0.0), (1.0, 0.0), (0.0, 1.0), (0.5, 0.5), (0.29, 0.71), (0.33, 0.1)])
 def test_masks_match_loops(M, fracs):

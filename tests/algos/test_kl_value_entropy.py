@@ -151,3 +151,61 @@ def test_train_infer_correction_hand_worked():
     assert keep[0].tolist() == [True, True, False]
     torch.testing.assert_close(w[0], torch.tensor([2.0, 0.5, 0.0], dtype=torch.float64))
     assert torch.equal(w[1], torch.zeros(3, dtype=torch.float64))
+
+
+def test_kl_rejects_a_ref_log_probs_of_another_shape_by_name():
+    for name in KL_NAMES:
+        with pytest.raises(ValueError, match=r"^ref_log_probs has shape \[2, 3\], expected \[2, 4\] like log_probs$"):
+            KL_ESTIMATORS[name](torch.zeros(2, 4), torch.zeros(2, 3))
+
+
+def test_value_loss_default_clip_range_is_ppo_0_2():
+    # V_old = 0, V = 0.5, R = 3: the band [-0.2, 0.2] clips V to 0.2, farther from R, so the
+    # clipped error wins: 0.5 * (3 - 0.2)^2 = 3.92 (unclipped: 0.5 * 2.5^2 = 3.125).
+    values = torch.tensor([[0.5]], dtype=torch.float64)
+    old, returns, mask = torch.zeros(1, 1, dtype=torch.float64), torch.tensor([[3.0]], dtype=torch.float64), torch.ones(1, 1)
+    loss, metrics = value_loss(values, old, returns, mask)
+    assert loss.item() == pytest.approx(0.5 * 2.8**2)
+    assert metrics["vf_clipfrac"].item() == 1.0
+
+
+def test_value_loss_names_the_non_finite_input():
+    mask = torch.tensor([[True, False]])
+    for bad in ("values", "old_values", "returns"):
+        args = {name: torch.zeros(1, 2) for name in ("values", "old_values", "returns")}
+        args[bad][0, 1] = float("nan")  # outside the mask: ignored
+        value_loss(args["values"], args["old_values"], args["returns"], mask)
+        args[bad][0, 0] = float("inf")
+        with pytest.raises(ValueError, match=rf"^{bad} has non-finite values \(NaN or Inf\) in masked-in positions$"):
+            value_loss(args["values"], args["old_values"], args["returns"], mask)
+
+
+def test_train_infer_correction_validation_names_the_argument():
+    old, mask = torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"^rollout_log_probs has shape \[2, 2\], expected \[2, 3\] like old_log_probs$"):
+        train_infer_correction(old, torch.zeros(2, 2), mask)
+    bad = old.clone()
+    bad[1, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"^old_log_probs has non-finite values"):
+        train_infer_correction(bad, torch.zeros(2, 3), mask)
+    with pytest.raises(ValueError, match=r"^rollout_log_probs has non-finite values"):
+        train_infer_correction(old, bad, mask)
+
+
+def test_train_infer_correction_ess_is_scale_free():
+    # Kish ESS / n = (sum w)^2 / (n sum w^2), also for weights below 1 (sum w^2 < 1).
+    rho = [0.5, 0.25, 0.5]
+    old = torch.tensor([[math.log(r) for r in rho]], dtype=torch.float64)
+    rollout, mask = torch.zeros(1, 3, dtype=torch.float64), torch.ones(1, 3, dtype=torch.bool)
+    _, _, m = train_infer_correction(old, rollout, mask, mode="tis", level="token", cap=2.0)
+    assert m["is_ess"].item() == pytest.approx(sum(rho) ** 2 / (3 * sum(r * r for r in rho)))
+    _, _, m = train_infer_correction(old[:, [0, 2]], rollout[:, :2], mask[:, :2], mode="tis", level="token", cap=2.0)
+    assert m["is_ess"].item() == pytest.approx(1.0)  # equal weights: every unit counts
+
+
+def test_value_loss_checks_the_shape_of_values_first():
+    # A 1-D values (one sequence without its batch dim) is reported as a shape error, before the
+    # NaN it holds would be.
+    values = torch.tensor([0.5, float("nan")])
+    with pytest.raises(ValueError, match=r"^values has shape \[2\], expected 2 dimensions$"):
+        value_loss(values, torch.zeros(2), torch.zeros(2), torch.ones(2, dtype=torch.bool))

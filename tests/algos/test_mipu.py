@@ -117,6 +117,11 @@ def test_w_max_below_one_raises_naming_it(w_max):
         mipu_weights(lp, lp, ONE_ROW, w_max=w_max)
 
 
+def test_weights_reject_integer_log_probs_naming_them():
+    with pytest.raises(ValueError, match=r"^old_log_probs has dtype torch.int64, expected a floating dtype"):
+        mipu_weights(torch.tensor([[0, -1]]), torch.zeros(1, 2), ONE_ROW)
+
+
 def test_w_max_one_keeps_weights_at_most_one():
     g = torch.Generator().manual_seed(13)
     _, old, _, mask, kw = make_policy_inputs(4, 6, g, rollout=True)
@@ -285,3 +290,5 @@ def test_mismatch_empty_mask_nan_and_extremes_finite():
         mismatch_metrics(pi, torch.zeros(1, 3), torch.ones(1, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"^trainer_log_probs has non-finite"):
         mismatch_metrics(torch.tensor([[float("nan"), 0.0]]), mu, torch.ones(1, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"^trainer_log_probs has dtype torch.int64, expected a floating dtype"):
+        mismatch_metrics(torch.tensor([[0, -1]]), mu, torch.ones(1, 2, dtype=torch.bool))

@@ -192,3 +192,29 @@ def test_register_policy_loss_contract():
         assert {"coef", "ratio_mean", "ratio_max", "ratio_min"} <= set(metrics)
     finally:
         POLICY_LOSSES.pop("_test_scaled_pg", None)
+
+
+def test_cispo_clipfrac_counts_only_tokens_whose_weight_the_clip_changes():
+    # A ratio exactly on a bound is not truncated: clamp(r, lo, hi) == r there.
+    r_on_low = math.exp(-0.25)  # 1 - (1 - r) == r exactly (Sterbenz), so r sits on the lower bound
+    log_r = torch.tensor([[-0.25, 0.0, -1.0, 0.5, 1.0]], dtype=torch.float64)
+    old = torch.zeros(1, 5, dtype=torch.float64)
+    lp = old + log_r
+    adv = torch.ones(1, 5, dtype=torch.float64)
+    mask = torch.ones(1, 5, dtype=torch.bool)
+    _, metrics = cispo(lp, old, adv, mask, clip_low=1 - r_on_low, clip_high=math.exp(0.5) - 1)
+    ratios = [math.exp(x) for x in log_r[0].tolist()]
+    low = sum(min(max(r, r_on_low), math.exp(0.5)) != r and r < 1 for r in ratios)
+    high = sum(min(max(r, r_on_low), math.exp(0.5)) != r and r > 1 for r in ratios)
+    assert (low, high) == (1, 1)  # e^-1 below, e^1 above; e^-0.25 and e^0.5 sit on the bounds
+    assert metrics["clipfrac_low"].item() == pytest.approx(low / 5)
+    assert metrics["clipfrac_high"].item() == pytest.approx(high / 5)
+
+
+def test_topr_positive_frac_with_a_single_nonempty_sequence():
+    lp = torch.zeros(2, 3, dtype=torch.float64)
+    adv = torch.ones(2, 3, dtype=torch.float64)
+    mask = torch.tensor([[True, True, False], [False, False, False]])
+    _, metrics = topr(lp, lp, adv, mask, scores=torch.tensor([1.0, 1.0], dtype=torch.float64))
+    # one nonempty sequence, positive: 1 / 1 (the empty row counts in neither)
+    assert metrics["positive_frac"].item() == 1.0

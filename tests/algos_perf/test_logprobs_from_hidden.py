@@ -77,6 +77,30 @@ def test_leading_batch_dims_are_flattened_and_restored():
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 
+def test_single_token_hidden_without_leading_dims():
+    # hidden [H] with a 0-d label is the [..., H] contract with no leading dims
+    hidden, weight, labels, _ = make_inputs((), 6, 9, seed=7)
+    assert hidden.shape == (6,) and labels.shape == ()
+    log_probs, entropy = logprobs_from_hidden(hidden, weight, labels, with_entropy=True)
+    ref_log_probs, ref_entropy = reference_logprobs_and_entropy(hidden, weight, labels)
+    assert log_probs.shape == () and entropy.shape == ()
+    torch.testing.assert_close(log_probs, ref_log_probs, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy, ref_entropy, atol=1e-5, rtol=1e-5)
+
+
+def test_rows_with_far_apart_logit_levels_are_each_stable():
+    # Row 0's logits sit near +200, row 1's near -200: each row is shifted by its own max, so both
+    # give log_softmax([0, 0.5, -0.5]) (float32 exp(-400) would underflow to 0 with a shared shift).
+    weight = torch.tensor([[1.0, 0.0], [1.0, 0.5], [1.0, -0.5]], requires_grad=True)
+    hidden = torch.tensor([[200.0, 1.0], [-200.0, 1.0]], requires_grad=True)
+    labels = torch.tensor([1, 2])
+    log_probs, entropy = logprobs_from_hidden(hidden, weight, labels, with_entropy=True)
+    ref_log_probs, ref_entropy = reference_logprobs_and_entropy(hidden, weight, labels)
+    torch.testing.assert_close(log_probs, ref_log_probs)
+    torch.testing.assert_close(entropy, ref_entropy)
+    torch.testing.assert_close(entropy[0], entropy[1])
+
+
 def test_frozen_weight_gets_no_grad_and_hidden_grad_is_right():
     hidden, weight, labels, _ = make_inputs((11,), 8, 20, seed=6)
     weight = weight.detach()

@@ -112,6 +112,8 @@ def test_rhythm_gamma_sign_modes_and_response_mask():
     torch.testing.assert_close(negative, torch.where(adv < 0, both, 1.0))
     with pytest.raises(ValueError, match="needs advantages"):
         rhythm_gamma(WAAD, FAI, sign_mode="positive")
+    with pytest.raises(ValueError, match=r"^advantages has shape \[3\], expected \[8\] like the per-token scores$"):
+        rhythm_gamma(WAAD, FAI, advantages=adv[:3], sign_mode="negative")
     # Token 1 moved to the prompt: never selected, multiplier 1; 7 response tokens, q = 0.25 ->
     # round(1.75) = 2 anchors: 7 (0.8) and 6 (0.6).
     response = torch.ones(8, dtype=torch.bool)

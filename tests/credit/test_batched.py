@@ -156,3 +156,5 @@ def test_bad_shapes_name_the_tensor():
         batched_flow_throughput(q, k, valid, valid, valid[:1])
     with pytest.raises(ValueError, match="scores_per_step=0"):
         batched_head_stats(q, k, valid, valid, scores_per_step=0)
+    with pytest.raises(ValueError, match=r"^attention_mask has shape \[5\], expected \[B, N\]$"):
+        pack_tokens(valid[0])

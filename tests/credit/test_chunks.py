@@ -77,6 +77,14 @@ def test_chunk_returns_from_rewards_accumulates_backwards():
     torch.testing.assert_close(chunk_returns_from_rewards(last_only, IDS, 0.9), chunk_returns(final, IDS, 0.9))
 
 
+def test_chunk_returns_from_rewards_accepts_integer_rewards():
+    # Row 1: integer rewards (1, 0, 3), gamma 0.5: G_2 = 3, G_1 = 1.5, G_0 = 1 + 0.75 = 1.75 (not truncated).
+    chunk_rewards = torch.tensor([[3, 0, 0], [1, 0, 3], [0, 0, 0], [4, 0, 0]])
+    out = chunk_returns_from_rewards(chunk_rewards, IDS, 0.5)
+    assert out.is_floating_point()
+    torch.testing.assert_close(out[1], torch.tensor([0, 1.75, 0, 0, 1.5, 0, 3, 3, 0]))
+
+
 def test_chunk_returns_from_rewards_rejects_too_few_columns():
     with pytest.raises(ValueError, match="chunk_rewards has 2 columns but a sample has 3 chunks"):
         chunk_returns_from_rewards(torch.zeros(4, 2), IDS, 1.0)
@@ -137,6 +145,21 @@ def test_chunk_mismatch_mask_drops_whole_chunks_outside_the_band():
     # One-sided (the paper's "<= H"): no lower bound keeps the 0.938 chunk, H = 1.6 keeps t=1 too.
     keep = chunk_mismatch_mask(old, rollout, IDS, None, 1.6)
     assert keep[1].tolist() == [False, True, False, False, True, False, True, True, False]
+
+
+def test_chunk_mismatch_mask_band_is_inclusive():
+    # Single-token chunks with log-ratios exactly log 0.8, 0 and log 1.25 sit on or inside the band
+    # ratio_low <= ratio <= ratio_high and are kept; log 1.3 is beyond it.
+    ids = torch.tensor([[0, -1, 1, 2, 3]])
+    old = torch.tensor([[math.log(0.8), 7.0, 0.0, math.log(1.25), math.log(1.3)]], dtype=torch.float64)
+    keep = chunk_mismatch_mask(old, torch.zeros_like(old), ids, 0.8, 1.25)
+    assert keep.tolist() == [[True, False, True, True, False]]
+
+
+def test_chunk_mean_of_an_empty_batch_has_no_chunk_slots():
+    # K defaults to the largest chunk count, which an empty batch does not have: [0, 0]
+    means, counts = chunk_mean(torch.zeros(0, 5), torch.zeros(0, 5, dtype=torch.long))
+    assert means.shape == (0, 0) and counts.shape == (0, 0)
 
 
 def test_chunk_mismatch_mask_probability_difference_band():
