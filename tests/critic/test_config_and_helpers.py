@@ -135,3 +135,31 @@ def test_resuming_a_checkpoint_from_before_the_critic_section_is_no_config_chang
     assert config_changes(old, new) == {}
     on = recipe_to_dict(load_recipe(REPO / "recipes" / "ppo.yaml"))
     assert config_changes({k: v for k, v in on.items() if k != "critic"}, on)["critic.num_critics"] == (None, 1)
+
+
+def test_explained_variance_matches_its_definition_with_a_biased_critic():
+    from credo.train.critic import explained_variance
+
+    g = torch.Generator().manual_seed(0)
+    returns = torch.randn(3, 5, generator=g) + 2.0
+    values = returns * 0.5 - 1.0 + 0.1 * torch.randn(3, 5, generator=g)  # residuals with a non-zero mean
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    mask[0, 3:] = mask[2, :2] = False
+    r, d = returns[mask].double(), (returns - values)[mask].double()
+    want = 1.0 - d.var(unbiased=False).item() / r.var(unbiased=False).item()
+    assert explained_variance(returns, values, mask) == pytest.approx(want, rel=1e-9)
+
+
+def test_unfiltered_entropy_is_normalised_by_the_global_counts():
+    """`train/entropy_unfiltered` is aggregated as the bonus term is: over the mini-batch's global counts."""
+    obj = Objective(lambda lp, old, adv, mask, **kw: ((lp * 0).sum(), {}), {}, agg_mode="token-mean",
+                    entropy_coef=0.0, kl_coef=0.0, kl_estimator=None, norm_len=4)
+    ent = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    z = torch.zeros(2, 4)
+    _, terms, _ = obj(z, ent, old_log_probs=z, advantages=z, mask=mask, rollout_log_probs=z, ref_log_probs=None,
+                      weights=None, global_tokens=torch.tensor(12.0), global_seqs=torch.tensor(4.0),
+                      entropy_mask=torch.tensor([[1, 0, 1, 0], [0, 1, 0, 0]], dtype=torch.bool))
+    # this rank's 6 loss tokens are half of the mini-batch's 12
+    assert float(terms["train/entropy_unfiltered"]) == pytest.approx((1 + 2 + 3 + 4 + 5 + 6) / 12)
+    assert float(terms["train/entropy"]) == pytest.approx((1 + 3 + 6) / 12)
