@@ -113,3 +113,24 @@ def test_scorer_takes_the_path_it_was_built_with():
         with torch.no_grad():
             scorer(model, ids, attn, mask, with_entropy=False, hidden_path=not hidden)
         assert bool(calls) is hidden
+
+
+def test_outcome_advantages_keep_the_rewards_precision():
+    """A reward stage that writes float64 rewards gets float64 advantages (tiny reward gaps are not rounded away)."""
+    from credo.algos.advantages import grpo
+    from credo.distributed.rollout import Sample
+    from credo.rewards.tasks import Problem
+    from credo.train.advantage import OutcomeAdvantage
+    from credo.train.batch import Batch, pack_batch
+
+    samples = [Sample([5, 6], [7, 8, 9][:n], [1] * n, [-1.0] * n, True) for n in (3, 2, 3, 1)]
+    batch = Batch(samples=samples, problems=[Problem("q", "")] * 4, group_ids=torch.tensor([0, 0, 1, 1]), step=1)
+    batch.rewards = torch.tensor([1.0, 1.0 + 1e-9, 0.0, 2.0], dtype=torch.float64)
+    batch.valid = torch.ones(4, dtype=torch.bool)
+    pack_batch(batch, 0, overlong_filter=False)
+    OutcomeAdvantage(grpo, {})(batch)
+    adv = batch.advantages
+    assert adv.dtype == torch.float64
+    total = adv.sum(1).tolist()  # per sample: its advantage times its response length
+    assert total[0] < 0 < total[1] and total[2] < 0 < total[3]
+    assert (adv != 0).sum(1).tolist() == [3, 2, 3, 1]
