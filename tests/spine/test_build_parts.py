@@ -134,3 +134,51 @@ def test_outcome_advantages_keep_the_rewards_precision():
     total = adv.sum(1).tolist()  # per sample: its advantage times its response length
     assert total[0] < 0 < total[1] and total[2] < 0 < total[3]
     assert (adv != 0).sum(1).tolist() == [3, 2, 3, 1]
+
+
+# ------------------------------------------------------------------ one build of the quickstart recipe
+SEEN_CTX: list = []
+
+
+class _RecordingReward:
+    def __init__(self, ctx):
+        SEEN_CTX.append(ctx)
+
+    def __call__(self, batch):
+        batch.rewards, batch.valid = torch.zeros(len(batch)), torch.ones(len(batch), dtype=torch.bool)
+
+    def close(self):
+        pass
+
+
+def recording_reward(ctx):
+    return _RecordingReward(ctx)
+
+
+def test_build_passes_the_recipes_settings_to_the_stages(tmp_path):
+    """The stage context carries the reward isolation settings and the env section; the engine gets the LR
+    schedule; Components exposes the task the source draws from."""
+    import math
+
+    from credo.config import EnvConfig
+    from tests.invariants.common import components
+
+    SEEN_CTX.clear()
+    with components(tmp_path, **{"optim.lr_schedule": "cosine", "optim.min_lr_ratio": 0.1, "optim.warmup_steps": 0,
+                                 "run.steps": 2, "reward.timeout_s": 7.5, "reward.max_failure_frac": 0.25,
+                                 "stages.reward": "tests.spine.test_build_parts:recording_reward"}) as c:
+        ctx, = SEEN_CTX
+        iso = ctx.reward_isolation
+        assert (iso["timeout_s"], iso["max_failure_frac"]) == (7.5, 0.25)
+        assert ctx.env == EnvConfig()
+        assert c.task is ctx.task and c.task.train(0).prompt
+        # cosine decay from 1e-3 to 0.1 * 1e-3 over run.steps x ppo_epochs x mini_batches optimizer steps
+        total = 2 * c.updater.ppo_epochs * c.updater.mini_batches
+        sched = c.engine.lr_scheduler
+        lrs = []
+        for _ in range(total):
+            lrs.append(sched.get_last_lr()[0])
+            sched.step()
+        want = [1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / total))) for s in range(total)]
+        assert lrs == pytest.approx(want, rel=1e-6)
+        assert sched.get_last_lr()[0] == pytest.approx(1e-4)
