@@ -163,3 +163,31 @@ def test_unfiltered_entropy_is_normalised_by_the_global_counts():
     # this rank's 6 loss tokens are half of the mini-batch's 12
     assert float(terms["train/entropy_unfiltered"]) == pytest.approx((1 + 2 + 3 + 4 + 5 + 6) / 12)
     assert float(terms["train/entropy"]) == pytest.approx((1 + 3 + 6) / 12)
+
+
+def test_critic_stage_builds_one_engine_per_critic_with_its_own_head_seed(monkeypatch):
+    """`_critic_stage` without DeepSpeed: each critic's value model gets a distinct, run-seeded head, the critic's
+    own model (critic.path with critic.tiny) and the policy dtype's bf16 flag."""
+    import credo.distributed.value_model as vm
+    import credo.train.build as b
+    from credo.config import Recipe
+
+    loaded, built = [], []
+    monkeypatch.setattr(b, "resolve_model_path", lambda path, tiny: f"/resolved/{path}/{tiny.hidden_size}")
+    monkeypatch.setattr(vm, "load_value_model", lambda path, **kw: loaded.append((path, kw)) or object())
+    monkeypatch.setattr(b, "build_engine", lambda model, **kw: built.append(kw) or model)
+    r = Recipe()
+    r.run.seed, r.model.dtype = 3, "bfloat16"
+    r.critic.num_critics, r.critic.path, r.critic.tiny.hidden_size = 2, "tiny", 48
+    r.rollout.prompts_per_step, r.rollout.group_size = 4, 4
+    stage = b._critic_stage(r, tokenizer="tok", policy_path="/policy", engine=None, scorer=None, ref=None, world=1)
+    assert len(stage.engines) == 2
+    assert [p for p, _ in loaded] == ["/resolved/tiny/48"] * 2
+    seeds = [kw["head_seed"] for _, kw in loaded]
+    assert len(set(seeds)) == 2
+    assert all(kw["dtype"] == "bfloat16" and kw["actor_path"] == "/policy" for _, kw in loaded)
+    assert all(kw["bf16"] is True for kw in built)
+    r.run.seed = 4  # another run seed, other heads
+    loaded.clear()
+    b._critic_stage(r, tokenizer="tok", policy_path="/policy", engine=None, scorer=None, ref=None, world=1)
+    assert not set(seeds) & {kw["head_seed"] for _, kw in loaded}
