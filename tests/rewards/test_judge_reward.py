@@ -270,7 +270,7 @@ def test_judge_warm_up_trains_on_the_judging_task_and_logs_as_judge(monkeypatch,
         assert warm_up_judge(ctx, "/base") == "/warm/judge"
     assert seen["base"] == "/base" and seen["r"].task.name == "judge_arithmetic"
     assert isinstance(seen["task"], ArithmeticJudgeTask) and seen["r"].sft.steps == 3
-    assert "judge step 3/3" in caplog.text
+    assert "judge step 3/3" in [r.getMessage() for r in caplog.records]
 
 
 def test_judge_stage_builds_the_judge_with_the_reward_timeout(monkeypatch):

@@ -144,7 +144,8 @@ def test_resume_rejects_a_changed_config_naming_the_key(trainer, saved, monkeypa
 def test_resume_auto_without_a_checkpoint_starts_at_0_and_says_so(trainer, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="credo"):
         assert trainer.state.resume("auto", tmp_path, rank=0, world=1, allow_config_change=False) == 0
-    assert f"run.resume=auto: no usable checkpoint in {tmp_path / 'checkpoints'}; starting from step 0" in caplog.text
+    assert f"run.resume=auto: no usable checkpoint in {tmp_path / 'checkpoints'}; starting from step 0" in \
+        [r.getMessage() for r in caplog.records]
 
 
 def test_load_checkpoint_without_this_ranks_rng_names_the_folder(trainer, saved, tmp_path, caplog):
@@ -156,7 +157,8 @@ def test_load_checkpoint_without_this_ranks_rng_names_the_folder(trainer, saved,
     with caplog.at_level(logging.WARNING, logger="credo"):
         meta = load_checkpoint(trainer.engine, copy, verify=False)
     assert meta["step"] == 2
-    assert f"checkpoint {copy} has no RNG state for rank 0; this rank keeps its fresh RNG" in caplog.text
+    assert f"checkpoint {copy} has no RNG state for rank 0; this rank keeps its fresh RNG" in \
+        [r.getMessage() for r in caplog.records]
 
 
 def test_second_ctrl_c_reports_the_last_finished_step(trainer, monkeypatch):
