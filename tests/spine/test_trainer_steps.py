@@ -106,6 +106,30 @@ def test_step_without_a_policy_update_is_not_a_skipped_step(trainer, monkeypatch
     assert "train/loss" not in row
 
 
+def test_two_identical_ranks_report_the_metrics_of_one(trainer, monkeypatch):
+    """Data parallel in one process: world=2 with every all-reduce doubling (two ranks holding the same shard) takes
+    the same update and reports the same loss terms and loss-metric means as world=1."""
+    import credo.train.update as upd
+
+    def params():
+        return {k: v.detach().clone() for k, v in trainer.engine.module.named_parameters()}
+
+    snap = trainer.state.snapshot()
+    one = trainer.train_step(1)
+    after_one = params()
+    trainer.state.restore(snap)
+    monkeypatch.setattr(trainer.updater, "world", 2)
+    monkeypatch.setattr(upd, "all_reduce_sum", lambda x: x * 2)
+    two = trainer.train_step(1)
+    after_two = params()
+    trainer.state.restore(snap)
+    keys = [k for k in one if k.startswith("loss/") or k in ("train/pg_loss", "train/entropy", "train/loss")]
+    assert any(k.startswith("loss/") for k in keys)
+    assert {k: two[k] for k in keys} == pytest.approx({k: one[k] for k in keys}, rel=1e-5, abs=1e-7)
+    diffs = {k: float((v - after_one[k]).abs().max()) for k, v in after_two.items()}
+    assert max(diffs.values()) < 1e-6, diffs
+
+
 # ------------------------------------------------------------------------------ checkpoint and resume
 @pytest.fixture(scope="module")
 def saved(trainer):
