@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import logging
 import random
 
@@ -242,3 +243,34 @@ def test_step_without_update_restores_the_optimizers_overflow_flag_and_clipping(
     bare = _FakeEngine(True, 1.0)
     step_without_update(bare)
     assert not hasattr(bare.optimizer, "overflow") and bare.steps[0][0] is True
+
+
+@pytest.mark.parametrize("cuda, verbose", [(False, False), (False, True), (True, False)])
+def test_setup_distributed_picks_the_backend_and_swallows_deepspeeds_print_unless_verbose(monkeypatch, capsys,
+                                                                                         cuda, verbose):
+    """A first initialisation in a process, faked: nccl on CUDA, gloo otherwise; DeepSpeed's stdout print shown
+    only with verbose."""
+    import deepspeed
+    import torch.distributed as dist
+
+    from credo.distributed.engine import setup_distributed
+
+    calls = []
+
+    def fake_init(dist_backend, verbose):
+        print("DeepSpeed op built successfully")
+        calls.append(dist_backend)
+
+    monkeypatch.setattr(deepspeed, "init_distributed", fake_init)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29999",
+                     DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"),
+                     TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", "/tmp/te")).items():
+        monkeypatch.setenv(k, os.environ.get(k, v))  # whatever setup_distributed sets is undone after the test
+    capsys.readouterr()
+    assert setup_distributed(verbose=verbose) == (0, 1)
+    assert calls == ["nccl" if cuda else "gloo"]
+    assert ("DeepSpeed op built successfully" in capsys.readouterr().out) is verbose
