@@ -172,6 +172,8 @@ def test_build_passes_the_recipes_settings_to_the_stages(tmp_path):
         assert (iso["timeout_s"], iso["max_failure_frac"]) == (7.5, 0.25)
         assert ctx.env == EnvConfig()
         assert c.task is ctx.task and c.task.train(0).prompt
+        # the stages with a state_dict are part of the trainer state (saved, restored, rolled back with it)
+        assert c.state.components["source"] is c.source and c.state.components["advantage"] is c.advantage
         # cosine decay from 1e-3 to 0.1 * 1e-3 over run.steps x ppo_epochs x mini_batches optimizer steps
         total = 2 * c.updater.ppo_epochs * c.updater.mini_batches
         sched = c.engine.lr_scheduler

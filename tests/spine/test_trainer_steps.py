@@ -139,6 +139,7 @@ def saved(trainer):
 
 
 def test_checkpoint_meta_holds_what_resume_and_export_read(trainer, saved):
+    trainer.checkpoint(2)  # written again in the test itself (mutation testing maps tests to what their body calls)
     meta = json.loads((saved / "meta.json").read_text())
     assert meta["policy_path"] == trainer.state.policy_path and meta["policy_path"]
     assert meta["config"]["optim"]["lr"] == 1e-3 and meta["config"]["run"]["steps"] == 3
