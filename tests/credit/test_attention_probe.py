@@ -134,6 +134,24 @@ def test_bad_probe_settings_name_the_key():
         AttentionCreditProbe("coupled", edge_threshold=0.1)
     with pytest.raises(ConfigError, match="unknown key"):
         AttentionCreditProbe("random", window=3)
+    with pytest.raises(ConfigError, match=r"'stages.probe_kwargs.attention_credit.answer_tokens' = 0, expected a "
+                                          r"positive int"):
+        AttentionCreditProbe("flow", answer_tokens=0)
+    # every key the local-window strategies document is accepted
+    local = dict(head_quantile=0.9, window=3, h_lo=0.1, h_hi=0.9, k=2, alpha=0.5, tau_waad=0.1, tau_delta=0.2,
+                 block_size=8, scores_per_step=2)
+    for strategy in ("local", "global", "coupled"):
+        assert AttentionCreditProbe(strategy, **local).credit_kwargs == local
+
+
+def test_probe_factory_seeds_from_the_run_unless_given():
+    from types import SimpleNamespace
+
+    from credo.train.attention_probe import make_attention_credit_probe
+
+    ctx = SimpleNamespace(seed=7, rank=1)
+    assert (make_attention_credit_probe(ctx).seed, make_attention_credit_probe(ctx).rank) == (7, 1)
+    assert make_attention_credit_probe(ctx, seed=3, strategy="flow").seed == 3
 
 
 def test_registered_name_resolves_through_the_recipe_check():

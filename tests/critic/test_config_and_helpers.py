@@ -135,3 +135,59 @@ def test_resuming_a_checkpoint_from_before_the_critic_section_is_no_config_chang
     assert config_changes(old, new) == {}
     on = recipe_to_dict(load_recipe(REPO / "recipes" / "ppo.yaml"))
     assert config_changes({k: v for k, v in on.items() if k != "critic"}, on)["critic.num_critics"] == (None, 1)
+
+
+def test_explained_variance_matches_its_definition_with_a_biased_critic():
+    from credo.train.critic import explained_variance
+
+    g = torch.Generator().manual_seed(0)
+    returns = torch.randn(3, 5, generator=g) + 2.0
+    values = returns * 0.5 - 1.0 + 0.1 * torch.randn(3, 5, generator=g)  # residuals with a non-zero mean
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    mask[0, 3:] = mask[2, :2] = False
+    r, d = returns[mask].double(), (returns - values)[mask].double()
+    want = 1.0 - d.var(unbiased=False).item() / r.var(unbiased=False).item()
+    assert explained_variance(returns, values, mask) == pytest.approx(want, rel=1e-9)
+
+
+def test_unfiltered_entropy_is_normalised_by_the_global_counts():
+    """`train/entropy_unfiltered` is aggregated as the bonus term is: over the mini-batch's global counts."""
+    obj = Objective(lambda lp, old, adv, mask, **kw: ((lp * 0).sum(), {}), {}, agg_mode="token-mean",
+                    entropy_coef=0.0, kl_coef=0.0, kl_estimator=None, norm_len=4)
+    ent = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    z = torch.zeros(2, 4)
+    _, terms, _ = obj(z, ent, old_log_probs=z, advantages=z, mask=mask, rollout_log_probs=z, ref_log_probs=None,
+                      weights=None, global_tokens=torch.tensor(12.0), global_seqs=torch.tensor(4.0),
+                      entropy_mask=torch.tensor([[1, 0, 1, 0], [0, 1, 0, 0]], dtype=torch.bool))
+    # this rank's 6 loss tokens are half of the mini-batch's 12
+    assert float(terms["train/entropy_unfiltered"]) == pytest.approx((1 + 2 + 3 + 4 + 5 + 6) / 12)
+    assert float(terms["train/entropy"]) == pytest.approx((1 + 3 + 6) / 12)
+
+
+def test_critic_stage_builds_one_engine_per_critic_with_its_own_head_seed(monkeypatch):
+    """`_critic_stage` without DeepSpeed: each critic's value model gets a distinct, run-seeded head, the critic's
+    own model (critic.path with critic.tiny) and the policy dtype's bf16 flag."""
+    import credo.distributed.value_model as vm
+    import credo.train.build as b
+    from credo.config import Recipe
+
+    loaded, built = [], []
+    monkeypatch.setattr(b, "resolve_model_path", lambda path, tiny: f"/resolved/{path}/{tiny.hidden_size}")
+    monkeypatch.setattr(vm, "load_value_model", lambda path, **kw: loaded.append((path, kw)) or object())
+    monkeypatch.setattr(b, "build_engine", lambda model, **kw: built.append(kw) or model)
+    r = Recipe()
+    r.run.seed, r.model.dtype = 3, "bfloat16"
+    r.critic.num_critics, r.critic.path, r.critic.tiny.hidden_size = 2, "tiny", 48
+    r.rollout.prompts_per_step, r.rollout.group_size = 4, 4
+    stage = b._critic_stage(r, tokenizer="tok", policy_path="/policy", engine=None, scorer=None, ref=None, world=1)
+    assert len(stage.engines) == 2
+    assert [p for p, _ in loaded] == ["/resolved/tiny/48"] * 2
+    seeds = [kw["head_seed"] for _, kw in loaded]
+    assert len(set(seeds)) == 2
+    assert all(kw["dtype"] == "bfloat16" and kw["actor_path"] == "/policy" for _, kw in loaded)
+    assert all(kw["bf16"] is True for kw in built)
+    r.run.seed = 4  # another run seed, other heads
+    loaded.clear()
+    b._critic_stage(r, tokenizer="tok", policy_path="/policy", engine=None, scorer=None, ref=None, world=1)
+    assert not set(seeds) & {kw["head_seed"] for _, kw in loaded}

@@ -6,6 +6,7 @@ tested without DeepSpeed; tests/critic/test_value_model.py trains real value mod
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from credo.distributed.rollout import Sample
@@ -212,3 +213,20 @@ def test_kl_in_reward_is_subtracted_on_every_response_token():
         token_r[i, last] += batch.rewards[i]
     adv, _ = naive_gae(token_r, table * mask, mask, 0.9, 0.8)
     torch.testing.assert_close(batch.advantages, adv, rtol=1e-5, atol=1e-6)
+
+
+def test_empty_micro_batches_step_at_weight_zero():
+    """More micro-steps than rows: the empty ones run one sample at weight 0, so the engine still takes grad_accum
+    steps and the loss and the update equal those of a single micro-batch."""
+    out = {}
+    for grad_accum in (1, 4):
+        batch = make_batch([3, 2], rewards=[1.0, 0.0], group_ids=[0, 0])
+        T = batch.response_mask.shape[1]
+        stage, engines = make_stage([torch.zeros(2, T)], batch, grad_accum=grad_accum)
+        stage(batch)
+        out[grad_accum] = (batch.metrics["critic/value_loss"], engines[0].module.table.detach().clone(),
+                           engines[0].steps)
+    assert out[4][2] == 4 and out[1][2] == 1
+    assert out[4][0] == pytest.approx(out[1][0], rel=1e-6)
+    # SGD steps on the micro-batches' gradients (the empty ones add none) move the table as one step does
+    assert torch.allclose(out[4][1], out[1][1], atol=1e-6)

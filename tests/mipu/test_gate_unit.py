@@ -95,3 +95,28 @@ def test_off_gate_copies_nothing_and_logs_nothing():
 def test_a_validation_set_too_small_for_a_group_is_an_error(kw, message):
     with pytest.raises(ValueError, match=message):
         StepGate(mode="mipu", state=FakeState(), source=FakeSource(), **kw)
+
+
+def test_gather_ragged_concatenates_ranks_of_different_lengths(monkeypatch):
+    """Two ranks faked in process: this rank (0) holds 2 values, rank 1 holds 3; every rank gets all 5 in rank
+    order, the padding dropped."""
+    import torch
+    import torch.distributed as dist
+
+    from credo.train.mipu import gather_ragged
+
+    mine, other = torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([3.0, 4.0, 5.0], dtype=torch.float64)
+
+    def all_gather(out, t):
+        if t.dtype == torch.int64:  # the sizes
+            out[0].copy_(t)
+            out[1].fill_(other.numel())
+        else:  # the values, each rank's padded to the widest
+            out[0].copy_(t)
+            out[1].copy_(torch.nn.functional.pad(other, (0, t.numel() - other.numel())))
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "all_gather", all_gather)
+    got = gather_ragged(mine)
+    assert got.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0] and got.dtype == torch.float64

@@ -117,3 +117,18 @@ def test_char_tokenizer_keeps_whitespace_after_save_and_load(tmp_path):
     build_char_tokenizer().save_pretrained(tmp_path)
     tok = load_tokenizer(str(tmp_path))
     assert tok.decode(tok("guess 1-7\nhigher", add_special_tokens=False)["input_ids"]) == "guess 1-7\nhigher"
+
+
+def test_env_max_total_tokens_is_checked_against_the_tiny_models_context():
+    import pytest
+
+    from credo.config import ConfigError, Recipe
+    from credo.train.build import _env_task
+
+    r = Recipe()
+    r.model.path, r.model.tiny.max_position_embeddings = "tiny", 64
+    r.model.tiny.num_layers, r.model.tiny.hidden_size, r.model.tiny.num_heads = 1, 32, 2
+    r.model.tiny.num_kv_heads, r.model.tiny.intermediate_size = 1, 64
+    r.env.id, r.env.max_total_tokens = "credo:GuessNumber-v0", 100
+    with pytest.raises(ConfigError, match=r"'env.max_total_tokens' = 100 is more than the model's context of 64 tokens"):
+        _env_task(r)

@@ -88,3 +88,72 @@ def test_unparsable_actions_get_the_envs_penalty_not_an_exception():
     assert env.step("no idea")[1:4] == (-0.1, True, False)
     env.reset(seed=0)
     assert env.step("99")[:4] == ("out of range", 0.0, False, False)
+
+
+def test_a_turn_that_does_not_fit_ends_the_episode_as_max_total_tokens():
+    src, _, _ = source(env_cfg(), policy, P=1, G=1)
+    prompt_len = len(src.rollout(step=1).samples[0].prompt_ids)
+    # room for one token after the prompt: the first action ("4" + EOS) does not fit
+    src, _, _ = source(env_cfg(max_total_tokens=prompt_len + 1), policy, P=1, G=1)
+    batch = src.rollout(step=1)
+    s = batch.samples[0]
+    assert s.meta["end"] == "max_total_tokens" and s.meta["truncated"] and not s.meta["failed"]
+    assert len(s.response_ids) == 1 and s.meta["turn_rewards"] == [0.0]
+    assert batch.metrics["env/overflow_frac"] == 1.0
+
+
+def test_episode_ends_map_to_terminated_truncated_failed():
+    from credo.train.multiturn import Episode
+
+    flags = {end: [Episode(env=None, env_seed=0, end=end).sample([1]).meta[k] for k in ("terminated", "truncated",
+                                                                                        "failed")]
+             for end in ("terminated", "env_truncated", "max_turns", "max_total_tokens", "failed")}
+    assert flags == {"terminated": [True, False, False], "env_truncated": [False, True, False],
+                     "max_turns": [False, True, False], "max_total_tokens": [False, True, False],
+                     "failed": [False, False, True]}
+
+
+def test_a_replayed_prefix_fails_on_a_timeout_or_an_ended_game():
+    import threading
+
+    from credo.train.multiturn import Episode
+
+    release = threading.Event()
+
+    class Hanging(FixedTarget):
+        def step(self, action):
+            release.wait(30)
+            return super().step(action)
+
+    class TruncatesAtOnce(FixedTarget):
+        def step(self, action):
+            obs, r, _, _, info = super().step(action)
+            return obs, r, False, True, info
+
+    src, _, _ = source(env_cfg(step_timeout_s=0.2), policy, P=1, G=1)
+    try:
+        for env, timeouts in ((Hanging(5, low=1, high=7, max_turns=3), 1),
+                              (TruncatesAtOnce(5, low=1, high=7, max_turns=3), 0)):
+            env.reset(seed=0)
+            e = Episode(env=env, env_seed=0, prefix_actions=["4"])
+            assert src._replay(e) == (False, timeouts)
+            assert e.end == "failed" and e.error.startswith("prefix step 0: ")
+        env = FixedTarget(5, low=1, high=7, max_turns=3)
+        env.reset(seed=0)
+        ok = Episode(env=env, env_seed=0, prefix_actions=["4"])
+        assert src._replay(ok) == (True, 0) and ok.end is None
+    finally:
+        release.set()
+
+
+def test_evaluation_generate_samples_without_nucleus_truncation():
+    seen = {}
+
+    class Recording:
+        def generate(self, prompts, **kw):
+            seen.update(kw)
+            return []
+
+    src, _, _ = source(env_cfg(max_new_tokens_per_turn=3), policy, backend=Recording())
+    src.generate([[1, 2]], temperature=0.5, seeds=[7])
+    assert seen == {"max_new_tokens": 3, "temperature": 0.5, "top_p": 1.0, "seeds": [7]}

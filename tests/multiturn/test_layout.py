@@ -121,3 +121,32 @@ def test_observation_template_from_a_chat_template():
     render = observation_renderer(tok, "auto")
     assert render("higher") == "\n<|im_start|>user\nhigher<|im_end|>\n<|im_start|>assistant\n"
     assert observation_renderer(tok, "[{observation}]")("x") == "[x]"
+
+
+def test_turn_format_with_and_without_a_chat_template():
+    from credo.rewards.chat import plain_prompt, prompt_renderer
+    from credo.train.multiturn import turn_format
+    from tests.byo.common import build_bpe_tokenizer
+    from tests.multiturn.common import build_char_tokenizer
+
+    # no chat template: the first observation is rendered as every later one
+    prompt, obs = turn_format(build_char_tokenizer(), plain_prompt)
+    assert prompt("start") == "\nstart\n" and obs("higher") == "\nhigher\n"
+    # a chat template: the first observation is the user message, later ones the template's user turn
+    tok = build_bpe_tokenizer(pad=True)
+    prompt, obs = turn_format(tok, prompt_renderer(tok))
+    assert prompt("start") == "start"
+    assert obs("higher") == "\n<|im_start|>user\nhigher<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_auto_observation_template_needs_eos_ending_assistant_turns():
+    import pytest
+
+    from credo.config import ConfigError
+    from tests.byo.common import build_bpe_tokenizer
+
+    tok = build_bpe_tokenizer(pad=True)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}|{% endfor %}"
+    with pytest.raises(ConfigError, match=r"^config key 'env.observation_template' = 'auto': the chat template does "
+                                          r"not end an assistant turn with the EOS token"):
+        observation_renderer(tok, "auto")

@@ -7,6 +7,8 @@ trainer writes. Each test saves into its own folder.
 from __future__ import annotations
 
 import json
+import math
+import os
 import logging
 import random
 
@@ -188,3 +190,87 @@ def test_load_restores_params_optimizer_scheduler_and_rng(make_engine, tmp_path)
     pa, pb = params(a), params(b)
     for k in pa:
         assert torch.equal(pa[k], pb[k]), k
+
+
+class _FakeEngine:
+    """The parts of a DeepSpeed engine `optimizer_step` and `step_without_update` touch; records each step."""
+
+    def __init__(self, boundary: bool, grad: float, **opt_attrs):
+        from types import SimpleNamespace
+
+        self.module = torch.nn.Linear(2, 1)
+        for p in self.module.parameters():
+            p.grad = torch.full_like(p, grad)
+        self.optimizer = SimpleNamespace(**opt_attrs)
+        self._config = SimpleNamespace(gradient_clipping=1.0)
+        self.boundary, self.steps = boundary, []
+
+    def is_gradient_accumulation_boundary(self):
+        return self.boundary
+
+    def step(self):
+        self.steps.append((getattr(self.optimizer, "overflow", None), self._config.gradient_clipping,
+                           [p.grad for p in self.module.parameters()]))
+
+
+@pytest.mark.parametrize("boundary, zero_stage, grad, expect", [
+    (True, 0, 1.0, "checked"),  # ZeRO-0 at a boundary: credo checks the norm (3 grads of 1 -> sqrt(3))...
+    (True, 0, float("nan"), "skipped"),  # ... and skips a non-finite step itself
+    (False, 0, float("nan"), "plain"),  # between boundaries DeepSpeed applies nothing: no check
+    (True, 2, float("nan"), "plain"),  # ZeRO-1/2/3: DeepSpeed's own overflow check
+])
+def test_optimizer_step_checks_the_norm_only_at_a_zero0_boundary(boundary, zero_stage, grad, expect):
+    from credo.distributed.engine import optimizer_step
+
+    e = _FakeEngine(boundary, grad)
+    finite, norm = optimizer_step(e, zero_stage)
+    assert len(e.steps) == 1
+    if expect == "plain":
+        assert (finite, norm) == (True, None) and e.steps[0][0] is None  # a plain engine.step()
+    elif expect == "checked":
+        assert finite and norm == pytest.approx(3 ** 0.5)
+    else:
+        assert not finite and math.isnan(norm) and e.steps[0][0] is True  # stepped as an overflow
+
+
+def test_step_without_update_restores_the_optimizers_overflow_flag_and_clipping():
+    from credo.distributed.engine import step_without_update
+
+    e = _FakeEngine(True, 1.0, overflow=False)
+    step_without_update(e)
+    assert [(o, c, all(g is None for g in gs)) for o, c, gs in e.steps] == [(True, 0.0, True)]
+    assert e.optimizer.overflow is False and e._config.gradient_clipping == 1.0
+    bare = _FakeEngine(True, 1.0)
+    step_without_update(bare)
+    assert not hasattr(bare.optimizer, "overflow") and bare.steps[0][0] is True
+
+
+@pytest.mark.parametrize("cuda, verbose", [(False, False), (False, True), (True, False)])
+def test_setup_distributed_picks_the_backend_and_swallows_deepspeeds_print_unless_verbose(monkeypatch, capsys,
+                                                                                         cuda, verbose):
+    """A first initialisation in a process, faked: nccl on CUDA, gloo otherwise; DeepSpeed's stdout print shown
+    only with verbose."""
+    import deepspeed
+    import torch.distributed as dist
+
+    from credo.distributed.engine import setup_distributed
+
+    calls = []
+
+    def fake_init(dist_backend, verbose):
+        print("DeepSpeed op built successfully")
+        calls.append(dist_backend)
+
+    monkeypatch.setattr(deepspeed, "init_distributed", fake_init)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29999",
+                     DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"),
+                     TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", "/tmp/te")).items():
+        monkeypatch.setenv(k, os.environ.get(k, v))  # whatever setup_distributed sets is undone after the test
+    capsys.readouterr()
+    assert setup_distributed(verbose=verbose) == (0, 1)
+    assert calls == ["nccl" if cuda else "gloo"]
+    assert ("DeepSpeed op built successfully" in capsys.readouterr().out) is verbose

@@ -120,3 +120,28 @@ def test_two_stage_rollout_generates_criteria_from_the_query_then_evaluations_un
     assert len(batch) == 40 and batch.group_ids.unique().numel() == 6
     kinds = [p.meta["ce_rm"][1] for p in batch.problems[:20]]
     assert kinds.count(CRITERIA) == 4 and kinds.count(CHOSEN) == 8 and kinds.count(REJECTED) == 8
+
+
+def test_two_stage_source_samples_with_the_recipes_top_p_and_temperature():
+    from types import SimpleNamespace
+
+    from credo.train.ce_rm import two_stage_source
+
+    seen = []
+
+    class Recording(Backend):
+        def generate(self, prompts, **kw):
+            seen.append((kw["temperature"], kw["top_p"]))
+            return super().generate(prompts, **kw)
+
+    ctx = SimpleNamespace(default=None, task=CriteriaJudgeTask(200, 10, 0, max_operand=9, fixed_width=True),
+                          tokenizer=Tok(), backend=Recording(), seed=0, rank=0, world=1,
+                          rollout={"prompts_per_step": 1, "group_size": 4 * 5, "temperature": 0.8, "top_p": 0.9})
+    two_stage_source(ctx, n_criteria=4, evals_per_response=2).rollout(1)
+    assert seen == [(0.8, 0.9), (0.8, 0.9)]
+
+
+def test_an_empty_shard_scores_no_criteria():
+    batch = fake_batch([], [])
+    CERMReward(Tok(), K=2, E=1)(batch)
+    assert batch.rewards.numel() == 0 and batch.metrics["reward/criteria_accuracy"] == 0.0

@@ -202,3 +202,94 @@ def test_a_judge_context_too_short_is_an_error_at_start():
                        judge=JudgeConfig(path="tiny", max_new_tokens=60, template=template))
     with pytest.raises(ConfigError, match="judge.max_new_tokens=60 = 73 > the judge's context of 64"):
         check_judge_context(tok, path, bad, template)
+
+
+class RecordingBackend(ScriptedBackend):
+    """A ScriptedBackend that keeps each generate call's sampling arguments."""
+
+    def __init__(self, answer):
+        super().__init__(answer)
+        self.kwargs = []
+
+    def generate(self, prompts, **kw):
+        self.kwargs.append(kw)
+        return super().generate(prompts, **kw)
+
+
+def test_a_sampling_judge_seeds_each_request_and_a_greedy_one_does_not():
+    def kw(temperature, seed, step):
+        backend = RecordingBackend(lambda p: "\\boxed{5}")
+        judge = JudgeReward(backend, CharTok(), CharTok(), group_size=2, mode="pointwise", template="{question}{response}",
+                            max_new_tokens=4, temperature=temperature, seed=seed)
+        judge.generate(["a", "b", "c"], step)
+        return backend.kwargs[0]
+
+    greedy = kw(0.0, 0, 1)  # the backends decode greedily without seeds; the temperature must still be valid
+    assert greedy["seeds"] is None and greedy["temperature"] == 1.0 and greedy["top_p"] == 1.0
+    hot = kw(0.7, 0, 1)
+    assert hot["temperature"] == 0.7 and hot["top_p"] == 1.0
+    seeds = hot["seeds"]
+    assert len(seeds) == 3 and len(set(seeds)) == 3 and all(isinstance(s, int) for s in seeds)
+    assert kw(0.7, 0, 1)["seeds"] == seeds  # reproducible
+    assert not set(kw(0.7, 0, 2)["seeds"]) & set(seeds) and not set(kw(0.7, 1, 1)["seeds"]) & set(seeds)
+
+
+def test_a_judge_returning_the_wrong_number_of_texts_says_how_many():
+    class Short(ScriptedBackend):
+        def generate(self, prompts, **kw):
+            return super().generate(prompts[:-1], **kw)
+
+    judge = JudgeReward(Short(lambda p: "\\boxed{5}"), CharTok(), CharTok(), group_size=2, mode="pointwise",
+                        template="{question}{response}", max_new_tokens=4, temperature=0.0)
+    with pytest.raises(RewardFunctionError, match=r"the judge returned list of 3 texts for 4 prompts"):
+        judge(make_batch(["q"] * 4, list("abcd"), 2))
+    judge.close()
+
+
+def test_judge_warm_up_trains_on_the_judging_task_and_logs_as_judge(monkeypatch, caplog):
+    import logging
+
+    import credo.sft
+    from credo.config import JudgeConfig, TaskConfig
+    from credo.rewards.judge_tasks import ArithmeticJudgeTask
+    from credo.train.judge_reward import warm_up_judge
+    from credo.train.registry import StageContext
+
+    seen = {}
+
+    def fake_sft(r, base, task, log):
+        seen.update(r=r, base=base, task=task)
+        log("step 3/3")
+        return "/warm/judge", None
+
+    monkeypatch.setattr(credo.sft, "run_sft", fake_sft)
+    ctx = StageContext(rank=0, world=1, seed=0, judge=JudgeConfig(path="tiny", warmup_steps=3),
+                       task_config=TaskConfig(name="arithmetic", train_size=40, eval_size=4,
+                                              kwargs={"max_operand": 9, "ops": "+"}))
+    with caplog.at_level(logging.INFO, logger="credo"):
+        assert warm_up_judge(ctx, "/base") == "/warm/judge"
+    assert seen["base"] == "/base" and seen["r"].task.name == "judge_arithmetic"
+    assert isinstance(seen["task"], ArithmeticJudgeTask) and seen["r"].sft.steps == 3
+    assert "judge step 3/3" in [r.getMessage() for r in caplog.records]
+
+
+def test_judge_stage_builds_the_judge_with_the_reward_timeout(monkeypatch):
+    import credo.models
+    import credo.train.judge_reward as jr
+    from credo.config import JudgeConfig
+    from credo.train.registry import StageContext
+
+    backend = ScriptedBackend(lambda p: "\\boxed{5}")
+    monkeypatch.setattr(credo.models, "resolve_model_path", lambda path, tiny: f"/resolved/{path}")
+    monkeypatch.setattr(credo.models, "load_tokenizer", lambda path: CharTok())
+    monkeypatch.setattr(jr, "check_judge_context", lambda *a: None)
+    monkeypatch.setattr(jr, "load_judge", lambda ctx, path: (backend, CharTok(), path))
+    ctx = StageContext(rank=0, world=1, seed=5, tokenizer=CharTok(), rollout={"group_size": 2},
+                       judge=JudgeConfig(path="tiny", max_new_tokens=6, temperature=0.3),
+                       reward_isolation={"timeout_s": 2.5, "workers": 1, "max_failure_frac": 0.5})
+    judge = jr.judge_stage(ctx)
+    try:
+        assert judge.worker.timeout_s == 2.5 and judge.backend is backend and judge.G == 2
+        assert (judge.max_new_tokens, judge.temperature, judge.seed) == (6, 0.3, 5)
+    finally:
+        judge.close()

@@ -1,0 +1,186 @@
+"""Pieces of `credo.train.build` called directly (fast): the run folder's name, the reward function, stage
+lookup errors, the vLLM backend's arguments and the MIPU gate's settings."""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from credo.config import ConfigError, Recipe
+
+
+def test_default_run_dir_is_runs_name_timestamp(tmp_path, monkeypatch):
+    from credo.train.build import _run_dir
+
+    monkeypatch.chdir(tmp_path)
+    r = Recipe()
+    r.run.output_dir, r.run.name = None, "exp"
+    run_dir = _run_dir(r, 1)
+    assert run_dir.parent == Path("runs") / "exp"
+    assert re.fullmatch(r"20\d{6}-\d{6}", run_dir.name), run_dir
+    assert (tmp_path / run_dir / "checkpoints").is_dir()
+
+
+def test_reward_functions_are_imported_with_their_weights():
+    from credo.train.build import _reward_fn
+
+    r = Recipe()
+    r.reward.functions = ["tests.e2e.rewards:starts_with_digit", "tests.byo.rewards:has_digit"]
+    r.reward.weights = [2.0, 0.5]
+    fn = _reward_fn(r, task=None)
+    assert fn.names == ["starts_with_digit", "has_digit"]
+    assert fn.weights == {"starts_with_digit": 2.0, "has_digit": 0.5}
+
+
+def test_unknown_stage_lists_the_known_ones():
+    from credo.train.registry import resolve
+
+    with pytest.raises(ConfigError, match=r"config key 'stages.rollout' = 'nosuch' is not a known rollout stage "
+                                          r"\(known: [a-z_]+(, [a-z_]+)*; or give 'package.module:factory'\)"):
+        resolve("rollout", "nosuch", "stages.rollout")
+
+
+@pytest.mark.parametrize("eager", [None, False, True])
+def test_vllm_backend_gets_the_policy_and_the_eager_setting(monkeypatch, eager):
+    from credo.train.build import _make_backend
+
+    made = {}
+
+    class FakeVLLM:
+        def __init__(self, path, **kw):
+            made.update(path=path, **kw)
+
+    monkeypatch.setitem(sys.modules, "credo.distributed.vllm_backend", types.SimpleNamespace(VLLMBackend=FakeVLLM))
+    r = Recipe()
+    r.rollout.backend, r.rollout.vllm_enforce_eager, r.rollout.fp8_weights = "vllm", eager, False
+    _make_backend(r, engine=None, tokenizer=None, policy_path="/models/policy")
+    assert made["path"] == "/models/policy"
+    assert made["enforce_eager"] is (not torch.cuda.is_available() if eager is None else eager)
+
+
+def test_mipu_gate_takes_the_recipes_threshold_schedule():
+    from credo.train.build import _step_gate
+
+    class Task:
+        def __len__(self):
+            return 10
+
+        def train(self, i):
+            return i
+
+    r = Recipe()
+    r.mipu.enabled, r.mipu.val_prompts, r.mipu.c_start, r.mipu.c_end, r.mipu.anneal_steps = True, 2, 0.3, 0.1, 7
+    state = types.SimpleNamespace(components={})
+    gate = _step_gate(r, state, None, None, None, None, None, None, None, Task(), 0, 1)
+    assert (gate.c_start, gate.c_end, gate.anneal_steps) == (0.3, 0.1, 7)
+    assert gate.val_problems == [8, 9] and state.components["mipu"] is gate
+
+
+def test_scorer_takes_the_path_it_was_built_with():
+    """hidden_path=True never runs the model's full forward (no [N, V] logits); False (ZeRO-3) does. Both give
+    the log-softmax of the logits at the temperature."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from credo.train.scoring import PolicyScorer
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1, intermediate_size=32)).eval()
+    ids = torch.randint(0, 32, (2, 6))
+    attn = torch.ones_like(ids)
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    mask[:, 2:] = True
+    with torch.no_grad():
+        ref = (model(input_ids=ids, attention_mask=attn).logits[:, :-1].float() / 0.7).log_softmax(-1)
+    ref = ref.gather(-1, ids[:, 1:, None])[..., 0] * mask
+    forward = model.forward
+    calls = []
+    model.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
+    for hidden in (True, False):
+        calls.clear()
+        scorer = PolicyScorer(temperature=0.7, chunk_size=3, hidden_path=hidden, needs_old_log_probs=True)
+        with torch.no_grad():
+            lp, _ = scorer(model, ids, attn, mask, with_entropy=False)
+        assert torch.allclose(lp, ref, atol=1e-5)
+        assert bool(calls) is not hidden
+        # an explicit hidden_path overrides the built one
+        calls.clear()
+        with torch.no_grad():
+            scorer(model, ids, attn, mask, with_entropy=False, hidden_path=not hidden)
+        assert bool(calls) is hidden
+
+
+def test_outcome_advantages_keep_the_rewards_precision():
+    """A reward stage that writes float64 rewards gets float64 advantages (tiny reward gaps are not rounded away)."""
+    from credo.algos.advantages import grpo
+    from credo.distributed.rollout import Sample
+    from credo.rewards.tasks import Problem
+    from credo.train.advantage import OutcomeAdvantage
+    from credo.train.batch import Batch, pack_batch
+
+    samples = [Sample([5, 6], [7, 8, 9][:n], [1] * n, [-1.0] * n, True) for n in (3, 2, 3, 1)]
+    batch = Batch(samples=samples, problems=[Problem("q", "")] * 4, group_ids=torch.tensor([0, 0, 1, 1]), step=1)
+    batch.rewards = torch.tensor([1.0, 1.0 + 1e-9, 0.0, 2.0], dtype=torch.float64)
+    batch.valid = torch.ones(4, dtype=torch.bool)
+    pack_batch(batch, 0, overlong_filter=False)
+    OutcomeAdvantage(grpo, {})(batch)
+    adv = batch.advantages
+    assert adv.dtype == torch.float64
+    total = adv.sum(1).tolist()  # per sample: its advantage times its response length
+    assert total[0] < 0 < total[1] and total[2] < 0 < total[3]
+    assert (adv != 0).sum(1).tolist() == [3, 2, 3, 1]
+
+
+# ------------------------------------------------------------------ one build of the quickstart recipe
+SEEN_CTX: list = []
+
+
+class _RecordingReward:
+    def __init__(self, ctx):
+        SEEN_CTX.append(ctx)
+
+    def __call__(self, batch):
+        batch.rewards, batch.valid = torch.zeros(len(batch)), torch.ones(len(batch), dtype=torch.bool)
+
+    def close(self):
+        pass
+
+
+def recording_reward(ctx):
+    return _RecordingReward(ctx)
+
+
+def test_build_passes_the_recipes_settings_to_the_stages(tmp_path):
+    """The stage context carries the reward isolation settings and the env section; the engine gets the LR
+    schedule; Components exposes the task the source draws from."""
+    import math
+
+    from credo.config import EnvConfig
+    from tests.invariants.common import components
+
+    SEEN_CTX.clear()
+    with components(tmp_path, **{"optim.lr_schedule": "cosine", "optim.min_lr_ratio": 0.1, "optim.warmup_steps": 0,
+                                 "run.steps": 2, "reward.timeout_s": 7.5, "reward.max_failure_frac": 0.25,
+                                 "stages.reward": "tests.spine.test_build_parts:recording_reward"}) as c:
+        ctx, = SEEN_CTX
+        iso = ctx.reward_isolation
+        assert (iso["timeout_s"], iso["max_failure_frac"]) == (7.5, 0.25)
+        assert ctx.env == EnvConfig()
+        assert c.task is ctx.task and c.task.train(0).prompt
+        # the stages with a state_dict are part of the trainer state (saved, restored, rolled back with it)
+        assert c.state.components["source"] is c.source and c.state.components["advantage"] is c.advantage
+        # cosine decay from 1e-3 to 0.1 * 1e-3 over run.steps x ppo_epochs x mini_batches optimizer steps
+        total = 2 * c.updater.ppo_epochs * c.updater.mini_batches
+        sched = c.engine.lr_scheduler
+        lrs = []
+        for _ in range(total):
+            lrs.append(sched.get_last_lr()[0])
+            sched.step()
+        want = [1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / total))) for s in range(total)]
+        assert lrs == pytest.approx(want, rel=1e-6)
+        assert sched.get_last_lr()[0] == pytest.approx(1e-4)

@@ -1,0 +1,203 @@
+"""The trainer loop in this process (fast): one quickstart `Trainer` built once, its `train_step` row,
+rollout dumps, checkpoint meta and every path of `TrainState.resume`, and `fit`'s second Ctrl-C.
+
+The slow tests (tests/spine/test_stages.py, tests/reliability, the CLI) cover the same code through whole
+runs; these run a step in a few hundredths of a second on the module's one trainer, so mutation testing
+sees them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import shutil
+import time
+
+import pytest
+import torch
+
+from credo.config import ConfigError, load_recipe
+from tests.e2e.common import tiny_overrides
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    from credo.trainer import Trainer
+
+    out = tmp_path_factory.mktemp("trainer-steps")
+    t = Trainer(load_recipe("recipes/quickstart.yaml", tiny_overrides(
+        out / "run", **{"run.eval_every": 0, "run.steps": 3, "run.dump_rollouts_every": 2})))
+    yield t
+    t.close()
+
+
+def test_rollouts_are_dumped_on_multiples_of_dump_every_as_rank0_files(trainer):
+    dump_dir = trainer.run_dir / "rollouts"
+    trainer.train_step(1)
+    assert not dump_dir.exists() or not any(dump_dir.iterdir()), "step 1 is no multiple of dump_rollouts_every=2"
+    row = trainer.train_step(2)
+    assert sorted(p.name for p in dump_dir.iterdir()) == ["step_2.jsonl"]
+    rows = [json.loads(x) for x in (dump_dir / "step_2.jsonl").read_text().splitlines()]
+    assert len(rows) == 16
+    tok = trainer.c.tokenizer
+    for d in rows:
+        assert d["response"] == tok.decode(d["response_ids"], skip_special_tokens=False)
+        assert d["trained"] is True  # no overlong filter here: every sample with a response is trained on
+        assert len(d["advantages"]) == len(d["response_ids"])
+        assert all(isinstance(a, float) for a in d["advantages"])
+    rewards = torch.tensor([d["reward"] for d in rows])
+    assert float(rewards.mean()) == pytest.approx(row["train/reward_mean"], abs=1e-6)
+    # GRPO-style outcome advantages: each sample's advantage sign follows its reward against its group's mean
+    for d in rows:
+        group = [e["reward"] for e in rows if e["group_id"] == d["group_id"]]
+        dev = d["reward"] - sum(group) / len(group)
+        if abs(dev) > 1e-6:
+            assert all(math.copysign(1, a) == math.copysign(1, dev) for a in d["advantages"] if a != 0)
+
+
+class _FakeGate:
+    """A gate with a mode: the trainer times its snapshot and decision as perf/mipu_s."""
+
+    mode = "fake"
+
+    def snapshot(self):
+        time.sleep(0.01)
+        return None
+
+    def decide(self, step, snap):
+        time.sleep(0.01)
+        return {}
+
+
+def test_step_row_timings_add_up(trainer, monkeypatch):
+    monkeypatch.setattr(trainer.c, "gate", _FakeGate())
+    t = time.perf_counter()
+    row = trainer.train_step(1)
+    wall = time.perf_counter() - t
+    parts = [row[f"perf/{k}_s"] for k in ("rollout", "reward", "logprob", "update", "sync")]
+    assert all(0 <= p <= wall for p in parts)
+    assert sum(parts) == pytest.approx(row["perf/step_time_s"], abs=1e-6)
+    assert row["perf/train_s"] == pytest.approx(row["perf/logprob_s"] + row["perf/update_s"], abs=1e-6)
+    # the gate's snapshot and decision, each slept 10 ms, and nothing of the step between them
+    assert 0.02 <= row["perf/mipu_s"] <= wall - row["perf/step_time_s"] + 1e-6
+
+
+def test_step_row_names_are_lower_case_namespaced(trainer):
+    row = trainer.train_step(1)
+    assert [k for k in row if k != "step" and not re.fullmatch(r"[a-z0-9_]+/[a-z0-9_]+", k)] == []
+
+
+def test_step_without_a_policy_update_is_not_a_skipped_step(trainer, monkeypatch):
+    rollout = trainer.source.rollout
+
+    def no_policy(step):
+        batch = rollout(step)
+        batch.train_policy = False
+        return batch
+
+    monkeypatch.setattr(trainer.source, "rollout", no_policy)
+    before = {k: v.detach().clone() for k, v in trainer.engine.module.named_parameters()}
+    total = trainer.state.counters.skipped_total
+    row = trainer.train_step(1)
+    assert all(torch.equal(before[k], v) for k, v in trainer.engine.module.named_parameters())
+    assert row["train/skipped_total"] == total and trainer.state.counters.consecutive_skips == 0
+    assert "train/loss" not in row
+
+
+def test_two_identical_ranks_report_the_metrics_of_one(trainer, monkeypatch):
+    """Data parallel in one process: world=2 with every all-reduce doubling (two ranks holding the same shard) takes
+    the same update and reports the same loss terms and loss-metric means as world=1."""
+    import credo.train.update as upd
+
+    def params():
+        return {k: v.detach().clone() for k, v in trainer.engine.module.named_parameters()}
+
+    snap = trainer.state.snapshot()
+    one = trainer.train_step(1)
+    after_one = params()
+    trainer.state.restore(snap)
+    monkeypatch.setattr(trainer.updater, "world", 2)
+    monkeypatch.setattr(upd, "all_reduce_sum", lambda x: x * 2)
+    two = trainer.train_step(1)
+    after_two = params()
+    trainer.state.restore(snap)
+    keys = [k for k in one if k.startswith("loss/") or k in ("train/pg_loss", "train/entropy", "train/loss")]
+    assert any(k.startswith("loss/") for k in keys)
+    assert {k: two[k] for k in keys} == pytest.approx({k: one[k] for k in keys}, rel=1e-5, abs=1e-7)
+    diffs = {k: float((v - after_one[k]).abs().max()) for k, v in after_two.items()}
+    assert max(diffs.values()) < 1e-6, diffs
+
+
+# ------------------------------------------------------------------------------ checkpoint and resume
+@pytest.fixture(scope="module")
+def saved(trainer):
+    """A checkpoint of step 2."""
+    trainer.checkpoint(2)
+    return trainer.run_dir / "checkpoints" / "step_00000002"
+
+
+def test_checkpoint_meta_holds_what_resume_and_export_read(trainer, saved):
+    trainer.checkpoint(2)  # written again in the test itself (mutation testing maps tests to what their body calls)
+    meta = json.loads((saved / "meta.json").read_text())
+    assert meta["policy_path"] == trainer.state.policy_path and meta["policy_path"]
+    assert meta["config"]["optim"]["lr"] == 1e-3 and meta["config"]["run"]["steps"] == 3
+    assert meta["sft_key"] == trainer.state.sft_key
+    # the stages with a state (here: stateless source and advantage) are saved with it
+    assert set(meta["components"]) == {"source", "advantage"}
+
+
+def test_resume_auto_and_by_path_load_the_checkpoint(trainer, saved, tmp_path):
+    s = trainer.state
+    assert s.resume("auto", trainer.run_dir, rank=0, world=1, allow_config_change=False) == 2
+    # a named folder; the metrics of the steps after it are dropped from this run_dir's metrics.jsonl
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "x": i}) + "\n" for i in range(1, 5)))
+    assert s.resume(str(saved), tmp_path, rank=0, world=1, allow_config_change=False) == 2
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_resume_rejects_a_changed_config_naming_the_key(trainer, saved, monkeypatch):
+    s = trainer.state
+    config = json.loads(json.dumps(s.config))
+    config["optim"]["lr"] = 5e-4
+    monkeypatch.setattr(s, "config", config)
+    with pytest.raises(ConfigError, match=r"optim\.lr: 0\.001 -> 0\.0005"):
+        s.resume(str(saved), trainer.run_dir, rank=0, world=1, allow_config_change=False)
+
+
+def test_resume_auto_without_a_checkpoint_starts_at_0_and_says_so(trainer, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="credo"):
+        assert trainer.state.resume("auto", tmp_path, rank=0, world=1, allow_config_change=False) == 0
+    assert f"run.resume=auto: no usable checkpoint in {tmp_path / 'checkpoints'}; starting from step 0" in \
+        [r.getMessage() for r in caplog.records]
+
+
+def test_load_checkpoint_without_this_ranks_rng_names_the_folder(trainer, saved, tmp_path, caplog):
+    from credo.checkpoint import load_checkpoint
+
+    copy = tmp_path / "step_00000002"
+    shutil.copytree(saved, copy)
+    (copy / "rng_rank0.pt").unlink()
+    with caplog.at_level(logging.WARNING, logger="credo"):
+        meta = load_checkpoint(trainer.engine, copy, verify=False)
+    assert meta["step"] == 2
+    assert f"checkpoint {copy} has no RNG state for rank 0; this rank keeps its fresh RNG" in \
+        [r.getMessage() for r in caplog.records]
+
+
+def test_second_ctrl_c_reports_the_last_finished_step(trainer, monkeypatch):
+    """Last in this module: `fit` closes the tracker and the reward."""
+    from credo.train.interrupt import RunInterrupted
+
+    step = trainer.train_step
+
+    def interrupted_at_2(s):
+        if s == 2:
+            raise KeyboardInterrupt
+        return step(s)
+
+    monkeypatch.setattr(trainer, "train_step", interrupted_at_2)
+    with pytest.raises(RunInterrupted) as e:
+        trainer.fit()
+    assert e.value.step == 1 and e.value.checkpoint is None
