@@ -22,13 +22,16 @@ from credo.config import ConfigError, load_recipe
 from tests.e2e.common import tiny_overrides
 
 
-@pytest.fixture(scope="module")
-def trainer(tmp_path_factory):
+def _build_trainer(out):
     from credo.trainer import Trainer
 
-    out = tmp_path_factory.mktemp("trainer-steps")
-    t = Trainer(load_recipe("recipes/quickstart.yaml", tiny_overrides(
+    return Trainer(load_recipe("recipes/quickstart.yaml", tiny_overrides(
         out / "run", **{"run.eval_every": 0, "run.steps": 3, "run.dump_rollouts_every": 2})))
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    t = _build_trainer(tmp_path_factory.mktemp("trainer-steps"))
     yield t
     t.close()
 
@@ -186,9 +189,12 @@ def test_load_checkpoint_without_this_ranks_rng_names_the_folder(trainer, saved,
         [r.getMessage() for r in caplog.records]
 
 
-def test_second_ctrl_c_reports_the_last_finished_step(trainer, monkeypatch):
-    """Last in this module: `fit` closes the tracker and the reward."""
+def test_second_ctrl_c_reports_the_last_finished_step(tmp_path, monkeypatch):
+    """On a trainer of its own: `fit` closes the tracker and the reward, and tests may run in any order (mutmut
+    orders them by itself; a shared trainer closed here hung the next test's reward call)."""
     from credo.train.interrupt import RunInterrupted
+
+    trainer = _build_trainer(tmp_path)
 
     step = trainer.train_step
 
