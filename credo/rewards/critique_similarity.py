@@ -66,6 +66,7 @@ class EmbeddingSimilarity:
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModel.from_pretrained(model_dir).eval().requires_grad_(False)
         self.batch_size = batch_size
+        self._cache: dict[str, object] = {}  # text -> unit embedding: a judge's critiques repeat a few phrases
 
     def embed(self, texts: list[str]):
         """[N, 384] unit vectors: mean of the last hidden states over real tokens, L2-normalised."""
@@ -85,7 +86,13 @@ class EmbeddingSimilarity:
             raise ValueError(f"candidates has {len(candidates)} texts, expected {len(references)} like references")
         if not candidates:
             return []
-        e = self.embed(list(candidates) + list(references))
+        texts = list(candidates) + list(references)
+        new = [t for t in dict.fromkeys(texts) if t not in self._cache]  # each distinct text embedded once, ever
+        if len(self._cache) + len(new) > 100_000:
+            self._cache.clear()
+            new = list(dict.fromkeys(texts))
+        self._cache.update(zip(new, self.embed(new)))
+        e = self.torch.stack([self._cache[t] for t in texts])
         n = len(candidates)
         cos = (e[:n] * e[n:]).sum(-1).clamp(0.0, 1.0)
         empty = [not c.strip() or not r.strip() for c, r in zip(candidates, references)]

@@ -58,12 +58,15 @@ class ArithmeticJudgeTask:
         human_critique_frac: share of items whose meta carries the human critique.
         critique_noise: share of targets whose critique is another (wrong) phrase while the label stays right:
             a warm-up that teaches RM-NLHF's "guessing" (right label, wrong critique).
+        solve_first: targets start with the judge's own solution ("=052 ..."), a one-turn form of CE-RM's
+            query-only criteria. Measured (docs/judges.md): a tiny judge then copies the candidate's digits.
         arithmetic kwargs: max_operand, ops, fixed_width as the arithmetic task.
     """
 
     def __init__(self, train_size: int, eval_size: int, seed: int, mode: str = "pointwise",
                  template: str | None = None, wrong_frac: float = 0.5, critique: bool = False,
-                 human_critique_frac: float = 1.0, critique_noise: float = 0.0, **arithmetic):
+                 human_critique_frac: float = 1.0, critique_noise: float = 0.0, solve_first: bool = False,
+                 **arithmetic):
         if mode not in ("pointwise", "pairwise"):
             raise ConfigError(f"task.kwargs.mode = {mode!r}: expected 'pointwise' or 'pairwise'")
         self.mode, self.seed, self.critique = mode, seed, critique
@@ -74,6 +77,7 @@ class ArithmeticJudgeTask:
             if not 0 <= v <= 1:
                 raise ConfigError(f"task.kwargs.{name} = {v}: expected a number in [0, 1]")
         self.wrong_frac, self.human_frac, self.critique_noise = wrong_frac, human_critique_frac, critique_noise
+        self.solve_first = solve_first
         self.base = ArithmeticTask(train_size, eval_size, seed, **arithmetic)
         self._eval = [self._item(p, 10**9 + i) for i, p in enumerate(self.base.eval_problems())]
 
@@ -111,6 +115,8 @@ class ArithmeticJudgeTask:
         if rng.random() < self.critique_noise:
             said = rng.choice([c for c in CRITIQUES.values() if c != said])
         answer = f"{said} {box}" if self.critique else box
+        if self.solve_first:  # the judge first writes its own solution, then compares (a one-turn CE-RM criteria)
+            answer = f"={p.answer} {answer}"
         return Problem(prompt=prompt, answer=answer, meta=meta)
 
     def score(self, response: str, problem: Problem) -> float:

