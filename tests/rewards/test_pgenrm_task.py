@@ -160,3 +160,20 @@ def test_recipe_loads_and_fits_the_context():
     tok_len = max(len(t.train(i).prompt) + len(t.train(i).answer) for i in range(500))
     assert max(len(t.train(i).answer) for i in range(500)) < r.rollout.max_new_tokens  # the chain and its EOS fit
     assert tok_len < r.model.tiny.max_position_embeddings
+
+
+@pytest.mark.slow
+def test_recipe_runs_psi_then_cre_for_a_step(tmp_path):
+    from tests.e2e.common import read_rows, run_cli
+
+    o = {"run.output_dir": tmp_path / "run", "run.steps": 1, "run.eval_every": 1, "run.progress": False,
+         "run.threads": 1, "model.tiny.num_layers": 1, "model.tiny.hidden_size": 64, "model.tiny.num_heads": 2,
+         "model.tiny.num_kv_heads": 1, "model.tiny.intermediate_size": 128, "task.eval_size": 8,
+         "task.kwargs": "{num_users: 12, eval_users: 4, shots: 2, history_len: 6}", "sft.steps": 2,
+         "sft.batch_size": 8, "rollout.prompts_per_step": 2, "rollout.group_size": 4}
+    p = run_cli(["run", "recipes/pgenrm.yaml", *[f"{k}={v}" for k, v in o.items()]], timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = read_rows(tmp_path / "run")
+    assert any("eval/accuracy" in r for r in rows) and (tmp_path / "run" / "final" / "config.json").exists()
+    train = [r for r in rows if "train/reward_mean" in r]
+    assert train and 0 <= train[-1]["train/reward_mean"] <= 1.5  # R = 0.5 PR + OR lies in [0, 1.5]
