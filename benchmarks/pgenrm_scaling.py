@@ -2,10 +2,10 @@
 
     python benchmarks/pgenrm_scaling.py --seeds 0 1 2 3 4 --out-dir runs/pgenrm [recipe overrides ...]
 
-Each seed s trains `recipes/pgenrm.yaml run.seed=s sft.seed=s` in this process (PSI warm-up, cached, then CRE
-GRPO), then runs `credo.rewards.pgenrm_scaling.run_scaling` on the run's final/ with sampling seed s, and keeps
-its JSON as seed<s>.json (a seed whose JSON exists is not rerun). `--also-sft` evaluates the PSI-only warm-up
-too (key "sft"). Then table.md: per setting the mean over seeds of per-user accuracy with its 95% Student-t
+Each seed s warms up `recipes/pgenrm.yaml run.seed=s sft.seed=s` in this process (PSI, the `sft:` section,
+cached) and runs `credo.rewards.pgenrm_scaling.run_scaling` on it with sampling seed s (key "sft"); with
+`--model final` it first trains the whole recipe (PSI then CRE GRPO) and evaluates the run's final/ too (key
+"final"). It keeps the JSON as seed<s>.json (a seed whose JSON exists is not rerun). Then table.md: per setting the mean over seeds of per-user accuracy with its 95% Student-t
 interval, and the paired per-seed differences Ind-N - none, Ind-N+Pro-M - Ind-N, Ind-N+Pro-M - Ind-(N+M)
 (the equal-budget control); and pgenrm_scaling.png.
 """
@@ -44,7 +44,9 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=4, help="Pro-M: neighbours per pair")
     ap.add_argument("--k", type=int, default=8, help="prototypes (k-means over the training users)")
     ap.add_argument("--embed", default="history", choices=["history", "persona"])
-    ap.add_argument("--also-sft", action="store_true", help="evaluate the PSI-only warm-up as well")
+    ap.add_argument("--model", default="sft", choices=["sft", "final"],
+                    help="sft: the PSI warm-up alone (no GRPO); final: train the whole recipe (PSI then CRE) and "
+                         "evaluate its final/ (and the warm-up too)")
     ap.add_argument("--out-dir", default="runs/pgenrm")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
@@ -70,21 +72,21 @@ def main() -> None:
             t0 = time.time()
             recipe = load_recipe(args.recipe, [*args.overrides, f"run.seed={s}", f"sft.seed={s}",
                                                f"run.output_dir={out / f'seed{s}'}"])
-            run_dir = train(recipe)
-            t_train = time.time() - t0
-            res = {"final": evaluate(str(run_dir / "final"), recipe, args, s), "train_s": round(t_train, 1)}
-            if args.also_sft:
-                base = resolve_model_path(recipe.model.path, recipe.model.tiny)
-                sft_path, _ = run_sft(recipe, base, make_task(recipe.task), log=lambda m: None)
-                res["sft"] = evaluate(sft_path, recipe, args, s)
+            res = {}
+            if args.model == "final":
+                res["final"] = evaluate(str(train(recipe) / "final"), recipe, args, s)
+            base = resolve_model_path(recipe.model.path, recipe.model.tiny)
+            sft_path, _ = run_sft(recipe, base, make_task(recipe.task), log=lambda m: None)  # cached by `train`
+            res["train_s"] = round(time.time() - t0, 1)
+            res["sft"] = evaluate(sft_path, recipe, args, s)
             res["wall_s"] = round(time.time() - t0, 1)
             f.write_text(json.dumps(res))
-            print(f"seed {s}: {res['final']['per_user']} ({res['wall_s']} s)", flush=True)
+            print(f"seed {s}: {res['sft']['per_user']} ({res['wall_s']} s)", flush=True)
         results[s] = json.loads(f.read_text())
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     rows = []
-    for model in ("final", "sft"):
+    for model in ("sft", "final"):
         if not all(model in results[s] for s in args.seeds):
             continue
         col = {k: [results[s][model]["per_user"][k] for s in args.seeds] for k in NAMES}
@@ -122,18 +124,20 @@ def plot(results: dict, args, path: Path) -> None:
     from credo.ablate.stats import mean_ci
 
     keys = ["none", "ind", "ind_more", "ind_pro"]
-    r0 = results[args.seeds[0]]["final"]
+    model = "final" if all("final" in results[s] for s in args.seeds) else "sft"
+    r0 = results[args.seeds[0]][model]
     labels = ["none", f"Ind-{r0['n_self']}", f"Ind-{r0['n_self'] + r0['m_nb']}",
               f"Ind-{r0['n_self']}+Pro-{r0['m_nb']}"]
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for i, k in enumerate(keys):
-        v = [results[s]["final"]["per_user"][k] for s in args.seeds]
+        v = [results[s][model]["per_user"][k] for s in args.seeds]
         ci = mean_ci(v)
         ax.scatter([i + 0.15] * len(v), v, s=12, color="grey", alpha=0.6)
         ax.errorbar([i], [ci.mean], yerr=[[ci.mean - ci.low], [ci.high - ci.mean]], marker="o", capsize=4, color="C0")
     ax.set_xticks(range(len(keys)), labels)
     ax.set_ylabel("per-user preference accuracy")
-    ax.set_title(f"P-GenRM test-time scaling, tiny judge, {len(args.seeds)} seeds, 95% CI", fontsize=10)
+    ax.set_title(f"P-GenRM test-time scaling, tiny judge ({'PSI' if model == 'sft' else 'PSI+CRE'}), "
+                 f"{len(args.seeds)} seeds, 95% CI", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -101,7 +101,7 @@ def chains(backend, tok, prompts: list[str], *, max_new_tokens: int, seeds: list
 
 
 def run_scaling(backend, tok, task, *, n_self: int = 16, m_nb: int = 8, k_protos: int = 8, embed: str = "history",
-                c_self: float = 0.5, c_nb: float = 0.5, seed: int = 0, max_new_tokens: int = 28) -> dict:
+                c_self: float = 0.5, c_nb: float = 0.5, seed: int = 0, max_new_tokens: int = 32) -> dict:
     """The four settings of the module docstring on `task`'s held-out pairs.
 
     Returns:

@@ -22,10 +22,12 @@ scaling can help. Held-out users (`eval_users`) are disjoint from the training u
 Item (one line, about 20 characters per event):
 
     prompt  "23+34=57>57c1;12+45=sum57>57c1;41+17=58c1?sum58:"   shots as chosen>rejected; then r1?r2:
-    chain   "carry:c+ \\boxed{8, 3}"                              persona:rubric, then the scores
+    chain   "carry:c+ cw \\boxed{8, 3}"                           persona:rubric, style tags, then the scores
 
-The gold chain (PSI's target) names the user's *real* rule and its rubric, and scores the response that rule
-prefers 8 and the other 3. Inferred: the paper's PSI translator sees the user's whole history, so its persona
+The gold chain (PSI's target) names the user's *real* rule and its rubric, tags each response's style (b, c, w:
+the per-response criterion judgements of the paper's PART 2: with them the scores are a lookup on the chain's own
+words; a first version without them left a tiny model's scores at chance), and scores the response that
+rule prefers 8 and the other 3. Inferred: the paper's PSI translator sees the user's whole history, so its persona
 is the real preference even when the few shots in the prompt are ambiguous; the fixed 8/3 scores stand for the
 paper's weighted 1-10 rubric sums (only their order matters to accuracy).
 
@@ -93,14 +95,24 @@ def render_prompt(shots: list[tuple[str, str, str]], question: str, r1: str, r2:
     return "".join(f"{q}{c}>{r};" for q, c, r in shots) + f"{question}{r1}?{r2}:"
 
 
-def gold_chain(rule: str, first_chosen: bool) -> str:
+TAGS = {"bare": "b", "carry": "c", "worded": "w"}
+
+
+def style_tag(response: str) -> str:
+    """The one-letter style of a response: b(are), c(arry) or w(orded)."""
+    return "w" if response.startswith("sum") else "c" if "c" in response else "b"
+
+
+def gold_chain(rule: str, r1: str, r2: str, first_chosen: bool) -> str:
+    """persona:rubric, the two responses' style tags (the per-response criterion judgements), the scores."""
     s = (CHOSEN_SCORE, REJECTED_SCORE) if first_chosen else (REJECTED_SCORE, CHOSEN_SCORE)
-    return f"{rule}:{RUBRIC[rule]} \\boxed{{{s[0]}, {s[1]}}}"
+    return f"{rule}:{RUBRIC[rule]} {style_tag(r1)}{style_tag(r2)} \\boxed{{{s[0]}, {s[1]}}}"
 
 
 def analysis_text(chain: str) -> str:
-    """PART 1 of a chain (persona and rubric): the text before its first ``\\boxed``."""
-    return chain.split("\\boxed", 1)[0].strip()
+    """The chain's persona and rubric ("carry:c+"): its first word."""
+    words = chain.split()
+    return words[0] if words else ""
 
 
 def consistent_rules(shots: list[tuple[str, str, str]], rules=USER_RULES) -> list[str]:
@@ -184,7 +196,7 @@ class PersonalJudgeTask:
         shots = self.shots_of(user, rng.randrange(2**31))
         meta = {"user": user, "rule": rule, "question": q, "responses": (r1, r2), "chosen": 0 if first else 1,
                 "shots": shots, "consistent_rules": consistent_rules(shots, self.rules)}
-        return Problem(prompt=render_prompt(shots, q, r1, r2), answer=gold_chain(rule, first), meta=meta)
+        return Problem(prompt=render_prompt(shots, q, r1, r2), answer=gold_chain(rule, r1, r2, first), meta=meta)
 
     def with_shots(self, problem: Problem, shots: list[tuple[str, str, str]]) -> str:
         """The prompt of `problem`'s pair under other shots (Pro-M rescoring with a neighbour's history)."""

@@ -18,6 +18,8 @@ from tests.e2e.common import REPO
 RANK = {"short": {"bare": 0, "carry": 1, "worded": 2}, "verbose": {"bare": 2, "carry": 1, "worded": 0},
         "carry": {"carry": 0, "bare": 1, "worded": 1}, "plain": {"bare": 0, "worded": 0, "carry": 1}}
 
+REF_RUBRIC = {"short": "len-", "verbose": "len+", "carry": "c+", "plain": "c-"}
+
 
 def style(text: str) -> str:
     if re.fullmatch(r"\d+", text):
@@ -54,7 +56,7 @@ def test_items_follow_the_users_rule_by_a_reference(task):
         assert ref_prefers(m["rule"], chosen, rejected) and not ref_prefers(m["rule"], rejected, chosen)
         s = parse_evaluation_chain(p.answer)
         assert s[m["chosen"]] > s[1 - m["chosen"]]  # the gold chain scores the preferred one higher
-        assert p.answer.startswith(m["rule"] + ":")
+        assert p.answer.split()[:2] == [f"{m['rule']}:{REF_RUBRIC[m['rule']]}", style(r1)[0] + style(r2)[0]]
         shots = "".join(f"{q}{c}>{x};" for q, c, x in m["shots"])
         assert p.prompt == f"{shots}{m['question']}{r1}?{r2}:" and len(m["shots"]) == 2
         assert all(e in task.history[m["user"]] for e in m["shots"])
@@ -128,6 +130,10 @@ def test_scaling_decisions_by_hand():
                        n_self=4)
     # Ind-4 means (6.33, 4.67) over 3 parsed; Ind-6 (4.67, 6.33); fused with neighbours (8, 3): (7.17, 3.83)
     assert got == {"none": 0.0, "ind": 1.0, "ind_more": 0.0, "ind_pro": 1.0, "pro": 1.0}
+    # Ind-N averages the scores, not votes: one confident chain can outweigh two mild ones
+    got = pair_correct(0, right, own=["x:y \\boxed{4, 5}", "x:y \\boxed{4, 5}", "x:y \\boxed{9, 1}"], neighbours=[],
+                       n_self=3)
+    assert got["ind"] == 1.0 and got["ind_pro"] == 1.0 and got["pro"] == 0.5
     got = pair_correct(1, "junk", own=[right, wrong], neighbours=["junk"], n_self=2)
     assert got == {"none": 0.5, "ind": 0.5, "ind_more": 0.5, "ind_pro": 0.5, "pro": 0.5}  # ties and no parse: half
     assert per_user_accuracy([1, 0, 1, 1, 0.5], [7, 7, 8, 8, 9]) == pytest.approx((0.5 + 1 + 0.5) / 3)
