@@ -5,9 +5,10 @@
 Each seed s warms up `recipes/pgenrm.yaml run.seed=s sft.seed=s` in this process (PSI, the `sft:` section,
 cached) and runs `credo.rewards.pgenrm_scaling.run_scaling` on it with sampling seed s (key "sft"); with
 `--model final` it first trains the whole recipe (PSI then CRE GRPO) and evaluates the run's final/ too (key
-"final"). It keeps the JSON as seed<s>.json (a seed whose JSON exists is not rerun). Then table.md: per setting the mean over seeds of per-user accuracy with its 95% Student-t
-interval, and the paired per-seed differences Ind-N - none, Ind-N+Pro-M - Ind-N, Ind-N+Pro-M - Ind-(N+M)
-(the equal-budget control); and pgenrm_scaling.png.
+"final"). It keeps the JSON as seed<s>.json (a seed whose JSON exists is not rerun). Then table.md: per
+setting the mean over seeds of per-user accuracy with its 95% Student-t interval, and the paired per-seed
+differences Ind-N - none, Ind-N+Pro-M - none, Ind-N+Pro-M - Ind-N and Ind-N+Pro-M - Ind-(N+M) (the
+equal-budget control); and pgenrm_scaling.png.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def main() -> None:
                  "| setting | per-user accuracy |", "|---|---|"]
         rows += [f"| {NAMES[k]} | {fmt(mean_ci(v))} |" for k, v in col.items()]
         rows += [f"| Ind-N - none | {fmt(mean_ci(diff('ind', 'none')))} |",
+                 f"| Ind-N+Pro-M - none | {fmt(mean_ci(diff('ind_pro', 'none')))} |",
                  f"| Ind-N+Pro-M - Ind-N | {fmt(mean_ci(diff('ind_pro', 'ind')))} |",
                  f"| Ind-N+Pro-M - Ind-(N+M) | {fmt(mean_ci(diff('ind_pro', 'ind_more')))} |", ""]
         for part in ("determined", "open"):
