@@ -40,6 +40,7 @@ The hard-negative curriculum (which turns PR off late) is not built.
 
 from __future__ import annotations
 
+import math
 import random
 
 from credo.config import ConfigError
@@ -126,10 +127,12 @@ def _int(name: str, v, lo: int) -> int:
     return v
 
 
-def _num(name: str, v, lo: float, hi: float, hi_open: bool = False) -> float:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v and (v < hi if hi_open else v <= hi)
+def _num(name: str, v, lo: float, hi: float | None = None, hi_open: bool = False) -> float:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v
+    ok = ok and (hi is None or (v < hi if hi_open else v <= hi))
     if not ok:
-        raise ConfigError(f"task.kwargs.{name} = {v!r}: expected a number in [{lo}, {hi}{')' if hi_open else ']'}")
+        want = f">= {lo}" if hi is None else f"in [{lo}, {hi}{')' if hi_open else ']'}"
+        raise ConfigError(f"task.kwargs.{name} = {v!r}: expected a number {want}")
     return float(v)
 
 
@@ -156,7 +159,7 @@ class PersonalJudgeTask:
         if self.history_len < self.shots:
             raise ConfigError(f"task.kwargs.history_len = {history_len}: expected >= task.kwargs.shots = {shots}")
         self.noise = _num("history_noise", history_noise, 0, 0.5, hi_open=True)
-        self.alpha, self.beta = _num("alpha", alpha, 0, 1e9), _num("beta", beta, 0, 1e9)
+        self.alpha, self.beta = _num("alpha", alpha, 0), _num("beta", beta, 0)
         if self.alpha + self.beta == 0:
             raise ConfigError("task.kwargs.alpha and task.kwargs.beta are both 0: the reward would be constant")
         if (isinstance(rules, str) or not rules or len(set(rules)) != len(rules)

@@ -104,7 +104,7 @@ def test_reward_on_hand_made_chains(task):
 @pytest.mark.parametrize("kwargs, key", [
     ({"shots": 0}, "shots"), ({"shots": 2.5}, "shots"), ({"history_len": 1, "shots": 2}, "history_len"),
     ({"history_noise": 0.5}, "history_noise"), ({"history_noise": -0.1}, "history_noise"),
-    ({"alpha": -1}, "alpha"), ({"beta": "x"}, "beta"), ({"alpha": 0, "beta": 0}, "alpha"),
+    ({"alpha": -1}, "alpha"), ({"beta": "x"}, "beta"), ({"beta": float("inf")}, "beta"), ({"alpha": 0, "beta": 0}, "alpha"),
     ({"rules": ["short", "long"]}, "rules"), ({"rules": []}, "rules"), ({"rules": "short"}, "rules"),
     ({"num_users": 0}, "num_users"), ({"eval_users": True}, "eval_users"), ({"eval_users": 500}, "eval_size"),
     ({"shotz": 2}, "shotz"),
@@ -177,7 +177,7 @@ def test_recipe_runs_psi_then_cre_for_a_step(tmp_path):
          "model.tiny.num_kv_heads": 1, "model.tiny.intermediate_size": 128, "task.eval_size": 8,
          "task.kwargs": "{num_users: 12, eval_users: 4, shots: 2, history_len: 6}", "sft.steps": 2,
          "sft.batch_size": 8, "rollout.prompts_per_step": 2, "rollout.group_size": 4}
-    p = run_cli(["run", "recipes/pgenrm.yaml", *[f"{k}={v}" for k, v in o.items()]], timeout=300)
+    p = run_cli(["run", "recipes/pgenrm.yaml", *[f"{k}={v}" for k, v in o.items()]], timeout=900)
     assert p.returncode == 0, p.stderr[-2000:]
     rows = read_rows(tmp_path / "run")
     assert any("eval/accuracy" in r for r in rows) and (tmp_path / "run" / "final" / "config.json").exists()
