@@ -164,7 +164,8 @@ class PersonalJudgeTask:
             raise ConfigError("task.kwargs.alpha and task.kwargs.beta are both 0: the reward would be constant")
         if (isinstance(rules, str) or not rules or len(set(rules)) != len(rules)
                 or any(r not in USER_RULES for r in rules)):
-            raise ConfigError(f"task.kwargs.rules = {rules!r}: expected a list of distinct names from {list(USER_RULES)}")
+            raise ConfigError(f"task.kwargs.rules = {rules!r}: expected a list of distinct names from "
+                              f"{list(USER_RULES)}")
         if eval_size < self.eval_users:
             raise ConfigError(f"task.eval_size = {eval_size}: expected >= task.kwargs.eval_users = {eval_users} "
                               "(every held-out user judges at least one pair)")

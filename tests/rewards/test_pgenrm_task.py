@@ -10,7 +10,7 @@ from credo.config import ConfigError, TaskConfig, load_recipe
 from credo.rewards.pgenrm import kmeans_sphere, parse_evaluation_chain
 from credo.rewards.pgenrm_scaling import (history_embedding, load_judge_model, pair_correct, per_user_accuracy,
                                           run_scaling)
-from credo.rewards.pgenrm_task import USER_RULES, PersonalJudgeTask, compact_styles, consistent_rules
+from credo.rewards.pgenrm_task import USER_RULES, PersonalJudgeTask, compact_styles
 from credo.rewards.tasks import make_task
 from tests.e2e.common import REPO
 
@@ -104,7 +104,8 @@ def test_reward_on_hand_made_chains(task):
 @pytest.mark.parametrize("kwargs, key", [
     ({"shots": 0}, "shots"), ({"shots": 2.5}, "shots"), ({"history_len": 1, "shots": 2}, "history_len"),
     ({"history_noise": 0.5}, "history_noise"), ({"history_noise": -0.1}, "history_noise"),
-    ({"alpha": -1}, "alpha"), ({"beta": "x"}, "beta"), ({"beta": float("inf")}, "beta"), ({"alpha": 0, "beta": 0}, "alpha"),
+    ({"alpha": -1}, "alpha"), ({"beta": "x"}, "beta"), ({"beta": float("inf")}, "beta"),
+    ({"alpha": 0, "beta": 0}, "alpha"),
     ({"rules": ["short", "long"]}, "rules"), ({"rules": []}, "rules"), ({"rules": "short"}, "rules"),
     ({"num_users": 0}, "num_users"), ({"eval_users": True}, "eval_users"), ({"eval_users": 500}, "eval_size"),
     ({"shotz": 2}, "shotz"),
