@@ -1,5 +1,7 @@
 """P-GenRM's pieces (arXiv 2602.12116): synthetic users, evaluation-chain parsing, user prototypes, and
-dual-granularity test-time scaling. The training loop (PSI SFT, CRE GRPO, curriculum) is not built here.
+dual-granularity test-time scaling. The task that trains on them (PSI SFT, CRE GRPO) is
+`credo.rewards.pgenrm_task` (whose users use compact answer styles and a fourth rule), the scaling evaluation
+`credo.rewards.pgenrm_scaling`; the curriculum is not built.
 
 - Synthetic users (the issue's CPU stand-in for PersonalRewardBench): each follows one hidden rule over
   answers to arithmetic problems: `short` prefers the bare answer, `carry` prefers an answer that shows

@@ -161,11 +161,19 @@ def _ce_rm_arithmetic(*args, **kwargs):
     return CriteriaJudgeTask(*args, **kwargs)
 
 
+def _pgenrm_users(*args, **kwargs):
+    """P-GenRM's synthetic users and evaluation chains (credo.rewards.pgenrm_task, arXiv 2602.12116)."""
+    from credo.rewards.pgenrm_task import PersonalJudgeTask
+
+    return PersonalJudgeTask(*args, **kwargs)
+
+
 from credo.rewards.skills import AddScratchTask, MulScratchTask, SortTask  # noqa: E402  (they import Problem)
 
 TASKS: dict[str, Callable[..., Any]] = {"arithmetic": ArithmeticTask, "add_scratch": AddScratchTask,
                                        "mul_scratch": MulScratchTask, "sort": SortTask,
-                                       "judge_arithmetic": _judge_arithmetic, "ce_rm_arithmetic": _ce_rm_arithmetic}
+                                       "judge_arithmetic": _judge_arithmetic, "ce_rm_arithmetic": _ce_rm_arithmetic,
+                                       "pgenrm_users": _pgenrm_users}
 
 
 def make_task(cfg: TaskConfig):
