@@ -115,6 +115,63 @@ def test_scorer_takes_the_path_it_was_built_with():
         assert bool(calls) is hidden
 
 
+def _tiny_llama(seed):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                        num_key_value_heads=1, intermediate_size=32)).eval()
+
+
+def _scoring_batch():
+    ids = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(1))
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    mask[:, 2:] = True
+    return types.SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=mask,
+                                 old_log_probs=None, ref_log_probs=None, weights=None, extras={}, metrics={})
+
+
+def test_scorer_recompute_fills_the_old_and_the_reference_log_probs():
+    from credo.train.scoring import PolicyScorer
+
+    policy, ref = _tiny_llama(0), _tiny_llama(1)
+    batch = _scoring_batch()
+    scorer = PolicyScorer(temperature=1.0, chunk_size=3, hidden_path=True, needs_old_log_probs=True, ref_model=ref)
+    scorer.recompute(policy, batch)
+    with torch.no_grad():
+        want_old, _ = scorer(policy, batch.input_ids, batch.attention_mask, batch.loss_mask, with_entropy=False)
+        want_ref, _ = scorer(ref, batch.input_ids, batch.attention_mask, batch.loss_mask, with_entropy=False)
+    torch.testing.assert_close(batch.old_log_probs, want_old)
+    torch.testing.assert_close(batch.ref_log_probs, want_ref)
+    assert not torch.allclose(want_old[batch.loss_mask], want_ref[batch.loss_mask])  # two different models
+
+
+def test_a_probe_output_of_the_wrong_kind_or_shape_is_named():
+    import contextlib
+
+    from credo.train.scoring import PolicyScorer
+
+    class Probe:
+        name = "odd"
+
+        def __init__(self, value):
+            self.value = value
+
+        def capture(self, model):
+            return contextlib.nullcontext()
+
+        def result(self, batch, log_probs, entropy):
+            return {"weights": self.value}
+
+    model = _tiny_llama(0)
+    for value, got in (([1.0], "list"), (torch.ones(2, 4), r"\(2, 4\)")):
+        scorer = PolicyScorer(temperature=1.0, chunk_size=3, hidden_path=True, needs_old_log_probs=False,
+                              probes=[Probe(value)])
+        with pytest.raises(ValueError, match=rf"^probe 'odd' output 'weights' has shape {got}, expected \[2, 5\] "
+                                             r"like batch.loss_mask$"):
+            scorer.recompute(model, _scoring_batch())
+
+
 def test_outcome_advantages_keep_the_rewards_precision():
     """A reward stage that writes float64 rewards gets float64 advantages (tiny reward gaps are not rounded away)."""
     from credo.algos.advantages import grpo
