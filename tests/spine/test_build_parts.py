@@ -220,10 +220,18 @@ def test_build_passes_the_recipes_settings_to_the_stages(tmp_path):
     from credo.config import EnvConfig
     from tests.invariants.common import components
 
+    import os
+
     SEEN_CTX.clear()
+    threads = torch.get_num_threads()
     with components(tmp_path, **{"optim.lr_schedule": "cosine", "optim.min_lr_ratio": 0.1, "optim.warmup_steps": 0,
                                  "run.steps": 2, "reward.timeout_s": 7.5, "reward.max_failure_frac": 0.25,
+                                 "run.threads": 0,
                                  "stages.reward": "tests.spine.test_build_parts:recording_reward"}) as c:
+        # run.threads=0: every core for the one process (then back to what this test process had)
+        built_threads = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        assert built_threads == os.cpu_count()
         ctx, = SEEN_CTX
         iso = ctx.reward_isolation
         assert (iso["timeout_s"], iso["max_failure_frac"]) == (7.5, 0.25)
@@ -241,3 +249,20 @@ def test_build_passes_the_recipes_settings_to_the_stages(tmp_path):
         want = [1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / total))) for s in range(total)]
         assert lrs == pytest.approx(want, rel=1e-6)
         assert sched.get_last_lr()[0] == pytest.approx(1e-4)
+
+
+def test_a_prompt_that_fills_the_context_exactly_fits(tmp_path):
+    from credo.config import load_recipe
+    from credo.models import resolve_model_path
+    from credo.rewards.tasks import make_task
+    from credo.train.build import _check_context
+    from tests.e2e.common import tiny_overrides
+
+    # the quickstart's prompts 'a+b=' are 4 tokens: with 4 new tokens they fill a context of 8 exactly
+    r = load_recipe("recipes/quickstart.yaml", tiny_overrides(tmp_path / "run", **{"model.tiny.max_position_embeddings": 8}))
+    base, task = resolve_model_path(r.model.path, r.model.tiny), make_task(r.task)
+    _check_context(r, base, task)
+    r.rollout.max_new_tokens = 5
+    with pytest.raises(ConfigError, match=r"^prompt too long: eval problem 0 has 4 tokens \+ rollout.max_new_tokens=5 > "
+                                          r"the model's context of 8 tokens \(max_position_embeddings\); shorten"):
+        _check_context(r, base, task)
