@@ -165,6 +165,17 @@ def test_non_finite_model_is_never_written(make_engine, tmp_path, caplog):
     assert any("weight is not finite" in m for m in caplog.messages)
 
 
+def test_a_non_finite_model_on_another_rank_is_never_written(make_engine, tmp_path, caplog, monkeypatch):
+    import credo.checkpoint as ck
+
+    engine = make_engine()  # finite here; the all-reduce says one other rank holds a non-finite parameter
+    monkeypatch.setattr(ck, "all_reduce_sum", lambda x: x + 1)
+    with caplog.at_level(logging.ERROR, logger="credo.checkpoint"):
+        assert save(engine, tmp_path, 3) is None
+    assert list_checkpoints(tmp_path) == [] and not list(tmp_path.glob(".tmp-*"))
+    assert "not writing checkpoint at step 3: parameter (on another rank) is not finite" in caplog.messages
+
+
 def test_load_restores_params_optimizer_scheduler_and_rng(make_engine, tmp_path):
     """Train 2 steps, save, train 2 more; a fresh engine loaded from the save, trained the same 2 steps,
     matches bit for bit (Adam moments and the warm-up schedule included), and draws the same random
