@@ -286,3 +286,21 @@ def test_first_ctrl_c_checkpoints_the_finished_step_and_resume_auto_goes_on_from
         assert resumed.state.config_changed == {} and (resumed.run_dir / "config.yaml").exists()
     finally:
         resumed.close()
+
+
+def test_fit_evaluates_checkpoints_and_exports_on_schedule(tmp_path):
+    """`train` end to end in this process: the step-0 evaluation, evaluations every eval_every steps and at the last
+    step, checkpoints every save_every steps and at the last step, the exported policy."""
+    from credo.trainer import train
+    from tests.e2e.common import read_rows
+
+    run_dir = train(load_recipe("recipes/quickstart.yaml", tiny_overrides(
+        tmp_path / "run", **{"run.eval_every": 2, "run.save_every": 2, "run.steps": 3, "run.plot": False,
+                              "task.eval_size": 4})))
+    assert run_dir == tmp_path / "run"
+    rows = read_rows(run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert ["eval/accuracy" in r for r in rows] == [True, False, True, True]
+    assert all(0 <= r["eval/accuracy"] <= 1 for r in rows if "eval/accuracy" in r)
+    assert [p.name for p in sorted((run_dir / "checkpoints").glob("step_*"))] == ["step_00000002", "step_00000003"]
+    assert (run_dir / "final" / "config.json").exists() and (run_dir / "config.yaml").exists()
