@@ -129,6 +129,10 @@ def test_step_metrics_reads_the_rewards_lengths_and_stage_times(trainer):
 def test_step_row_names_are_lower_case_namespaced(trainer):
     row = trainer.train_step(1)
     assert [k for k in row if k != "step" and not re.fullmatch(r"[a-z0-9_]+/[a-z0-9_]+", k)] == []
+    # no gate (quickstart), so no gate time; the update's terms and the run counters are in the row
+    assert trainer.c.gate.mode is None and "perf/mipu_s" not in row
+    assert row["step"] == 1 and row["train/skipped_total"] == trainer.state.counters.skipped_total
+    assert {"train/loss", "train/pg_loss", "train/grad_norm", "train/reward_mean", "perf/step_time_s"} <= set(row)
 
 
 def test_step_without_a_policy_update_is_not_a_skipped_step(trainer, monkeypatch):
