@@ -283,11 +283,16 @@ def test_first_ctrl_c_checkpoints_the_finished_step_and_resume_auto_goes_on_from
     source_class = type(trainer.source)
     sync = source_class.sync
     monkeypatch.setattr(source_class, "sync", lambda self, model, s: (synced.append(s), sync(self, model, s))[1])
+    first_config = (trainer.run_dir / "config.yaml").read_text()
     resumed = Trainer(load_recipe("recipes/quickstart.yaml", tiny_overrides(
-        tmp_path / "run", **{"run.eval_every": 0, "run.steps": 3, "run.dump_rollouts_every": 2, "run.resume": "auto"})))
+        tmp_path / "run", **{"run.eval_every": 0, "run.steps": 3, "run.dump_rollouts_every": 2, "run.resume": "auto",
+                             "run.allow_config_change": True, "optim.lr": 5e-4})))
     try:
         assert resumed.start_step == 2 and synced == [2]
-        assert resumed.state.config_changed == {} and (resumed.run_dir / "config.yaml").exists()
+        # the changed setting is accepted and its config written beside the first segment's
+        assert resumed.state.config_changed == {"optim.lr": (1e-3, 5e-4)}
+        assert (resumed.run_dir / "config.yaml").read_text() == first_config
+        assert "lr: 0.0005" in (resumed.run_dir / "config.resume-2.yaml").read_text()
     finally:
         resumed.close()
 
