@@ -103,14 +103,30 @@ def test_counters_count_skips_and_reward_failures_and_stop_at_the_cap(make_engin
     assert Counters(1, 2, 3).state_dict() == {"consecutive_skips": 1, "skipped_total": 2, "reward_failures_total": 3}
 
 
+class Log:
+    """A stage whose state_dict hands out its live list (snapshot and restore must copy it)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def state_dict(self):
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state):
+        self.seen = state["seen"]
+
+
 def test_snapshot_and_restore_are_copies(make_engine):
     s = make_state(make_engine())
+    s.components["log"] = log = Log()
+    log.seen.append(1)
     s.components["source"].pos = 3
     s.counters.skipped_total = 1
     weight = s.engine.module.weight.detach().clone()
     snap = s.snapshot()
     assert snap["source"] == {"pos": 3} and snap["counters"]["skipped_total"] == 1
-    assert set(snap) == {"engine", "rng", "counters", "source", "critic"}
+    assert set(snap) == {"engine", "rng", "counters", "source", "critic", "log"}
+    log.seen.append(2)  # a step after the snapshot
     s.components["source"].pos = 9
     s.counters.skipped_total = 4
     s.components["critic"].value += 1
@@ -120,9 +136,11 @@ def test_snapshot_and_restore_are_copies(make_engine):
     assert s.components["source"].pos == 3 and s.counters.skipped_total == 1
     assert torch.equal(s.components["critic"].value, torch.zeros(2))
     assert torch.equal(s.engine.module.weight, weight)
+    assert log.seen == [1]
     s.counters.skipped_total = 6
+    log.seen.append(3)
     s.restore(snap)  # a snapshot restores again: restoring did not hand the snapshot's objects out
-    assert s.counters.skipped_total == 1
+    assert s.counters.skipped_total == 1 and log.seen == [1]
 
 
 def test_save_writes_what_resume_and_export_read(make_engine, tmp_path):
