@@ -210,6 +210,32 @@ def test_resume_auto_takes_the_newest_checkpoint(make_engine, tmp_path):
     other = make_state(make_engine(1))
     assert other.resume("auto", tmp_path, rank=0, world=1, allow_config_change=False) == 6
     assert other.components["source"].pos == 8
+    # rank 0 tidies: a corrupt newest checkpoint is set aside (and the one before it loaded), a torn write removed
+    ckpts = tmp_path / "checkpoints"
+    (ckpts / "step_00000006" / "meta.json").write_text("{}")
+    (ckpts / ".tmp-step_00000007").mkdir()
+    assert other.resume("auto", tmp_path, rank=0, world=1, allow_config_change=False) == 2
+    assert sorted(p.name for p in ckpts.iterdir()) == ["corrupt-step_00000006", "step_00000002"]
+
+
+def test_resume_auto_on_another_rank_loads_the_folder_rank_0_chose(make_engine, tmp_path, monkeypatch):
+    import credo.train.state as st
+
+    _, folder = saved_state(make_engine(), tmp_path, step=3)
+    searched = []
+    monkeypatch.setattr(st, "find_resume_checkpoint", lambda root, tidy=False: searched.append(tidy) or folder)
+
+    sent = []
+
+    def broadcast_from_rank_0(found, src):
+        sent.append((list(found), src))
+        found[0] = folder
+
+    monkeypatch.setattr(st.dist, "broadcast_object_list", broadcast_from_rank_0)
+    assert make_state(make_engine(1)).resume("auto", tmp_path, rank=1, world=2, allow_config_change=False) == 3
+    assert searched == [] and sent == [([None], 0)]  # only rank 0 verifies and tidies the folders
+    assert make_state(make_engine(1)).resume("auto", tmp_path, rank=0, world=2, allow_config_change=False) == 3
+    assert searched == [True] and sent[1] == ([folder], 0)
 
 
 @pytest.mark.parametrize("spec", [None, ""])
