@@ -329,3 +329,14 @@ def test_config_changes_compare_key_by_key():
 def test_flatten_keeps_kwargs_dicts_whole():
     assert _flatten({"a": {"b": 1, "c": {"d": 2}, "loss_kwargs": {"e": 3}}, "f": 4}) == \
         {"a.b": 1, "a.c.d": 2, "a.loss_kwargs": {"e": 3}, "f": 4}
+
+
+def test_resume_from_a_checkpoint_without_counters_or_stage_states(make_engine, tmp_path):
+    """A checkpoint written before the counters and the stages' states were kept: they keep their fresh values."""
+    _, folder = saved_state(make_engine(), tmp_path)
+    meta = json.loads((folder / "meta.json").read_text())
+    del meta["counters"], meta["components"], meta["component_files"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    s = make_state(make_engine(1))
+    assert s.resume(str(folder), tmp_path, rank=0, world=1, allow_config_change=False) == 4
+    assert s.counters == Counters(0, 0, 0) and s.components["source"].pos == 0
