@@ -257,3 +257,25 @@ def test_rebn_validation():
         rebn(r, tm, torch.tensor([[0.0, 1.0]]))
     with pytest.raises(ValueError, match=r"turn_mask has shape \[1, 3\], expected \[1, 2\] like turn_rewards"):
         rebn(r, torch.ones(1, 3, dtype=torch.bool), torch.tensor([[0]]))
+
+
+def test_advantage_arguments_are_named_when_wrong():
+    with pytest.raises(ValueError, match=r"^rewards has dtype torch.int64, expected a floating dtype$"):
+        normalize_rewards(torch.tensor([0, 1]), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^mask has shape \[4\], expected 2 dimensions$"):
+        ADVANTAGE_ESTIMATORS["lite_ppo"](torch.zeros(4), torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.bool))
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"^values has shape \[1, 2\], expected \[1, 3\] like token_rewards$"):
+        gae(torch.zeros(1, 3), torch.zeros(1, 2), mask)
+    with pytest.raises(ValueError, match=r"^token_rewards has non-finite values \(NaN or Inf\) in masked-in positions$"):
+        gae(torch.tensor([[0.0, float("nan"), 1.0]]), torch.zeros(1, 3), mask)
+
+
+def test_lite_ppo_divides_by_the_batch_std_plus_its_eps():
+    from credo.algos.advantages import lite_ppo
+
+    # groups {0, 2} and {0, 2}: numerators -1, 1, -1, 1; batch std of {0, 2, 0, 2} (unbiased) sqrt(4/3)
+    rewards = torch.tensor([0.0, 2.0, 0.0, 2.0], dtype=torch.float64)
+    got = lite_ppo(rewards, torch.tensor([0, 0, 1, 1]), torch.ones(4, 1, dtype=torch.bool), eps=1.0)[:, 0]
+    expected = torch.tensor([-1.0, 1.0, -1.0, 1.0], dtype=torch.float64) / (math.sqrt(4 / 3) + 1.0)
+    torch.testing.assert_close(got, expected)

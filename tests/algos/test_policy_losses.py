@@ -218,3 +218,14 @@ def test_topr_positive_frac_with_a_single_nonempty_sequence():
     _, metrics = topr(lp, lp, adv, mask, scores=torch.tensor([1.0, 1.0], dtype=torch.float64))
     # one nonempty sequence, positive: 1 / 1 (the empty row counts in neither)
     assert metrics["positive_frac"].item() == 1.0
+
+
+def test_topr_scores_are_checked_by_name():
+    lp = torch.zeros(2, 3, dtype=torch.float64)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"^scores has shape \[2, 1\], expected 1 dimensions$"):
+        topr(lp, lp, lp, mask, scores=torch.ones(2, 1, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"^scores has shape \[3\], expected \[2\] like log_probs$"):
+        topr(lp, lp, lp, mask, scores=torch.ones(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"^scores has non-finite values \(NaN or Inf\)$"):
+        topr(lp, lp, lp, mask, scores=torch.tensor([1.0, float("nan")], dtype=torch.float64))

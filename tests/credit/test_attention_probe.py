@@ -219,3 +219,15 @@ def test_riding_the_update_forward_equals_the_recompute(strategy):
     for key in ("credit/gamma_mean", "credit/gamma_max", "credit/amplified_frac"):
         assert batch.metrics[key] == pytest.approx(want.metrics[key]), key
     assert batch.metrics["perf/credit_s"] > 0
+
+
+def test_a_baseline_without_hooks_times_only_its_own_work():
+    import time
+
+    probe = AttentionCreditProbe("random", seed=4)
+    batch = make_batch()
+    t = time.perf_counter()
+    out = probe.result(batch, torch.zeros(batch.loss_mask.shape), None)
+    wall = time.perf_counter() - t
+    assert out["weights"].shape == batch.loss_mask.shape
+    assert 0 <= batch.metrics["perf/credit_s"] <= wall  # no forward hooks ran, so no hook time is added

@@ -158,3 +158,14 @@ def test_bad_shapes_name_the_tensor():
         batched_head_stats(q, k, valid, valid, scores_per_step=0)
     with pytest.raises(ValueError, match=r"^attention_mask has shape \[5\], expected \[B, N\]$"):
         pack_tokens(valid[0])
+
+
+def test_pairs_per_step_fills_the_score_budget():
+    from credo.credit.batched import _pairs_per_step
+
+    # a (batch, head) pair scores min(block_size, n) query rows against n keys at a time
+    assert _pairs_per_step(1000, 4, 10) == 1000 // (4 * 10)
+    assert _pairs_per_step(1000, 64, 10) == 1000 // (10 * 10)  # a block longer than the sequence is the sequence
+    assert _pairs_per_step(5, 4, 10) == 1  # under one pair's scores: still one pair a step
+    with pytest.raises(ValueError, match=r"^scores_per_step=0, expected a positive int$"):
+        _pairs_per_step(0, 4, 10)

@@ -261,3 +261,23 @@ def test_hooks_are_removed_and_non_finite_states_are_an_error():
         model.model.layers[2].input_layernorm.weight[0] = float("nan")
     with pytest.raises(ValueError, match=r"sequence 0: non-finite query states on real tokens at layers \[2, 3\]"):
         model_rhythm_gamma(model, ids_b, attn_b, resp_b, layers=[1, 2, 3])
+
+
+class _Wrapped(torch.nn.Module):
+    """A plain torch module around a decoder: it has no `base_model_prefix`, so the capture runs it whole."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, attention_mask):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+
+def test_a_model_without_base_model_prefix_is_run_whole():
+    model = tiny_model("qwen2")
+    ids_b, attn_b, resp_b, ans_b = pad(sequences(), "right")
+    for model_fn, extra in ((model_rhythm_gamma, ()), (model_flow_gamma, (ans_b,))):
+        direct = model_fn(model, ids_b, attn_b, resp_b, *extra, layers=LAYERS)
+        wrapped = model_fn(_Wrapped(model), ids_b, attn_b, resp_b, *extra, layers=LAYERS)
+        torch.testing.assert_close(wrapped, direct, rtol=0, atol=0)

@@ -180,3 +180,16 @@ def test_shape_errors_name_the_argument():
         chunk_ratio(torch.zeros(4, 9), torch.zeros(4, 8), IDS)
     with pytest.raises(ValueError, match="final_rewards"):
         chunk_returns(torch.zeros(3), IDS)
+
+
+def test_two_dimensional_arguments_are_named_when_they_are_not():
+    from credo.algos.chunks import chunk_to_tokens
+
+    with pytest.raises(ValueError, match=r"^chunk_rewards has shape \[3\], expected \[B, T\]$"):
+        chunk_returns_from_rewards(torch.zeros(3), IDS)
+    with pytest.raises(ValueError, match=r"^chunk_ids has shape \[9\], expected \[B, T\]$"):
+        chunk_to_tokens(torch.zeros(4, 3), IDS[0], 0.0)
+    with pytest.raises(ValueError, match=r"^ratio_low=-0.5, expected a non-negative ratio bound or None$"):
+        chunk_mismatch_mask(torch.zeros(4, 9), torch.zeros(4, 9), IDS, ratio_low=-0.5)
+    with pytest.raises(ValueError, match=r"^ratio_high=-2, expected a non-negative ratio bound or None$"):
+        chunk_mismatch_mask(torch.zeros(4, 9), torch.zeros(4, 9), IDS, ratio_high=-2)

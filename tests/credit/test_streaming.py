@@ -98,3 +98,5 @@ def test_shape_errors():
         streaming_head_stats(q, k, response_mask=torch.ones(4, dtype=torch.bool))
     with pytest.raises(ValueError, match="answer_mask"):
         streaming_flow_throughput(q, k, torch.ones(5, dtype=torch.bool), torch.ones(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"^question_mask has shape \[4\], expected \[5\] \(one per token\)$"):
+        streaming_flow_throughput(q, k, torch.ones(4, dtype=torch.bool), torch.ones(5, dtype=torch.bool))

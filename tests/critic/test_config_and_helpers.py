@@ -187,6 +187,13 @@ def test_critic_stage_builds_one_engine_per_critic_with_its_own_head_seed(monkey
     assert len(set(seeds)) == 2
     assert all(kw["dtype"] == "bfloat16" and kw["actor_path"] == "/policy" for _, kw in loaded)
     assert all(kw["bf16"] is True for kw in built)
+    # each engine takes the critic's optimizer settings; its smallest shard is 4 prompts x (4 // 2 critics) samples
+    from credo.train.update import grad_accum_steps
+
+    c = r.critic
+    assert built == [dict(lr=c.lr, betas=c.betas, weight_decay=c.weight_decay, grad_clip=c.grad_clip,
+                          zero_stage=r.optim.zero_stage, warmup_steps=c.warmup_steps, micro_batch=c.micro_batch_size,
+                          grad_accum=grad_accum_steps(4 * 2, c.mini_batches, c.micro_batch_size), bf16=True)] * 2
     r.run.seed = 4  # another run seed, other heads
     loaded.clear()
     b._critic_stage(r, tokenizer="tok", policy_path="/policy", engine=None, scorer=None, ref=None, world=1)

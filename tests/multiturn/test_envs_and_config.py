@@ -132,3 +132,22 @@ def test_env_max_total_tokens_is_checked_against_the_tiny_models_context():
     r.env.id, r.env.max_total_tokens = "credo:GuessNumber-v0", 100
     with pytest.raises(ConfigError, match=r"'env.max_total_tokens' = 100 is more than the model's context of 64 tokens"):
         _env_task(r)
+
+
+def test_env_task_renders_the_first_observation_as_every_other_without_a_chat_template():
+    from credo.config import Recipe
+    from credo.envs import make_env
+    from credo.envs.task import DEMO_SEED_BASE
+    from credo.train.build import _env_task
+
+    r = Recipe()
+    r.model.path, r.model.tiny.max_position_embeddings = "tiny", 64
+    r.model.tiny.num_layers, r.model.tiny.hidden_size, r.model.tiny.num_heads = 1, 32, 2
+    r.model.tiny.num_kv_heads, r.model.tiny.intermediate_size = 1, 64
+    r.env.id, r.env.max_total_tokens = "credo:GuessNumber-v0", 64
+    task = _env_task(r)
+    first = make_env(r.env.id, **dict(r.env.kwargs)).reset(seed=DEMO_SEED_BASE)[0]
+    problem = task.train(0)
+    # the tiny model's tokenizer has no chat template: the first observation is an observation block
+    assert problem.prompt == f"\n{first}\n" and problem.meta == {"env_seed": DEMO_SEED_BASE}
+    assert problem.answer  # the expert episode's actions

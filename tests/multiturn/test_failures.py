@@ -157,3 +157,67 @@ def test_evaluation_generate_samples_without_nucleus_truncation():
     src, _, _ = source(env_cfg(max_new_tokens_per_turn=3), policy, backend=Recording())
     src.generate([[1, 2]], temperature=0.5, seeds=[7])
     assert seen == {"max_new_tokens": 3, "temperature": 0.5, "top_p": 1.0, "seeds": [7]}
+
+
+def test_call_with_deadline_reports_ok_error_and_timeout():
+    from credo.train.multiturn import call_with_deadline
+
+    release = __import__("threading").Event()
+    boom = ZeroDivisionError("no")
+
+    def raising():
+        raise boom
+
+    try:
+        out = call_with_deadline([lambda: 7, raising, lambda: release.wait(30)], 0.2)
+    finally:
+        release.set()
+    assert out == [("ok", 7), ("error", boom), ("timeout", None)]
+
+
+def test_rollout_rate_is_over_the_rollouts_own_time():
+    src, _, _ = source(env_cfg(), policy, P=2, G=2)
+    t0 = time.perf_counter()
+    batch = src.rollout(step=1)
+    wall = time.perf_counter() - t0
+    assert wall < 1.0  # a scripted backend: the rate's floor of 1e-9 s is not what divides here
+    assert 4 / wall <= batch.metrics["perf/episodes_per_s"] < float("inf")
+
+
+def test_evaluation_is_greedy_at_temperature_0_and_seeded_otherwise(monkeypatch):
+    from credo.train.multiturn import EVAL_SEED_BASE, step_seed
+
+    src, _, _ = source(env_cfg(), policy)
+    calls = []
+    run = src.run_episodes
+
+    def recording(env_seeds, **kw):
+        calls.append((list(env_seeds), kw))
+        return run(env_seeds, **kw)
+
+    monkeypatch.setattr(src, "run_episodes", recording)
+    assert src.evaluate(2, temperature=0, seed=3) == 1.0  # 4, 6, then 5: the return 1 of the last turn
+    assert src.evaluate(2, temperature=0.5, seed=3) == 1.0
+    seeds = [EVAL_SEED_BASE, EVAL_SEED_BASE + 1]
+    assert calls == [(seeds, {"temperature": 1.0, "top_p": 1.0, "sample_seeds": None}),
+                     (seeds, {"temperature": 0.5, "top_p": 1.0, "sample_seeds": [step_seed(3, -1, i) for i in (0, 1)]})]
+
+
+def test_multiturn_source_takes_the_ranks_share_and_syncs_the_backend():
+    from types import SimpleNamespace
+
+    from credo.models import build_char_tokenizer
+    from credo.rewards.chat import plain_prompt
+    from credo.train.multiturn import multiturn_source
+    from tests.multiturn.common import FixedTarget, ScriptedBackend
+
+    tok = build_char_tokenizer()
+    backend = ScriptedBackend(tok, policy)
+    ctx = SimpleNamespace(env=env_cfg(), tokenizer=tok, backend=backend, seed=0, rank=1, world=2, render=plain_prompt,
+                          rollout=dict(prompts_per_step=4, group_size=2, temperature=1.0, top_p=1.0,
+                                       env_factory=lambda: FixedTarget(5, low=1, high=7, max_turns=3)))
+    src = multiturn_source(ctx)
+    batch = src.rollout(step=1)
+    assert batch.group_ids.tolist() == [2, 2, 3, 3]  # rank 1 of 2 plays games 2 and 3 of 4
+    src.sync(None, 9)
+    assert backend.version == 9

@@ -165,6 +165,17 @@ def test_non_finite_model_is_never_written(make_engine, tmp_path, caplog):
     assert any("weight is not finite" in m for m in caplog.messages)
 
 
+def test_a_non_finite_model_on_another_rank_is_never_written(make_engine, tmp_path, caplog, monkeypatch):
+    import credo.checkpoint as ck
+
+    engine = make_engine()  # finite here; the all-reduce says one other rank holds a non-finite parameter
+    monkeypatch.setattr(ck, "all_reduce_sum", lambda x: x + 1)
+    with caplog.at_level(logging.ERROR, logger="credo.checkpoint"):
+        assert save(engine, tmp_path, 3) is None
+    assert list_checkpoints(tmp_path) == [] and not list(tmp_path.glob(".tmp-*"))
+    assert "not writing checkpoint at step 3: parameter (on another rank) is not finite" in caplog.messages
+
+
 def test_load_restores_params_optimizer_scheduler_and_rng(make_engine, tmp_path):
     """Train 2 steps, save, train 2 more; a fresh engine loaded from the save, trained the same 2 steps,
     matches bit for bit (Adam moments and the warm-up schedule included), and draws the same random
@@ -274,3 +285,23 @@ def test_setup_distributed_picks_the_backend_and_swallows_deepspeeds_print_unles
     assert setup_distributed(verbose=verbose) == (0, 1)
     assert calls == ["nccl" if cuda else "gloo"]
     assert ("DeepSpeed op built successfully" in capsys.readouterr().out) is verbose
+
+
+def test_all_gather_cat_concatenates_the_ranks_in_rank_order(monkeypatch):
+    """Two ranks simulated in one process: all_gather hands each rank's tensor to every rank."""
+    import credo.distributed.engine as eng
+
+    x = torch.arange(6.0).reshape(3, 2)[:, :1]  # a non-contiguous column: gathered as a contiguous copy
+    other = torch.full((3, 1), -1.0)
+
+    def all_gather(parts, y):
+        assert y.is_contiguous() and torch.equal(y, x)
+        parts[0].copy_(y)
+        parts[1].copy_(other)
+
+    assert eng.all_gather_cat(x) is x  # one process: nothing to gather
+    monkeypatch.setattr(eng.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(eng.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(eng.dist, "all_gather", all_gather)
+    got = eng.all_gather_cat(x)
+    assert torch.equal(got, torch.cat([x, other])) and got.device == x.device

@@ -263,13 +263,19 @@ def test_judge_warm_up_trains_on_the_judging_task_and_logs_as_judge(monkeypatch,
         return "/warm/judge", None
 
     monkeypatch.setattr(credo.sft, "run_sft", fake_sft)
-    ctx = StageContext(rank=0, world=1, seed=0, judge=JudgeConfig(path="tiny", warmup_steps=3),
+    j = JudgeConfig(path="tiny", warmup_steps=3, warmup_lr=3e-4, warmup_batch_size=6, warmup_seed=11)
+    ctx = StageContext(rank=0, world=1, seed=0, judge=j,
                        task_config=TaskConfig(name="arithmetic", train_size=40, eval_size=4,
-                                              kwargs={"max_operand": 9, "ops": "+"}))
+                                              kwargs={"max_operand": 9, "ops": "+", "fixed_width": True}))
     with caplog.at_level(logging.INFO, logger="credo"):
         assert warm_up_judge(ctx, "/base") == "/warm/judge"
     assert seen["base"] == "/base" and seen["r"].task.name == "judge_arithmetic"
     assert isinstance(seen["task"], ArithmeticJudgeTask) and seen["r"].sft.steps == 3
+    # the policy task's operand settings, the judge's format, and the judge's own warm-up settings
+    assert seen["r"].task.kwargs == {"max_operand": 9, "ops": "+", "fixed_width": True, "mode": j.mode,
+                                     "template": j.template}
+    sft = seen["r"].sft
+    assert (sft.enabled, sft.lr, sft.batch_size, sft.seed) == (True, 3e-4, 6, 11)
     assert "judge step 3/3" in [r.getMessage() for r in caplog.records]
 
 

@@ -115,6 +115,63 @@ def test_scorer_takes_the_path_it_was_built_with():
         assert bool(calls) is hidden
 
 
+def _tiny_llama(seed):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                        num_key_value_heads=1, intermediate_size=32)).eval()
+
+
+def _scoring_batch():
+    ids = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(1))
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    mask[:, 2:] = True
+    return types.SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=mask,
+                                 old_log_probs=None, ref_log_probs=None, weights=None, extras={}, metrics={})
+
+
+def test_scorer_recompute_fills_the_old_and_the_reference_log_probs():
+    from credo.train.scoring import PolicyScorer
+
+    policy, ref = _tiny_llama(0), _tiny_llama(1)
+    batch = _scoring_batch()
+    scorer = PolicyScorer(temperature=1.0, chunk_size=3, hidden_path=True, needs_old_log_probs=True, ref_model=ref)
+    scorer.recompute(policy, batch)
+    with torch.no_grad():
+        want_old, _ = scorer(policy, batch.input_ids, batch.attention_mask, batch.loss_mask, with_entropy=False)
+        want_ref, _ = scorer(ref, batch.input_ids, batch.attention_mask, batch.loss_mask, with_entropy=False)
+    torch.testing.assert_close(batch.old_log_probs, want_old)
+    torch.testing.assert_close(batch.ref_log_probs, want_ref)
+    assert not torch.allclose(want_old[batch.loss_mask], want_ref[batch.loss_mask])  # two different models
+
+
+def test_a_probe_output_of_the_wrong_kind_or_shape_is_named():
+    import contextlib
+
+    from credo.train.scoring import PolicyScorer
+
+    class Probe:
+        name = "odd"
+
+        def __init__(self, value):
+            self.value = value
+
+        def capture(self, model):
+            return contextlib.nullcontext()
+
+        def result(self, batch, log_probs, entropy):
+            return {"weights": self.value}
+
+    model = _tiny_llama(0)
+    for value, got in (([1.0], "list"), (torch.ones(2, 4), r"\(2, 4\)")):
+        scorer = PolicyScorer(temperature=1.0, chunk_size=3, hidden_path=True, needs_old_log_probs=False,
+                              probes=[Probe(value)])
+        with pytest.raises(ValueError, match=rf"^probe 'odd' output 'weights' has shape {got}, expected \[2, 5\] "
+                                             r"like batch.loss_mask$"):
+            scorer.recompute(model, _scoring_batch())
+
+
 def test_outcome_advantages_keep_the_rewards_precision():
     """A reward stage that writes float64 rewards gets float64 advantages (tiny reward gaps are not rounded away)."""
     from credo.algos.advantages import grpo
@@ -163,10 +220,18 @@ def test_build_passes_the_recipes_settings_to_the_stages(tmp_path):
     from credo.config import EnvConfig
     from tests.invariants.common import components
 
+    import os
+
     SEEN_CTX.clear()
+    threads = torch.get_num_threads()
     with components(tmp_path, **{"optim.lr_schedule": "cosine", "optim.min_lr_ratio": 0.1, "optim.warmup_steps": 0,
                                  "run.steps": 2, "reward.timeout_s": 7.5, "reward.max_failure_frac": 0.25,
+                                 "run.threads": 0,
                                  "stages.reward": "tests.spine.test_build_parts:recording_reward"}) as c:
+        # run.threads=0: every core for the one process (then back to what this test process had)
+        built_threads = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        assert built_threads == os.cpu_count()
         ctx, = SEEN_CTX
         iso = ctx.reward_isolation
         assert (iso["timeout_s"], iso["max_failure_frac"]) == (7.5, 0.25)
@@ -184,3 +249,20 @@ def test_build_passes_the_recipes_settings_to_the_stages(tmp_path):
         want = [1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / total))) for s in range(total)]
         assert lrs == pytest.approx(want, rel=1e-6)
         assert sched.get_last_lr()[0] == pytest.approx(1e-4)
+
+
+def test_a_prompt_that_fills_the_context_exactly_fits(tmp_path):
+    from credo.config import load_recipe
+    from credo.models import resolve_model_path
+    from credo.rewards.tasks import make_task
+    from credo.train.build import _check_context
+    from tests.e2e.common import tiny_overrides
+
+    # the quickstart's prompts 'a+b=' are 4 tokens: with 4 new tokens they fill a context of 8 exactly
+    r = load_recipe("recipes/quickstart.yaml", tiny_overrides(tmp_path / "run", **{"model.tiny.max_position_embeddings": 8}))
+    base, task = resolve_model_path(r.model.path, r.model.tiny), make_task(r.task)
+    _check_context(r, base, task)
+    r.rollout.max_new_tokens = 5
+    with pytest.raises(ConfigError, match=r"^prompt too long: eval problem 0 has 4 tokens \+ rollout.max_new_tokens=5 > "
+                                          r"the model's context of 8 tokens \(max_position_embeddings\); shorten"):
+        _check_context(r, base, task)

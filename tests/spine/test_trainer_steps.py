@@ -87,9 +87,52 @@ def test_step_row_timings_add_up(trainer, monkeypatch):
     assert 0.02 <= row["perf/mipu_s"] <= wall - row["perf/step_time_s"] + 1e-6
 
 
+def _packed_batch(trainer, step):
+    """The step's batch up to the advantage, as `train_step` makes it."""
+    from credo.train.batch import pack_batch
+
+    batch = trainer.source.rollout(step)
+    trainer.reward(batch)
+    pack_batch(batch, trainer.c.tokenizer.pad_token_id, overlong_filter=trainer.c.overlong_filter)
+    return batch
+
+
+def test_step_metrics_reads_the_rewards_lengths_and_stage_times(trainer):
+    batch = _packed_batch(trainer, 1)
+    times = (10.0, 11.0, 13.0, 16.0, 20.0, 25.0)  # t0, rollout, reward, logprob, update, sync
+    row = trainer.step_metrics(batch, {"loss/x": 0.5}, times=times)
+    valid = batch.rewards[batch.valid]
+    assert row["step"] == 1 and row["loss/x"] == 0.5
+    assert row["train/reward_mean"] == pytest.approx(float(valid.mean()))
+    assert row["train/reward_std"] == pytest.approx(float(valid.std()))
+    lengths = [len(s.response_ids) for s in batch.samples]
+    assert row["train/response_len"] == pytest.approx(sum(lengths) / len(lengths))
+    assert row["train/truncated_frac"] == pytest.approx(sum(not s.finished for s in batch.samples) / len(lengths))
+    assert row["train/reward_failures"] == batch.metrics.get("reward/failures", 0)
+    assert row["train/reward_timeouts"] == batch.metrics.get("reward/timeouts", 0)
+    assert row["train/skipped_total"] == trainer.state.counters.skipped_total
+    assert row["train/lr"] == trainer.engine.get_lr()[0]
+    assert {k: row[f"perf/{k}_s"] for k in ("rollout", "reward", "logprob", "update", "sync", "train", "step_time")} == \
+        {"rollout": 1.0, "reward": 2.0, "logprob": 3.0, "update": 4.0, "sync": 5.0, "train": 7.0, "step_time": 15.0}
+    assert row["perf/tokens_per_s"] == pytest.approx(int(batch.attention_mask.sum()) / 15.0)
+    assert 0 < row["perf/peak_rss_gb"] < 1024
+    # one valid sample has no spread; none has no mean
+    batch.valid = torch.zeros_like(batch.valid)
+    batch.valid[3] = True
+    row = trainer.step_metrics(batch, {}, times=times)
+    assert row["train/reward_std"] == 0.0 and row["train/reward_mean"] == float(batch.rewards[3])
+    batch.valid[3] = False
+    row = trainer.step_metrics(batch, {}, times=times)
+    assert row["train/reward_std"] == 0.0 and math.isnan(row["train/reward_mean"])
+
+
 def test_step_row_names_are_lower_case_namespaced(trainer):
     row = trainer.train_step(1)
     assert [k for k in row if k != "step" and not re.fullmatch(r"[a-z0-9_]+/[a-z0-9_]+", k)] == []
+    # no gate (quickstart), so no gate time; the update's terms and the run counters are in the row
+    assert trainer.c.gate.mode is None and "perf/mipu_s" not in row
+    assert row["step"] == 1 and row["train/skipped_total"] == trainer.state.counters.skipped_total
+    assert {"train/loss", "train/pg_loss", "train/grad_norm", "train/reward_mean", "perf/step_time_s"} <= set(row)
 
 
 def test_step_without_a_policy_update_is_not_a_skipped_step(trainer, monkeypatch):
@@ -151,9 +194,11 @@ def test_checkpoint_meta_holds_what_resume_and_export_read(trainer, saved):
     assert set(meta["components"]) == {"source", "advantage"}
 
 
-def test_resume_auto_and_by_path_load_the_checkpoint(trainer, saved, tmp_path):
+def test_resume_auto_and_by_path_load_the_checkpoint(trainer, saved, tmp_path, caplog):
     s = trainer.state
-    assert s.resume("auto", trainer.run_dir, rank=0, world=1, allow_config_change=False) == 2
+    with caplog.at_level(logging.INFO, logger="credo"):
+        assert s.resume("auto", trainer.run_dir, rank=0, world=1, allow_config_change=False) == 2
+    assert f"resumed from {saved} (step 2)" in [r.getMessage() for r in caplog.records]
     # a named folder; the metrics of the steps after it are dropped from this run_dir's metrics.jsonl
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "x": i}) + "\n" for i in range(1, 5)))
     assert s.resume(str(saved), tmp_path, rank=0, world=1, allow_config_change=False) == 2
@@ -207,3 +252,64 @@ def test_second_ctrl_c_reports_the_last_finished_step(tmp_path, monkeypatch):
     with pytest.raises(RunInterrupted) as e:
         trainer.fit()
     assert e.value.step == 1 and e.value.checkpoint is None
+
+
+def test_first_ctrl_c_checkpoints_the_finished_step_and_resume_auto_goes_on_from_it(tmp_path, monkeypatch):
+    """On trainers of their own (see above). The first Ctrl-C lets step 2 finish, checkpoints it and stops; a
+    trainer built with run.resume=auto on that folder starts at step 2 and syncs its rollout engine for step 2."""
+    import os
+    import signal
+
+    from credo.train.interrupt import RunInterrupted
+    from credo.trainer import Trainer
+
+    trainer = _build_trainer(tmp_path)
+    step = trainer.train_step
+
+    def ctrl_c_during_2(s):
+        row = step(s)
+        if s == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C: fit's handler only records it
+        return row
+
+    monkeypatch.setattr(trainer, "train_step", ctrl_c_during_2)
+    with pytest.raises(RunInterrupted) as e:
+        trainer.fit()
+    trainer.close()
+    assert (e.value.step, e.value.checkpoint) == (2, 2)
+    assert (trainer.run_dir / "checkpoints" / "step_00000002" / "meta.json").exists()
+
+    synced = []
+    source_class = type(trainer.source)
+    sync = source_class.sync
+    monkeypatch.setattr(source_class, "sync", lambda self, model, s: (synced.append(s), sync(self, model, s))[1])
+    first_config = (trainer.run_dir / "config.yaml").read_text()
+    resumed = Trainer(load_recipe("recipes/quickstart.yaml", tiny_overrides(
+        tmp_path / "run", **{"run.eval_every": 0, "run.steps": 3, "run.dump_rollouts_every": 2, "run.resume": "auto",
+                             "run.allow_config_change": True, "optim.lr": 5e-4})))
+    try:
+        assert resumed.start_step == 2 and synced == [2]
+        # the changed setting is accepted and its config written beside the first segment's
+        assert resumed.state.config_changed == {"optim.lr": (1e-3, 5e-4)}
+        assert (resumed.run_dir / "config.yaml").read_text() == first_config
+        assert "lr: 0.0005" in (resumed.run_dir / "config.resume-2.yaml").read_text()
+    finally:
+        resumed.close()
+
+
+def test_fit_evaluates_checkpoints_and_exports_on_schedule(tmp_path):
+    """`train` end to end in this process: the step-0 evaluation, evaluations every eval_every steps and at the last
+    step, checkpoints every save_every steps and at the last step, the exported policy."""
+    from credo.trainer import train
+    from tests.e2e.common import read_rows
+
+    run_dir = train(load_recipe("recipes/quickstart.yaml", tiny_overrides(
+        tmp_path / "run", **{"run.eval_every": 2, "run.save_every": 2, "run.steps": 3, "run.plot": False,
+                              "task.eval_size": 4})))
+    assert run_dir == tmp_path / "run"
+    rows = read_rows(run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert ["eval/accuracy" in r for r in rows] == [True, False, True, True]
+    assert all(0 <= r["eval/accuracy"] <= 1 for r in rows if "eval/accuracy" in r)
+    assert [p.name for p in sorted((run_dir / "checkpoints").glob("step_*"))] == ["step_00000002", "step_00000003"]
+    assert (run_dir / "final" / "config.json").exists() and (run_dir / "config.yaml").exists()
