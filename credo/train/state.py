@@ -185,9 +185,10 @@ def config_changes(old: dict | None, new: dict) -> dict[str, tuple]:
     """Recipe keys whose value differs between a checkpoint's config and this run's, `key -> (old, new)`.
 
     Sections are compared key by key (dict-valued keys such as `algo.loss_kwargs` as a whole); the keys in
-    `RESUME_FREE_KEYS` may change freely, and keys that only one side knows (a credo version added or
-    removed them) are not compared. A checkpoint without a config (written before configs were kept) is
-    not compared.
+    `RESUME_FREE_KEYS` may change freely. A key only this run's config has (added to credo since) counts
+    only when it is not at its default; a key only the checkpoint's has (removed since) counts as a change,
+    since its setting can no longer be honoured. A checkpoint without a config (written before configs were
+    kept) is not compared.
     """
     if old is None:
         return {}
