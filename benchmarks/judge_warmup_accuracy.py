@@ -12,11 +12,12 @@ import argparse
 import collections
 import logging
 
-from credo.config import ModelConfig, Recipe, SFTConfig, TaskConfig, load_recipe
+from credo.config import ModelConfig, load_recipe
 from credo.distributed.rollout import HFBackend
 from credo.models import load_causal_lm, load_tokenizer, resolve_model_path
 from credo.rewards.tasks import make_task
 from credo.sft import run_sft
+from credo.train.judge_reward import judge_warmup_recipe
 
 
 def main() -> None:
@@ -28,16 +29,8 @@ def main() -> None:
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO)
     rec = load_recipe(a.recipe, a.overrides)
-    j, t = rec.judge, rec.task
-    kw = {k: v for k, v in t.kwargs.items() if k in ("max_operand", "ops", "fixed_width")}
-    kw.update(mode=j.mode, template=j.template, **j.warmup_kwargs)
-    r = Recipe()  # the warm-up recipe credo.train.judge_reward.warm_up_judge builds
-    r.run.name = "judge-warmup"
-    r.model = ModelConfig(path=j.path, tiny=j.tiny)
-    r.task = TaskConfig(name="judge_arithmetic", train_size=t.train_size, eval_size=t.eval_size, seed=t.seed,
-                        kwargs=kw, chat_template=False)
-    r.sft = SFTConfig(enabled=True, steps=j.warmup_steps, batch_size=j.warmup_batch_size, lr=j.warmup_lr,
-                      seed=j.warmup_seed)
+    r = judge_warmup_recipe(rec.judge, rec.task)  # the warm-up `credo run` does
+    j = rec.judge
     task = make_task(r.task)
     if a.from_policy:
         base, _ = run_sft(rec, resolve_model_path(rec.model.path, rec.model.tiny), make_task(rec.task), log=print)

@@ -1,11 +1,7 @@
-"""P-GenRM's pieces (arXiv 2602.12116): synthetic users, evaluation-chain parsing, user prototypes, and
-dual-granularity test-time scaling. The task that trains on them (PSI SFT, CRE GRPO) is
-`credo.rewards.pgenrm_task` (whose users use compact answer styles and a fourth rule), the scaling evaluation
-`credo.rewards.pgenrm_scaling`; the curriculum is not built.
+"""P-GenRM's pieces (arXiv 2602.12116): evaluation-chain parsing, user prototypes, and dual-granularity
+test-time scaling. The synthetic users and the task that trains on them (PSI SFT, CRE GRPO) are
+`credo.rewards.pgenrm_task`, the scaling evaluation `credo.rewards.pgenrm_scaling`; the curriculum is not built.
 
-- Synthetic users (the issue's CPU stand-in for PersonalRewardBench): each follows one hidden rule over
-  answers to arithmetic problems: `short` prefers the bare answer, `carry` prefers an answer that shows
-  the carry, `verbose` prefers the longer answer.
 - An evaluation chain ends with the two responses' scores: the paper's JSON
   ``"better_response": {"response_1": s1, "response_2": s2}``, or ``\\boxed{s1, s2}`` for a tiny model.
 - Prototypes (from the released code, spec 08 §3): user embeddings L2-normalised, k-means on the unit
@@ -19,45 +15,9 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import re
 
 import torch
-
-RULES = ("short", "carry", "verbose")
-
-
-def answer_styles(a: int, b: int) -> dict[str, str]:
-    """Three renderings of the right answer to a+b: bare, showing the carry, and a worded one."""
-    s = a + b
-    carry = (a % 10 + b % 10) // 10
-    return {"bare": str(s), "carry": f"{s} (carry {carry})", "worded": f"the sum of {a} and {b} is {s}"}
-
-
-def prefers(rule: str, x: str, y: str) -> bool:
-    """True when a user with `rule` prefers response x to y."""
-    if rule == "short":
-        return len(x) < len(y)
-    if rule == "verbose":
-        return len(x) > len(y)
-    if rule == "carry":
-        return ("carry" in x) and ("carry" not in y)
-    raise ValueError(f"rule is {rule!r}, expected one of {RULES}")
-
-
-def user_history(rule: str, n: int, seed: int) -> list[tuple[str, str, str]]:
-    """n (question, chosen, rejected) triples of a user following `rule`, from distinct style pairs."""
-    rng = random.Random(seed)
-    out = []
-    while len(out) < n:
-        a, b = rng.randrange(10, 100), rng.randrange(10, 100)
-        x, y = rng.sample(list(answer_styles(a, b).values()), 2)
-        if prefers(rule, x, y):
-            out.append((f"{a}+{b}=", x, y))
-        elif prefers(rule, y, x):
-            out.append((f"{a}+{b}=", y, x))
-    return out
-
 
 _PAIR = re.compile(r"\\boxed\{\s*([0-9]+(?:\.[0-9]+)?)\s*,\s*([0-9]+(?:\.[0-9]+)?)\s*\}")
 

@@ -180,15 +180,12 @@ def load_judge(ctx: StageContext, path: str, task_name: str = "judge_arithmetic"
     return HFBackend(model, tok), tok, path
 
 
-def warm_up_judge(ctx: StageContext, base_path: str, task_name: str = "judge_arithmetic") -> str:
-    """SFT of the judge on a synthetic judging task of the policy's arithmetic task (cached by `run_sft`):
-    `judge_arithmetic` (one-turn, judge.mode and judge.template) or `ce_rm_arithmetic` (CE-RM's two turns,
-    whose formats are fixed)."""
+def judge_warmup_recipe(j, t, task_name: str = "judge_arithmetic"):
+    """The SFT recipe that warms the judge `j` (a JudgeConfig) up on a judging task built from the policy's
+    arithmetic task config `t`: `judge_arithmetic` (one-turn, judge.mode and judge.template) or
+    `ce_rm_arithmetic` (CE-RM's two turns, whose formats are fixed)."""
     from credo.config import ModelConfig, Recipe, SFTConfig, TaskConfig
-    from credo.rewards.tasks import make_task
-    from credo.sft import run_sft
 
-    j, t = ctx.judge, ctx.task_config
     kw = {k: v for k, v in t.kwargs.items() if k in ("max_operand", "ops", "fixed_width")}
     if task_name == "judge_arithmetic":
         kw.update(mode=j.mode, template=j.template)
@@ -200,8 +197,18 @@ def warm_up_judge(ctx: StageContext, base_path: str, task_name: str = "judge_ari
                         kwargs=kw, chat_template=False)
     r.sft = SFTConfig(enabled=True, steps=j.warmup_steps, batch_size=j.warmup_batch_size, lr=j.warmup_lr,
                       seed=j.warmup_seed)
+    return r
+
+
+def warm_up_judge(ctx: StageContext, base_path: str, task_name: str = "judge_arithmetic") -> str:
+    """SFT of the judge on a synthetic judging task of the policy's arithmetic task (`judge_warmup_recipe`,
+    cached by `run_sft`)."""
     import logging
 
+    from credo.rewards.tasks import make_task
+    from credo.sft import run_sft
+
+    r = judge_warmup_recipe(ctx.judge, ctx.task_config, task_name)
     path, _ = run_sft(r, base_path, make_task(r.task), log=lambda m: logging.getLogger("credo").info("judge " + m))
     return path
 

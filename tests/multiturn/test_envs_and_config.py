@@ -119,31 +119,34 @@ def test_char_tokenizer_keeps_whitespace_after_save_and_load(tmp_path):
     assert tok.decode(tok("guess 1-7\nhigher", add_special_tokens=False)["input_ids"]) == "guess 1-7\nhigher"
 
 
-def test_env_max_total_tokens_is_checked_against_the_tiny_models_context():
-    import pytest
-
-    from credo.config import ConfigError, Recipe
-    from credo.train.build import _env_task
+def _guess_recipe_on_a_64_token_model():
+    from credo.config import Recipe
 
     r = Recipe()
     r.model.path, r.model.tiny.max_position_embeddings = "tiny", 64
     r.model.tiny.num_layers, r.model.tiny.hidden_size, r.model.tiny.num_heads = 1, 32, 2
     r.model.tiny.num_kv_heads, r.model.tiny.intermediate_size = 1, 64
+    return r
+
+
+def test_env_max_total_tokens_is_checked_against_the_tiny_models_context():
+    import pytest
+
+    from credo.config import ConfigError
+    from credo.train.build import _env_task
+
+    r = _guess_recipe_on_a_64_token_model()
     r.env.id, r.env.max_total_tokens = "credo:GuessNumber-v0", 100
     with pytest.raises(ConfigError, match=r"'env.max_total_tokens' = 100 is more than the model's context of 64 tokens"):
         _env_task(r)
 
 
 def test_env_task_renders_the_first_observation_as_every_other_without_a_chat_template():
-    from credo.config import Recipe
     from credo.envs import make_env
     from credo.envs.task import DEMO_SEED_BASE
     from credo.train.build import _env_task
 
-    r = Recipe()
-    r.model.path, r.model.tiny.max_position_embeddings = "tiny", 64
-    r.model.tiny.num_layers, r.model.tiny.hidden_size, r.model.tiny.num_heads = 1, 32, 2
-    r.model.tiny.num_kv_heads, r.model.tiny.intermediate_size = 1, 64
+    r = _guess_recipe_on_a_64_token_model()
     r.env.id, r.env.max_total_tokens = "credo:GuessNumber-v0", 64
     task = _env_task(r)
     first = make_env(r.env.id, **dict(r.env.kwargs)).reset(seed=DEMO_SEED_BASE)[0]
