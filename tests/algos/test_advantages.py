@@ -269,6 +269,20 @@ def test_advantage_arguments_are_named_when_wrong():
         gae(torch.zeros(1, 3), torch.zeros(1, 2), mask)
     with pytest.raises(ValueError, match=r"^token_rewards has non-finite values \(NaN or Inf\) in masked-in positions$"):
         gae(torch.tensor([[0.0, float("nan"), 1.0]]), torch.zeros(1, 3), mask)
+    with pytest.raises(ValueError, match=r"^sample_weights has shape \[3\], expected \[2\] like rewards$"):
+        normalize_rewards(torch.zeros(2), torch.zeros(2, dtype=torch.long), sample_weights=torch.ones(3))
+
+
+def test_gae_works_in_the_rewards_precision():
+    # float64 values with float32 rewards: the values are rounded to float32 first, so both outputs are
+    # float32 and equal the all-float32 computation
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    rewards = torch.tensor([[0.0, 0.0, 1.0]])
+    values = torch.tensor([[0.1, 0.2 + 1e-12, 0.3]], dtype=torch.float64)
+    adv, ret = gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    assert adv.dtype == torch.float32 and ret.dtype == torch.float32
+    adv32, ret32 = gae(rewards, values.float(), mask, gamma=0.9, lam=0.8)
+    assert torch.equal(adv, adv32) and torch.equal(ret, ret32)
 
 
 def test_lite_ppo_divides_by_the_batch_std_plus_its_eps():

@@ -209,3 +209,17 @@ def test_value_loss_checks_the_shape_of_values_first():
     values = torch.tensor([0.5, float("nan")])
     with pytest.raises(ValueError, match=r"^values has shape \[2\], expected 2 dimensions$"):
         value_loss(values, torch.zeros(2), torch.zeros(2), torch.ones(2, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("name", KL_NAMES)
+def test_kl_with_a_mask_is_the_unmasked_kl_on_masked_in_tokens(name):
+    # the masked path is the one a trainer takes; its values must be the estimator's, 0 elsewhere
+    g = torch.Generator().manual_seed(3)
+    lp = -3 * torch.rand(3, 5, generator=g, dtype=torch.float64)
+    ref_lp = -3 * torch.rand(3, 5, generator=g, dtype=torch.float64)
+    mask = torch.rand(3, 5, generator=g) > 0.4
+    assert mask.any() and (~mask).any()
+    got = KL_ESTIMATORS[name](lp, ref_lp, mask=mask)
+    want = REFERENCES[("kl", name)](lp, ref_lp)
+    torch.testing.assert_close(got[mask], want[mask], rtol=0, atol=1e-12)
+    assert torch.equal(got[~mask], torch.zeros(int((~mask).sum()), dtype=torch.float64))

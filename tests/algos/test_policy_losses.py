@@ -229,3 +229,22 @@ def test_topr_scores_are_checked_by_name():
         topr(lp, lp, lp, mask, scores=torch.ones(3, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"^scores has non-finite values \(NaN or Inf\)$"):
         topr(lp, lp, lp, mask, scores=torch.tensor([1.0, float("nan")], dtype=torch.float64))
+
+
+def test_ppo_clipfracs_count_only_tokens_whose_gradient_the_clip_zeroes():
+    # ratios e^1 (above 1.2) and e^-1 (below 0.8) on advantages +1, 0 and -1: with A = 0 the surrogate is
+    # 0 either way, so the clip changes nothing there and is not counted
+    lp = torch.tensor([[1.0, 1.0, 1.0, -1.0, -1.0, -1.0]])
+    old = torch.zeros(1, 6)
+    adv = torch.tensor([[1.0, 0.0, -1.0, 1.0, 0.0, -1.0]])
+    _, metrics = ppo(lp, old, adv, torch.ones(1, 6, dtype=torch.bool))
+    assert metrics["clipfrac_high"].item() == pytest.approx(1 / 6)
+    assert metrics["clipfrac_low"].item() == pytest.approx(1 / 6)
+
+
+def test_ppo_dual_clip_must_exceed_one():
+    lp, mask = torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool)
+    for c in (1.0, 0.5):
+        with pytest.raises(ValueError, match=rf"^dual_clip is {c!r}, expected a constant > 1 or None$"):
+            ppo(lp, lp, lp, mask, dual_clip=c)
+    ppo(lp, lp, lp, mask, dual_clip=1.0 + 1e-9)

@@ -169,3 +169,14 @@ def test_pairs_per_step_fills_the_score_budget():
     assert _pairs_per_step(5, 4, 10) == 1  # under one pair's scores: still one pair a step
     with pytest.raises(ValueError, match=r"^scores_per_step=0, expected a positive int$"):
         _pairs_per_step(0, 4, 10)
+
+
+def test_a_query_of_the_wrong_rank_and_a_key_of_the_wrong_width_are_named():
+    valid = torch.ones(2, 5, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"^q has shape \[4, 5, 8\], expected \[B, P, n, d\]$"):
+        batched_flow_throughput(torch.zeros(4, 5, 8), torch.zeros(2, 2, 5, 8), valid, valid, valid)
+    # head width 8 vs 5 tokens: the message gives the expected [.., n, d] of q, not d twice
+    q, k = torch.zeros(2, 4, 5, 8), torch.zeros(2, 2, 5, 7)
+    with pytest.raises(ValueError, match=r"^k has shape \[2, 2, 5, 7\], expected \[\.\.\., H_kv, 5, 8\] "
+                                         r"with leading dims \[2\] like q$"):
+        streaming_head_stats(q, k)

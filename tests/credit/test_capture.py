@@ -281,3 +281,24 @@ def test_a_model_without_base_model_prefix_is_run_whole():
         direct = model_fn(model, ids_b, attn_b, resp_b, *extra, layers=LAYERS)
         wrapped = model_fn(_Wrapped(model), ids_b, attn_b, resp_b, *extra, layers=LAYERS)
         torch.testing.assert_close(wrapped, direct, rtol=0, atol=0)
+
+
+def test_error_messages_name_the_class_the_mask_and_the_function():
+    # an attention class of a supported name without the projections the hooks read
+    attn_cls = type("LlamaAttention", (torch.nn.Module,), {})
+    layer = torch.nn.Module()
+    layer.self_attn = attn_cls()
+    with pytest.raises(TypeError, match=r"^attention module class LlamaAttention lacks attributes "
+                                        r"\['q_proj', 'k_proj', 'head_dim', 'scaling', 'config'\] the capture hooks read$"):
+        attention_modules(torch.nn.Sequential(layer))
+    model = tiny_model("qwen2")
+    ids_b, attn_b, resp_b, _ = pad(sequences(), "right")
+    with pytest.raises(ValueError, match=rf"^attention_mask has shape \[3, {ids_b.shape[1] - 1}\], expected "
+                                         rf"\[3, {ids_b.shape[1]}\] like input_ids$"):
+        model_rhythm_gamma(model, ids_b, attn_b[:, 1:], resp_b, layers=[1])
+    from credo.credit.capture import rhythm_gamma_from_qk
+
+    with capture_qk(model, [1]) as cap:
+        model(input_ids=ids_b, attention_mask=attn_b)
+    with pytest.raises(TypeError, match=r"^rhythm_gamma_from_qk got unexpected keyword arguments \['gamma_flow'\]"):
+        rhythm_gamma_from_qk(cap, attn_b, resp_b, gamma_flow=2.0)
