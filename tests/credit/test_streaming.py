@@ -96,7 +96,18 @@ def test_shape_errors():
     q, k = random_qk(heads=4, kv_heads=2, n=5, d=2, seed=0)
     with pytest.raises(ValueError, match=r"response_mask has shape \[4\], expected \[5\]"):
         streaming_head_stats(q, k, response_mask=torch.ones(4, dtype=torch.bool))
-    with pytest.raises(ValueError, match="answer_mask"):
+    with pytest.raises(ValueError, match=r"^answer_mask has shape \[3\], expected \[5\] \(one per token\)$"):
         streaming_flow_throughput(q, k, torch.ones(5, dtype=torch.bool), torch.ones(3, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"^question_mask has shape \[4\], expected \[5\] \(one per token\)$"):
         streaming_flow_throughput(q, k, torch.ones(4, dtype=torch.bool), torch.ones(5, dtype=torch.bool))
+
+
+def test_flow_takes_the_given_logit_scale():
+    n = 30
+    q, k = random_qk(heads=4, kv_heads=2, n=n, d=8, seed=5)
+    question, answer = torch.arange(n) < 6, torch.arange(n) >= 26
+    dense = flow_throughput(attention_from_qk(q, k, scale=2.0), question, answer, edge_threshold=0.01)
+    streamed = streaming_flow_throughput(q, k, question, answer, edge_threshold=0.01, scale=2.0, block_size=7)
+    torch.testing.assert_close(streamed, dense, rtol=0, atol=1e-10)
+    default = flow_throughput(attention_from_qk(q, k), question, answer, edge_threshold=0.01)
+    assert (dense - default).abs().max() > 1e-3, "the scale must matter for this input"
