@@ -69,7 +69,7 @@ import random, sys
 names = sorted(line.strip() for line in sys.stdin if line.strip())
 k = min(int(sys.argv[1]), len(names))
 print(f"sampling {k} of {len(names)} unchecked mutants (seed {sys.argv[2]})", file=sys.stderr)
-print("\n".join(sorted(random.Random(int(sys.argv[2])).sample(names, k))))' "$MUTATION_SAMPLE" "${MUTATION_SEED:-0}")
+print("\n".join(sorted(random.Random(int(sys.argv[2])).sample(names, k))))' "$MUTATION_SAMPLE" "${MUTATION_SEED:-0}" | grep .)
     printf '%s\n' "${todo[@]}" > sample.txt
     [ ${#todo[@]} -eq 0 ] || "$py" -m mutmut run --max-children "$jobs" "${todo[@]}" || true
 elif [ "${MUTATION_RESUME:-0}" = 1 ] && [ -d mutants ]; then
@@ -106,6 +106,8 @@ def row(m, c):
     total = sum(c.values())
     other = total - killed - c["survived"] - c["no tests"]
     lo, hi = wilson(killed, total)
+    if total == 0:
+        return f"{m}\t0\t0\t0\t0\t0\t-\t-"
     return f"{m}\t{killed}\t{c['survived']}\t{c['no tests']}\t{other}\t{total}\t{killed / total:.1%}\t[{lo:.1%}, {hi:.1%}]"
 
 packages = defaultdict(Counter)  # credo.algos, credo.credit, credo.train, credo.trainer, ...
