@@ -175,6 +175,13 @@ def test_the_mean_return_of_a_step_whose_episodes_all_failed_is_nan():
     assert m["env/failures"] == 2 and m["env/return_mean"] != m["env/return_mean"]
 
 
+def test_returns_are_reduced_in_double_precision():
+    # one episode whose return, -0.1 (a format error), has no exact float32 value: its mean is -0.1 itself
+    src, _ = make(env_cfg(), by_turn("x"))
+    assert src.rollout(step=0).metrics["env/return_mean"] == -0.1
+    assert src.evaluate(1, temperature=0, seed=0) == -0.1
+
+
 def test_too_many_failures_name_the_env_the_step_and_the_first_error():
     envs = kinds(target(5), lambda: PaysThenRaises(5))
     src, _ = make(env_cfg(max_failure_frac=0.4), by_turn("4", "6", "5"), envs=envs, P=1, G=2)
@@ -262,6 +269,9 @@ def test_info_suffix_follows_the_observation():
     assert batch.problems[0].prompt == "start\nboard0" and s.prompt_ids == ids("\nstart\nboard0\n")
     assert s.meta["observations"] == ["higher\nboard1", "lower\nboard1", "correct"]
     assert s.response_ids[2:2 + len(ids("\nhigher\nboard1\n"))] == ids("\nhigher\nboard1\n")
+    # a replayed prefix's observations carry the suffix too
+    e, = src.run_episodes([0], temperature=1.0, top_p=1.0, sample_seeds=None, prefixes=[["4"]])[0]
+    assert e.prompt_ids == ids("\nstart\nboard0\n") + ids("4") + [EOS] + ids("\nhigher\nboard1\n")
 
 
 # ------------------------------------------------------------------------------------ context boundaries
@@ -325,6 +335,12 @@ def test_prefixes_and_observations_are_tokenised_without_special_tokens():
 
 
 # ------------------------------------------------------------------------------------ templates
+def test_the_envs_observation_template_renders_the_prompt_and_every_observation():
+    src, _ = make(env_cfg(observation_template="[{observation}]"), by_turn("4", "5"))
+    s = src.rollout(step=0).samples[0]
+    assert s.prompt_ids == ids("[guess 1-7]") and s.response_ids == ids("4") + [EOS] + ids("[higher]") + ids("5") + [EOS]
+
+
 def test_an_explicit_template_renders_every_observation_without_a_chat_template():
     prompt, obs = turn_format(TOK, plain_prompt, "[{observation}]")
     assert prompt("start") == "[start]" and obs("x") == "[x]"
@@ -357,6 +373,14 @@ def test_the_auto_template_is_the_user_turn_and_the_assistant_header_after_an_as
     # the assistant turn may start the text: a template that drops the first user message
     drops_first = ROLE_TEMPLATE.replace("{% elif m['role'] == 'user' %}", "{% elif not loop.first %}")
     assert observation_renderer(chat_tokenizer(drops_first), "auto")("y") == "{u}y{/u}<a>"
+
+
+def test_the_auto_template_renders_a_user_assistant_user_conversation():
+    # Llama-2 / Mistral style: a template that only accepts alternating user / assistant roles, user first
+    strict = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+              "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+              "{% endif %}{% endfor %}" + ROLE_TEMPLATE)
+    assert observation_renderer(chat_tokenizer(strict), "auto")("z") == "{u}z{/u}<a>"
 
 
 def test_the_auto_template_needs_the_observation_after_the_assistant_turn():
@@ -441,6 +465,15 @@ def test_the_multiturn_source_needs_an_env_id_and_takes_no_kwargs():
         return SimpleNamespace(env=env, tokenizer=TOK, backend=None, seed=0, rank=0, world=1, render=plain_prompt,
                                rollout=dict(prompts_per_step=1, group_size=1, temperature=1.0, top_p=1.0))
 
+    def quoted(problem):
+        return f"Q: {problem.prompt}"
+
+    c = ctx(env_cfg())
+    c.seed, c.render, c.backend = 5, quoted, Recording(TOK, by_turn("5"))
+    c.rollout["env_factory"] = target(5)
+    batch = multiturn_source(c).rollout(step=2)
+    assert batch.samples[0].prompt_ids == ids("Q: guess 1-7")
+    assert batch.samples[0].meta["env_seed"] == step_problem_indices(5, 2, 2**31 - 1, 1)[0]
     for env in (None, env_cfg(id="")):
         with pytest.raises(ConfigError, match=r"^config key 'stages.rollout' = 'multiturn' needs env.id$"):
             multiturn_source(ctx(env))
