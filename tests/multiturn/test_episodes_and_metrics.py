@@ -346,6 +346,18 @@ def test_an_explicit_template_renders_every_observation_without_a_chat_template(
     assert prompt("start") == "[start]" and obs("x") == "[x]"
 
 
+def test_a_plain_render_with_a_chat_tokenizer_renders_observations_as_plain_blocks():
+    # the recipe turned the chat template off (the render does not apply it): observations follow suit
+    prompt, obs = turn_format(chat_tokenizer(ROLE_TEMPLATE), plain_prompt)
+    assert prompt("start") == "\nstart\n" and obs("x") == "\nx\n"
+
+
+def test_the_default_observation_template_is_auto():
+    tok = chat_tokenizer(ROLE_TEMPLATE)
+    assert observation_renderer(tok)("x") == observation_renderer(tok, "auto")("x") == "{u}x{/u}<a>"
+    assert observation_renderer(TOK)("x") == "\nx\n"
+
+
 def test_a_template_that_renders_an_empty_block_is_an_error():
     with pytest.raises(ConfigError, match=r"^config key 'env.observation_template' renders an empty observation "
                                           r"block: expected at least one token between turns \(it separates the "
