@@ -346,6 +346,19 @@ def test_an_explicit_template_renders_every_observation_without_a_chat_template(
     assert prompt("start") == "[start]" and obs("x") == "[x]"
 
 
+def test_a_chat_render_plays_the_observations_as_the_templates_user_turns():
+    from credo.rewards.chat import prompt_renderer
+
+    tok = chat_tokenizer(ROLE_TEMPLATE)
+    backend = Recording(tok, lambda context: "5" if "higher" in context else "4")
+    src = MultiTurnRollout(env_cfg(), tok, backend, seed=0, prompts_per_step=1, group_size=1, temperature=1.0,
+                           top_p=1.0, render=prompt_renderer(tok), env_factory=target(5))
+    s = src.rollout(step=0).samples[0]
+    piece = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    assert s.prompt_ids == piece("{u}guess 1-7{/u}<a>")  # the first observation is the user message
+    assert s.response_ids == piece("4") + [tok.eos_token_id] + piece("{u}higher{/u}<a>") + piece("5") + [tok.eos_token_id]
+
+
 def test_a_plain_render_with_a_chat_tokenizer_renders_observations_as_plain_blocks():
     # the recipe turned the chat template off (the render does not apply it): observations follow suit
     prompt, obs = turn_format(chat_tokenizer(ROLE_TEMPLATE), plain_prompt)
