@@ -189,6 +189,8 @@ def test_resume_reports_each_skipped_folder_and_tidy_sets_it_aside(tmp_path, cap
         f"renamed the corrupt checkpoint to {aside}"]
     assert not bad.exists() and not tmp.exists() and not (aside / "old").exists() and (aside / "state").is_dir()
     assert ck.find_resume_checkpoint(tmp_path / "absent", tidy=True) is None
+    (tmp_path / ".tmp-step_00000004").write_text("not a folder: left where it is, resume goes on")
+    assert ck.find_resume_checkpoint(tmp_path, tidy=True) == good
 
 
 def test_load_checkpoint_asks_for_every_state_and_returns_meta(tmp_path):
