@@ -27,9 +27,14 @@ from tests.e2e.common import tiny_overrides
 def trainer(tmp_path_factory):
     t = tr.Trainer(load_recipe("recipes/quickstart.yaml", tiny_overrides(
         tmp_path_factory.mktemp("trainer-loop") / "run", **{"run.eval_every": 3, "run.steps": 3,
-                                                            "task.eval_size": 4})))
+                                                            "task.eval_size": 4, "run.progress": True})))
     yield t
     t.close()
+
+
+def test_the_progress_bar_starts_at_the_start_step(trainer):
+    assert trainer.tracker.enabled and trainer.tracker.bar.n == trainer.start_step == 0
+    assert trainer.tracker.bar.total == 3
 
 
 # ----------------------------------------------------------------------------------------- fit, recorded
@@ -165,7 +170,7 @@ def test_second_ctrl_c_keeps_the_newest_checkpoint_on_disk(trainer, monkeypatch)
     rec = Recorder(trainer, monkeypatch, steps=5, save_every=2, on_step=second_ctrl_c)
     with pytest.raises(RunInterrupted) as e:
         trainer.fit()
-    assert (e.value.step, e.value.checkpoint) == (2, 2) and rec.saves == [2]
+    assert (e.value.step, e.value.checkpoint, e.value.run_dir) == (2, 2, trainer.run_dir) and rec.saves == [2]
     assert [r["step"] for r in rec.rows] == [1, 2] and sorted(rec.closed) == ["reward", "tracker"]
 
 
@@ -181,7 +186,8 @@ def test_an_error_after_a_ctrl_c_stops_as_interrupted_unless_it_is_credos_own(tr
     if type(error) is RuntimeError:
         with pytest.raises(RunInterrupted) as e:
             trainer.fit()
-        assert (e.value.step, e.value.checkpoint) == (1, None) and e.value.__suppress_context__
+        assert (e.value.step, e.value.checkpoint, e.value.run_dir) == (1, None, trainer.run_dir)
+        assert e.value.__suppress_context__
     else:
         with pytest.raises(type(error), match=f"^{error}$"):
             trainer.fit()
@@ -311,6 +317,7 @@ def test_tokens_per_second_are_per_rank(trainer, monkeypatch):
     trainer.reward(batch)
     pack_batch(batch, trainer.c.tokenizer.pad_token_id, overlong_filter=False)
     monkeypatch.setattr(trainer.c, "world", 2)
+    batch.metrics = {}  # a reward that reports no failures or timeouts
     row = trainer.step_metrics(batch, {}, times=(0.0, 1.0, 2.0, 3.0, 4.0, 5.0))
     assert row["perf/tokens_per_s"] == pytest.approx(int(batch.attention_mask.sum()) / 5.0 / 2)
     assert row["train/reward_failures"] == 0 and row["train/reward_timeouts"] == 0
