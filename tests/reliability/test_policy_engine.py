@@ -85,6 +85,11 @@ def test_a_decaying_schedule_is_lr_factor_with_the_recipes_settings(schedule):
     assert e.get_lr()[0] == pytest.approx(0.1 * 0.25)
 
 
+def test_a_decaying_schedule_decays_to_zero_by_default():
+    factor = _make(zero_stage=0, lr_schedule="linear", total_steps=10).lr_scheduler.lr_lambdas[0]
+    assert [factor(s) for s in (3, 7, 10, 11)] == pytest.approx([1.0, 0.5, 0.0, 0.0])
+
+
 # ---------------------------------------------------------------------------------------------- lr_factor
 def test_lr_factor_by_hand():
     f = eng.lr_factor
