@@ -164,3 +164,21 @@ def test_factory_passes_the_keywords_and_the_rank():
     ctx = SimpleNamespace(seed=7, rank=2)
     p = make_attention_credit_probe(ctx, strategy="random", q=0.3, gamma_amp=2.0, sign_mode="positive")
     assert (p.strategy, p.q, p.gamma_amp, p.sign_mode, p.seed, p.rank) == ("random", 0.3, 2.0, "positive", 7, 2)
+
+
+def test_a_capture_serves_one_result_and_its_hook_time_is_counted():
+    from tests.credit.test_attention_probe import make_batch as model_batch
+    from tests.credit.test_attention_probe import tiny_qwen2
+
+    probe = AttentionCreditProbe("coupled", layers=[1], window=2, h_lo=1, h_hi=4)
+    batch = model_batch()
+    model = tiny_qwen2()
+    with torch.no_grad(), probe.capture(model):
+        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    hook_s = probe._capture.hook_s
+    assert hook_s > 0
+    out = probe.result(batch, torch.zeros(batch.loss_mask.shape), None)
+    assert out["weights"].shape == batch.loss_mask.shape
+    assert batch.metrics["perf/credit_s"] >= hook_s
+    with pytest.raises(RuntimeError, match=r"without a captured forward"):  # the states are not reused
+        probe.result(batch, torch.zeros(batch.loss_mask.shape), None)

@@ -379,3 +379,62 @@ def test_explained_variance_edge_cases():
     both = torch.ones(1, 2, dtype=torch.bool)
     assert explained_variance(small, small * 0.5, both) == pytest.approx(0.75, rel=1e-6)
     assert explained_variance(r, r, torch.ones(1, 3, dtype=torch.bool)) == pytest.approx(1.0)
+
+
+class DriftCritic(TableCritic):
+    """Values `table` at rollout time (no grad) and `table + drift` inside the update (grad on): the critic looks
+    as if it had moved since the rollout, so the value clip has something to clip."""
+
+    def __init__(self, table, drift):
+        super().__init__(table)
+        self.drift = drift
+
+    def forward(self, input_ids, attention_mask):
+        v = super().forward(input_ids, attention_mask)
+        if torch.is_grad_enabled():
+            idx = torch.tensor([self.rows[tuple(r.tolist())] for r in input_ids])
+            v = v + self.drift[idx]
+        return v
+
+
+def naive_clipped(v_old, drift, ret, mask, clip, rows):
+    """Per token of `rows`: the clipped loss 0.5 max((V - R)^2, (V_clip - R)^2) and whether the clipped error is
+    strictly the larger."""
+    out = []
+    for i in rows:
+        for t in range(mask.shape[1]):
+            if mask[i, t]:
+                old, r = float(v_old[i, t]), float(ret[i, t])
+                v = old + float(drift[i, t])
+                vc = min(max(v, old - clip), old + clip)
+                out.append((0.5 * max((v - r) ** 2, (vc - r) ** 2), (vc - r) ** 2 > (v - r) ** 2))
+    return out
+
+
+def test_clip_fraction_counts_tokens_over_micro_batches_of_different_sizes():
+    """Rows of 4 and 1 tokens in two micro-batches: vf_clipfrac is clipped tokens / tokens (not a mean of the
+    micro-batches' fractions), and the loss is the token mean of the clipped losses."""
+    torch.manual_seed(8)
+    batch = make_batch([4, 1], rewards=[1.0, -1.0], group_ids=[0, 0])
+    T = batch.response_mask.shape[1]
+    table = torch.randn(2, T)
+    mask = batch.response_mask
+    drift = torch.randn(2, T) * 0.4 * mask
+    engine = NormEngine(DriftCritic(table, drift), lr=0.0)
+    stage_with([engine], batch, grad_accum=2, value_clip=0.2)(batch)
+    _, ret = naive_gae(token_rewards(batch), table * mask, mask, 0.9, 0.8)
+    toks = naive_clipped(table, drift, ret, mask, 0.2, [0, 1])
+    assert batch.metrics["critic/vf_clipfrac"] == pytest.approx(sum(c for _, c in toks) / 5)
+    assert 0 < batch.metrics["critic/vf_clipfrac"] < 1
+    assert batch.metrics["critic/value_loss"] == pytest.approx(sum(x for x, _ in toks) / 5, rel=1e-5)
+
+
+def test_clip_fraction_of_a_single_clipped_token_is_one():
+    batch = make_batch([1], rewards=[1.0], group_ids=[0])
+    T = batch.response_mask.shape[1]
+    table = torch.zeros(1, T)
+    drift = batch.response_mask.float() * 0.5  # towards the return 1, past the clip: the clipped error is larger
+    engine = NormEngine(DriftCritic(table, drift), lr=0.0)
+    stage_with([engine], batch, value_clip=0.1)(batch)
+    assert batch.metrics["critic/vf_clipfrac"] == 1.0
+    assert batch.metrics["critic/value_loss"] == pytest.approx(0.5 * 0.9 ** 2)  # V_clip = 0.1, R = 1
