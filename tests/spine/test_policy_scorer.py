@@ -45,14 +45,16 @@ def make_batch(step=1):
     mask[1, 3:5] = True
     mask[2, 1:] = True
     b = Batch(samples=["s0", "s1", "s2"], problems=["p0", "p1", "p2"], group_ids=torch.tensor([4, 4, 9]), step=step)
-    b.input_ids, b.attention_mask, b.response_mask, b.loss_mask = ids, torch.ones_like(ids), mask.clone(), mask
+    attn = torch.ones_like(ids)
+    attn[1, 0] = 0  # a left-padded row: the mask changes what its later tokens see
+    b.input_ids, b.attention_mask, b.response_mask, b.loss_mask = ids, attn, mask.clone(), mask
     return b
 
 
-def naive(model, ids, mask, temperature):
+def naive(model, ids, mask, temperature, attn):
     """log p and entropy of each label from the model's full logits, token by token."""
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.double()
+        logits = model(input_ids=ids, attention_mask=attn).logits.double()
     B, T = mask.shape
     lp, ent = torch.zeros(B, T, dtype=torch.float64), torch.zeros(B, T, dtype=torch.float64)
     for b in range(B):
@@ -68,7 +70,7 @@ def naive(model, ids, mask, temperature):
 @pytest.mark.parametrize("which", ["policy", "bias"])
 def test_log_probs_and_entropy_match_the_full_logits(models, hidden_path, which):
     model, batch = models[which], make_batch()
-    want_lp, want_ent = naive(model, batch.input_ids, batch.loss_mask, 0.7)
+    want_lp, want_ent = naive(model, batch.input_ids, batch.loss_mask, 0.7, batch.attention_mask)
     with torch.no_grad():
         lp, ent = policy_forward(model, batch.input_ids, batch.attention_mask, batch.loss_mask, temperature=0.7,
                                  chunk_size=4, with_entropy=True, hidden_path=hidden_path)
@@ -143,7 +145,7 @@ def test_a_recompute_probe_gets_the_log_probs_without_filling_old_ones(models):
     scorer.recompute(models["policy"], batch)
     assert batch.old_log_probs is None and probe.entered == 1
     (seen_batch, lp, ent), = probe.seen
-    want, _ = naive(models["policy"], batch.input_ids, batch.loss_mask, 0.7)
+    want, _ = naive(models["policy"], batch.input_ids, batch.loss_mask, 0.7, batch.attention_mask)
     assert seen_batch is batch and ent is None  # no probe reads the entropy: none is computed
     torch.testing.assert_close(lp.double(), want, rtol=1e-5, atol=1e-5)
     assert list(batch.extras) == ["rec/score"] and (batch.extras["rec/score"] == 2.0).all()
@@ -155,7 +157,7 @@ def test_one_probe_that_reads_entropy_gets_it_computed(models):
                           probes=[quiet, reader])
     batch = make_batch()
     scorer.recompute(models["policy"], batch)
-    want_lp, want_ent = naive(models["policy"], batch.input_ids, batch.loss_mask, 0.7)
+    want_lp, want_ent = naive(models["policy"], batch.input_ids, batch.loss_mask, 0.7, batch.attention_mask)
     torch.testing.assert_close(reader.seen[0][2].double(), want_ent, rtol=1e-5, atol=1e-5)
     assert quiet.seen[0][2] is reader.seen[0][2]
     torch.testing.assert_close(batch.old_log_probs.double(), want_lp, rtol=1e-5, atol=1e-5)
@@ -174,7 +176,7 @@ def test_the_reference_always_takes_the_hidden_path(models):
     finally:
         del ref.forward
     assert calls == [] and batch.old_log_probs is None
-    want, _ = naive(ref, batch.input_ids, batch.loss_mask, 0.7)
+    want, _ = naive(ref, batch.input_ids, batch.loss_mask, 0.7, batch.attention_mask)
     torch.testing.assert_close(batch.ref_log_probs.double(), want, rtol=1e-5, atol=1e-5)
 
 
@@ -216,7 +218,8 @@ def test_update_forward_without_probes_is_the_plain_scorer(models):
     batch = make_batch()
     rows = torch.tensor([2, 0])
     lp, ent = scorer.update_forward(models["policy"], batch, rows)
-    want_lp, want_ent = naive(models["policy"], batch.input_ids[rows], batch.loss_mask[rows], 0.7)
+    want_lp, want_ent = naive(models["policy"], batch.input_ids[rows], batch.loss_mask[rows], 0.7,
+                               batch.attention_mask[rows])
     torch.testing.assert_close(lp.double(), want_lp, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent.double(), want_ent, rtol=1e-5, atol=1e-5)
     assert batch.metrics == {} and batch.weights is None and batch.extras == {}
@@ -257,8 +260,17 @@ def test_update_weights_multiply_into_existing_weights(models):
     scorer = PolicyScorer(temperature=1.0, chunk_size=4, hidden_path=True, needs_old_log_probs=False, probes=[probe])
     batch = make_batch()
     batch.weights = torch.full(batch.loss_mask.shape, 0.25)
-    scorer.update_forward(models["policy"], batch, torch.tensor([1]))
+    rows = torch.tensor([1])
+    lp, ent = scorer.update_forward(models["policy"], batch, rows)
     assert batch.weights[:, 0].tolist() == [0.25, 0.5, 0.25]
+    want_lp, want_ent = naive(models["policy"], batch.input_ids[rows], batch.loss_mask[rows], 1.0,
+                              batch.attention_mask[rows])
+    torch.testing.assert_close(lp.double(), want_lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent.double(), want_ent, rtol=1e-5, atol=1e-5)
+    # row 1's padded first token matters: without its attention mask the log-probs differ
+    unmasked, _ = naive(models["policy"], batch.input_ids[rows], batch.loss_mask[rows], 1.0,
+                        torch.ones_like(batch.input_ids[rows]))
+    assert not torch.allclose(unmasked, want_lp, atol=1e-3)
 
 
 def test_an_update_probe_output_of_the_wrong_shape_is_named(models):
