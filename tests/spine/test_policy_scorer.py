@@ -216,7 +216,7 @@ def test_non_finite_weights_on_loss_tokens_are_an_error_off_them_not(models):
 def test_update_forward_without_probes_is_the_plain_scorer(models):
     scorer = PolicyScorer(temperature=0.7, chunk_size=4, hidden_path=True, needs_old_log_probs=False)
     batch = make_batch()
-    rows = torch.tensor([2, 0])
+    rows = torch.tensor([2, 1])  # row 1 is the left-padded one
     lp, ent = scorer.update_forward(models["policy"], batch, rows)
     want_lp, want_ent = naive(models["policy"], batch.input_ids[rows], batch.loss_mask[rows], 0.7,
                                batch.attention_mask[rows])
