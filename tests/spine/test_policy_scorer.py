@@ -305,3 +305,16 @@ def test_merge_metrics_by_hand():
     _merge_metrics(into, {"c": 2.0}, 6.0, counts)
     assert into == {"perf/a": 1.5, "b_max": 7.0, "c": pytest.approx((5 * 2 + 2 * 6) / 8)}
     assert counts == {"perf/a": 0.0, "b_max": 0.0, "c": 8.0}
+
+
+def test_a_head_without_a_bias_attribute_scores_as_a_bias_free_one():
+    """The hidden path reads the head's `bias` only if it has one (an output embedding may have just `weight`)."""
+    from types import SimpleNamespace
+
+    model, batch = tiny_llama(0), make_batch()
+    want, _ = naive(model, batch.input_ids, batch.loss_mask, 1.0, batch.attention_mask)
+    model.get_output_embeddings = lambda: SimpleNamespace(weight=model.lm_head.weight)
+    with torch.no_grad():
+        lp, _ = policy_forward(model, batch.input_ids, batch.attention_mask, batch.loss_mask, temperature=1.0,
+                               chunk_size=4, with_entropy=False)
+    torch.testing.assert_close(lp.double(), want, rtol=1e-5, atol=1e-5)
