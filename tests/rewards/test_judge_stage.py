@@ -199,6 +199,7 @@ def test_failing_steps_mask_count_and_stop_at_the_default_limit():
             assert batch.valid.tolist() == [False] * 4 and batch.rewards.tolist() == [0.0] * 4
             m = batch.metrics
             assert (m["reward/failures"], m["reward/timeouts"], m["reward/unparseable_frac"]) == (2, 0, 0.0)
+            assert type(m["reward/failures"]) is int  # a count of groups
             assert m["reward/judge_calls"] == 4
         with pytest.raises(RewardFunctionError, match=r"^the judge call failed \(error\) 3 steps in a row "
                            r"\(judge\.max_consecutive_failures=3\) at step 7; the judge is broken$"):
@@ -224,6 +225,20 @@ def test_a_judge_returning_a_non_list_names_its_type():
                 j(make_batch(["q"] * 2, list("ab"), 2))
         finally:
             j.close()
+
+
+def test_an_empty_shard_makes_an_empty_call():
+    be = Backend()
+    j = judge(be)
+    batch = make_batch([], [], 2)
+    j(batch)
+    try:
+        assert be.calls[0]["prompts"] == [] and batch.rewards.tolist() == [] and batch.valid.tolist() == []
+        m = batch.metrics
+        assert (m["reward/failures"], m["reward/unparseable_frac"], m["reward/judge_calls"]) == (0, 0.0, 0)
+        assert m["perf/judgements_per_s"] == 0.0
+    finally:
+        j.close()
 
 
 def test_close_closes_the_backend():
@@ -291,20 +306,23 @@ def test_the_context_check_skips_a_judge_without_a_known_context(tmp_path):
 
 def test_the_warmup_recipe_for_each_judging_task():
     j = JudgeConfig(path="tiny", mode="pairwise", template="{question}{response_a}{response_b}", warmup_steps=5,
-                    warmup_batch_size=7, warmup_lr=1e-3, warmup_seed=4, warmup_kwargs={"wrong_frac": 0.3, "ops": "-"})
+                    warmup_batch_size=7, warmup_lr=1e-3, warmup_seed=4, warmup_kwargs={"wrong_frac": 0.3})
     t = TaskConfig(name="arithmetic", train_size=30, eval_size=3, seed=9,
                    kwargs={"max_operand": 19, "ops": "+", "fixed_width": True, "digits": 2})
     r = judge_warmup_recipe(j, t)
     assert r.run.name == "judge-warmup" and r.model.path == "tiny" and r.model.tiny is j.tiny
     assert (r.task.name, r.task.train_size, r.task.eval_size, r.task.seed, r.task.chat_template) == \
         ("judge_arithmetic", 30, 3, 9, False)
-    # the operand settings only; judge.warmup_kwargs win
-    assert r.task.kwargs == {"max_operand": 19, "ops": "-", "fixed_width": True, "mode": "pairwise",
+    # the policy task's operand settings only, the judge's format and judge.warmup_kwargs
+    assert r.task.kwargs == {"max_operand": 19, "ops": "+", "fixed_width": True, "mode": "pairwise",
                              "template": "{question}{response_a}{response_b}", "wrong_frac": 0.3}
     assert (r.sft.enabled, r.sft.steps, r.sft.batch_size, r.sft.lr, r.sft.seed) == (True, 5, 7, 1e-3, 4)
     ce = judge_warmup_recipe(j, t, "ce_rm_arithmetic")  # CE-RM's formats are fixed: no mode or template
     assert ce.task.name == "ce_rm_arithmetic"
-    assert ce.task.kwargs == {"max_operand": 19, "ops": "-", "fixed_width": True, "wrong_frac": 0.3}
+    assert ce.task.kwargs == {"max_operand": 19, "ops": "+", "fixed_width": True, "wrong_frac": 0.3}
+    j.warmup_kwargs = {"mode": "pointwise", "ops": "-"}  # judge.warmup_kwargs win over both
+    assert judge_warmup_recipe(j, t).task.kwargs == {"max_operand": 19, "ops": "-", "fixed_width": True,
+                                                     "mode": "pointwise", "template": j.template}
 
 
 def test_warm_up_judge_builds_the_named_task(monkeypatch, caplog):
@@ -382,3 +400,9 @@ def test_the_stage_defaults_to_the_pointwise_template_and_checks_the_context_fir
     with pytest.raises(ConfigError, match=rf"^judge context too short: a judge prompt of {n} tokens .* = {need} > the "
                        r"judge's context of 128 tokens"):
         jr.judge_stage(ctx)
+    ctx.judge.template, ctx.judge.max_new_tokens = "{question}{response}", 8  # an explicit template wins
+    j = jr.judge_stage(ctx)
+    try:
+        assert j.template == "{question}{response}" and j.mode == "pointwise" and (j.lo, j.hi) == (0, 10)
+    finally:
+        j.close()

@@ -148,8 +148,10 @@ class RecordingMetaRM(MetaRM):
 
 
 def problem(question, human, critique, error="other"):
-    return Problem(question + "#", "", {"question": question, "has_human_critique": human, "critique": critique,
-                                        "error": error})
+    meta = {"has_human_critique": human, "critique": critique, "error": error}
+    if question is not None:
+        meta["question"] = question
+    return Problem(f"{question}#", "", meta)
 
 
 def batch_of(problems, texts):
@@ -158,7 +160,7 @@ def batch_of(problems, texts):
 
 
 PROBLEMS = [problem("1+1=", True, "carry lost"), problem("2+2=", True, "stray dot"), problem("3+3=", False, "bad digit"),
-            problem("4+4=", True, "ok"), problem("5+5=", False, "dropped")]
+            problem("4+4=", True, "ok"), problem(None, False, "dropped")]
 TEXTS = ["carry lost \\boxed{A}", "bad \\boxed{B}", "no bad digit here \\boxed{A}", "ok \\boxed{A}", "x \\boxed{B}"]
 
 
@@ -198,7 +200,7 @@ def test_metarm_learns_on_human_items_and_scores_the_others():
     batch = batch_of(PROBLEMS, TEXTS)
     stage(batch)
     assert meta.updates == [(["1+1=", "2+2=", "4+4="], ["carry lost", "bad", "ok"], pytest.approx([0.8, 0.2, 0.8]), 7)]
-    assert meta.predicts == [(["3+3=", "5+5="], ["no bad digit here", "x"])]
+    assert meta.predicts == [(["3+3=", ""], ["no bad digit here", "x"])]  # no question: an empty context
     # items 2 and 4 get MetaRM's 0.5 and 0.75
     assert batch.rewards.tolist() == pytest.approx([1.4, 0.1, 1.25, 1.4, 0.375])
     assert batch.metrics["reward/metarm_mse"] == 0.125
