@@ -406,3 +406,17 @@ def test_the_stage_defaults_to_the_pointwise_template_and_checks_the_context_fir
         assert j.template == "{question}{response}" and j.mode == "pointwise" and (j.lo, j.hi) == (0, 10)
     finally:
         j.close()
+
+
+def test_load_judge_rejects_a_tokenizer_larger_than_the_judges_vocabulary(tiny_path, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    shutil.copytree(tiny_path, tmp_path / "judge")
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    tok.add_tokens([f"<extra{i}>" for i in range(300)])
+    tok.save_pretrained(tmp_path / "judge")
+    ctx = StageContext(rank=0, world=1, seed=0, judge=JudgeConfig(path="tiny", tiny=TINY))
+    with pytest.raises(ConfigError, match=rf"^vocab mismatch at '{tmp_path / 'judge'}': tokenizer has "):
+        load_judge(ctx, str(tmp_path / "judge"))
