@@ -232,3 +232,21 @@ def test_ce_rm_reward_defaults_to_four_criteria_of_two_evaluations():
 def test_the_stages_are_registered():
     assert resolve("rollout", "ce_rm_two_stage", "stages.rollout") is two_stage_source
     assert resolve("reward", "ce_rm", "stages.reward") is ce_rm_reward
+
+
+def test_three_evaluations_per_response_keep_their_order():
+    rows = ce_rm_layout([0], K=1, E=3)
+    # chosen 9, 5, 1 vs rejected 8, 4, 0: 9 beats all 3, 5 beats 2, 1 beats 1; rejected 8 is below 9 only (1/3),
+    # 4 below 9 and 5 (2/3), 0 below all (1); pairs won 6 of 9
+    texts = ["c"] + [box(s) for s in (9, 5, 1, 8, 4, 0)]
+    batch = batch_of(rows, texts)
+    CERMReward(Tok(), K=1, E=3)(batch)
+    assert batch.rewards.tolist() == pytest.approx([6 / 9, 1.0, 2 / 3, 1 / 3, 1 / 3, 2 / 3, 1.0])
+
+
+def test_an_empty_shard_has_long_group_ids_and_zero_metrics():
+    ids = ce_rm_group_ids([])
+    assert ids.dtype == torch.long and ids.numel() == 0
+    batch = batch_of([], [])
+    CERMReward(Tok(), K=2, E=1)(batch)
+    assert batch.metrics["reward/unparseable_frac"] == 0.0 and batch.metrics["reward/criteria_accuracy"] == 0.0
