@@ -305,12 +305,12 @@ def test_the_context_check_skips_a_judge_without_a_known_context(tmp_path):
 # ---- the warm-up recipe, load_judge, the stage ----
 
 def test_the_warmup_recipe_for_each_judging_task():
-    j = JudgeConfig(path="tiny", mode="pairwise", template="{question}{response_a}{response_b}", warmup_steps=5,
+    j = JudgeConfig(path="org/judge", mode="pairwise", template="{question}{response_a}{response_b}", warmup_steps=5,
                     warmup_batch_size=7, warmup_lr=1e-3, warmup_seed=4, warmup_kwargs={"wrong_frac": 0.3})
     t = TaskConfig(name="arithmetic", train_size=30, eval_size=3, seed=9,
                    kwargs={"max_operand": 19, "ops": "+", "fixed_width": True, "digits": 2})
     r = judge_warmup_recipe(j, t)
-    assert r.run.name == "judge-warmup" and r.model.path == "tiny" and r.model.tiny is j.tiny
+    assert r.run.name == "judge-warmup" and r.model.path == "org/judge" and r.model.tiny is j.tiny
     assert (r.task.name, r.task.train_size, r.task.eval_size, r.task.seed, r.task.chat_template) == \
         ("judge_arithmetic", 30, 3, 9, False)
     # the policy task's operand settings only, the judge's format and judge.warmup_kwargs
