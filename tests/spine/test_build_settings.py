@@ -357,3 +357,100 @@ def test_context_check_names_the_longest_prompt_and_skips_a_model_without_a_limi
     _check_context(r, base, Task(["1" * 50], []))
     monkeypatch.setattr(AutoConfig, "from_pretrained", lambda path: (_ for _ in ()).throw(OSError("no config")))
     _check_context(r, base, Task(["1" * 50], []))
+
+
+# ------------------------------------------------------------------------------------------------ step gate, env task
+class _Parts:
+    """Distinct stand-ins for what `_step_gate` hands the gate as it is."""
+
+    def __init__(self):
+        self.state = types.SimpleNamespace(components={})
+        for name in ("source", "backend", "reward", "scorer", "engine", "tokenizer", "render"):
+            setattr(self, name, object())
+
+
+class _Task:
+    def __len__(self):
+        return 6
+
+    def train(self, i):
+        return f"problem {i}"
+
+
+def _gate(r, rank=1, world=3):
+    from credo.train.build import _step_gate
+
+    p = _Parts()
+    gate = _step_gate(r, p.state, p.source, p.backend, p.reward, p.scorer, p.engine, p.tokenizer, p.render, _Task(),
+                      rank, world)
+    return p, gate
+
+
+def test_step_gate_hands_every_part_and_setting_to_the_gate():
+    r = Recipe()
+    r.mipu.enabled, r.mipu.val_prompts, r.mipu.val_group_size = True, 3, 5
+    r.run.seed, r.rollout.max_new_tokens, r.rollout.temperature, r.rollout.top_p = 4, 6, 0.7, 0.8
+    p, gate = _gate(r)
+    assert gate.mode == "mipu" and p.state.components == {"mipu": gate} and gate.state is p.state
+    for name in ("source", "backend", "reward", "scorer", "engine", "tokenizer", "render"):
+        assert getattr(gate, name) is getattr(p, name), name
+    assert gate.val_problems == ["problem 3", "problem 4", "problem 5"]  # the last val_prompts training problems
+    assert gate.G == 5  # mipu.val_group_size
+    assert (gate.seed, gate.rank, gate.world) == (4, 1, 3)
+    assert gate.sampling == dict(max_new_tokens=6, temperature=0.7, top_p=0.8)
+
+
+def test_random_rollback_gate_and_the_idle_gate():
+    r = Recipe()
+    r.mipu.random_rollback = 0.3
+    p, gate = _gate(r)
+    assert gate.mode == "random" and gate.rollback_prob == 0.3 and gate.val_problems == []
+    assert p.state.components == {"mipu": gate}  # an active gate's window is part of the trainer state
+    r.mipu.random_rollback = 0.0
+    p, gate = _gate(r)
+    assert gate.mode is None and p.state.components == {}
+
+
+def _env_recipe(tmp_path, **kw):
+    r = load_recipe("recipes/quickstart.yaml", tiny_overrides(tmp_path / "run", **{"model.tiny.max_position_embeddings": 64}))
+    r.env.id = "credo:GuessNumber-v0"
+    for k, v in kw.items():
+        setattr(r.env, k, v)
+    return r
+
+
+def test_env_task_checks_the_episode_budget_against_the_context(tmp_path):
+    from credo.envs.task import EnvTask
+    from credo.models import load_tokenizer, resolve_model_path
+    from credo.rewards.chat import prompt_renderer
+    from credo.train.build import _env_task
+    from credo.train.multiturn import turn_format
+
+    r = _env_recipe(tmp_path, max_total_tokens=65)
+    with pytest.raises(ConfigError, match=r"^config key 'env.max_total_tokens' = 65 is more than the model's context "
+                                          r"of 64 tokens \(max_position_embeddings\)$"):
+        _env_task(r)
+    r.env.max_total_tokens = 64
+    task = _env_task(r)
+    tok = load_tokenizer(resolve_model_path(r.model.path, r.model.tiny))
+    prompt_text, observation = turn_format(tok, prompt_renderer(tok, r.task.system_prompt, r.task.chat_template),
+                                           r.env.observation_template)
+    assert type(task) is EnvTask and task.cfg is r.env and task.eos == tok.eos_token
+    assert task.prompt_text("first") == prompt_text("first") == "\nfirst\n"  # no chat template: an observation block
+    assert task.observation("seen") == observation("seen") == "\nseen\n"
+
+
+def test_env_task_of_a_model_whose_tokenizer_does_not_load_is_left_to_the_model_load(tmp_path):
+    from transformers import LlamaConfig
+
+    from credo.train.build import _env_task
+
+    model_dir = tmp_path / "model"
+    LlamaConfig(max_position_embeddings=32).save_pretrained(model_dir)  # a config, no tokenizer
+    r = _env_recipe(tmp_path, max_total_tokens=32)
+    r.model.path = str(model_dir)
+    task = _env_task(r)
+    assert (task.cfg, task.eos, task.prompt_text, task.observation) == (r.env, "", None, None)
+    r.env.max_total_tokens = 33
+    with pytest.raises(ConfigError, match=r"context of 32 tokens"):
+        _env_task(r)
