@@ -33,6 +33,35 @@ SETTINGS = {
 }
 
 
+SEEN: list = []  # (kind, the context as the factory saw it, its default) per stage the build made
+
+
+def passthrough(ctx, kind: str):
+    """A stage factory that records its context and returns the built-in stage of its kind."""
+    SEEN.append((kind, ctx, ctx.default))
+    return ctx.default
+
+
+class Probe:
+    name = "recorded"
+
+
+def probe(ctx, weight: float = 1.0):
+    SEEN.append(("probe", ctx, ctx.default))
+    p = Probe()
+    p.weight = weight
+    return p
+
+
+STAGES = {
+    "stages.rollout": "tests.spine.test_build_settings:passthrough", "stages.rollout_kwargs": "{kind: rollout}",
+    "stages.reward": "tests.spine.test_build_settings:passthrough", "stages.reward_kwargs": "{kind: reward}",
+    "stages.advantage": "tests.spine.test_build_settings:passthrough", "stages.advantage_kwargs": "{kind: advantage}",
+    "stages.probes": "[tests.spine.test_build_settings:probe]",
+    "stages.probe_kwargs": "{'tests.spine.test_build_settings:probe': {weight: 0.5}}",
+}
+
+
 def _recipe(out: Path, **extra) -> Recipe:
     return load_recipe("recipes/quickstart.yaml", tiny_overrides(out / "run", **{**SETTINGS, **extra}))
 
@@ -41,7 +70,8 @@ def _recipe(out: Path, **extra) -> Recipe:
 def built(tmp_path_factory):
     from credo.train.build import build
 
-    r = _recipe(tmp_path_factory.mktemp("build-settings"))
+    r = _recipe(tmp_path_factory.mktemp("build-settings"), **STAGES)
+    SEEN.clear()
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     with pytest.MonkeyPatch.context() as mp:
@@ -68,6 +98,29 @@ def test_run_bookkeeping(built):
     assert c.config_yaml == recipe_to_yaml(r) and "ppo_epochs: 2" in c.config_yaml
     assert c.tracker_args == dict(total_steps=2, progress=False, plot=False,
                                   wandb_cfg={"project": "proj", "mode": "disabled"})
+
+
+def test_each_stage_factory_gets_the_context_its_default_and_its_settings(built):
+    from credo.config import EnvConfig, JudgeConfig
+    from credo.train.advantage import OutcomeAdvantage
+    from credo.train.reward import FunctionReward
+    from credo.train.rollout import PromptRollout
+
+    r, c = built
+    assert [kind for kind, _, _ in SEEN] == ["rollout", "reward", "advantage", "probe"]
+    ctx = SEEN[0][1]
+    assert all(seen is ctx for _, seen, _ in SEEN)  # one context, filled as the build goes
+    assert [type(d) for _, _, d in SEEN] == [PromptRollout, FunctionReward, OutcomeAdvantage, type(None)]
+    assert (SEEN[0][2], SEEN[1][2], SEEN[2][2]) == (c.source, c.reward, c.advantage)
+    assert (ctx.rank, ctx.world, ctx.seed) == (0, 1, 5)
+    assert ctx.tokenizer is c.tokenizer and ctx.task is c.task and ctx.engine is c.engine
+    assert ctx.backend is c.source.backend and ctx.render is c.source.render
+    assert ctx.rollout == dict(prompts_per_step=4, group_size=2, max_new_tokens=3, temperature=0.8, top_p=0.9)
+    assert ctx.env == EnvConfig() and ctx.judge == JudgeConfig() and ctx.task_config is r.task
+    assert ctx.reward_isolation == dict(timeout_s=7.5, workers=2, max_failure_frac=0.25)
+    assert ctx.default is None  # cleared once the stages are built
+    p, = c.scorer.probes
+    assert type(p) is Probe and p.weight == 0.5
 
 
 def test_the_source_samples_with_the_rollout_settings(built):
@@ -110,7 +163,6 @@ def test_the_scorer_objective_and_updater(built):
     r, c = built
     s = c.scorer
     assert (s.temperature, s.chunk_size, s.hidden_path, s.needs_old_log_probs) == (0.8, 16, True, True)
-    assert s.probes == []
     ref = s.ref_model
     assert ref is not None and ref is not c.engine.module and not ref.training
     assert not any(p.requires_grad for p in ref.parameters())
@@ -496,3 +548,13 @@ def test_critic_stage_builds_one_engine_per_critic_with_the_critic_settings(tmp_
         assert torch.equal(e.module.value_head.weight, want.value_head.weight)
     r.critic.kl_in_reward = 0.0
     assert _critic_stage(r, tok, path, engine, scorer, ref, world=1).kl is None
+
+
+def test_a_prompt_too_long_stops_the_build_before_the_run_folder_and_the_warm_up(tmp_path):
+    from credo.train.build import build
+
+    r = load_recipe("recipes/quickstart.yaml", tiny_overrides(tmp_path / "run", **{
+        "model.tiny.max_position_embeddings": 8, "rollout.max_new_tokens": 5}))
+    with pytest.raises(ConfigError, match=r"^prompt too long: eval problem 0 has 4 tokens \+ rollout.max_new_tokens=5 "):
+        build(r)
+    assert not (tmp_path / "run").exists()
