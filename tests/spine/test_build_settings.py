@@ -558,3 +558,45 @@ def test_a_prompt_too_long_stops_the_build_before_the_run_folder_and_the_warm_up
     with pytest.raises(ConfigError, match=r"^prompt too long: eval problem 0 has 4 tokens \+ rollout.max_new_tokens=5 "):
         build(r)
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------------------------------ warm-up, two ranks
+def test_prepare_policy_runs_the_warm_up_on_rank_0_then_reuses_it(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from credo.models import cache_root, resolve_model_path
+    from credo.rewards.tasks import make_task
+    from credo.sft import sft_cache_key
+    from credo.train.build import _prepare_policy
+
+    r = load_recipe("recipes/quickstart.yaml", tiny_overrides(tmp_path / "run", **{"sft.steps": 1, "sft.batch_size": 4}))
+    base = resolve_model_path(r.model.path, r.model.tiny)
+    path, key = _prepare_policy(r, make_task(r.task), 0, 1)
+    assert key == sft_cache_key(r, base) and Path(path) == cache_root() / "sft" / key  # one step, cached once
+    assert (Path(path) / "COMPLETE").exists() and path != base
+    with caplog.at_level(logging.INFO, logger="credo"):
+        assert _prepare_policy(r, make_task(r.task), 0, 1) == (path, key)
+    assert [(rec.name, rec.getMessage()) for rec in caplog.records] == [("credo", f"sft: reusing cached warm-up {path}")]
+
+
+def test_other_ranks_take_rank_0s_policy_and_run_folder(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    from credo.train.build import _prepare_policy, _run_dir
+
+    sent = []
+
+    def broadcast(objects, src):  # what rank 0 holds arrives in every rank's list
+        sent.append((list(objects), src))
+        objects[:] = ["/policy", "key"] if len(objects) == 2 else [str(tmp_path / "from-rank-0")]
+
+    monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+    r = Recipe()
+    r.run.name, r.run.output_dir = "x", str(tmp_path / "mine")
+    assert _prepare_policy(r, None, 1, 2) == ("/policy", "key")
+    assert sent == [([None, None], 0)]
+    assert _run_dir(r, 2) == tmp_path / "from-rank-0" and (tmp_path / "from-rank-0" / "checkpoints").is_dir()
+    assert sent[1] == ([str(tmp_path / "mine")], 0)
+    sent.clear()
+    _run_dir(r, 1)
+    assert sent == []  # one process: nothing to broadcast
