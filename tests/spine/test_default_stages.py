@@ -358,6 +358,16 @@ def test_function_reward_means_are_summed_over_ranks(monkeypatch):
     assert batch.metrics["train/rewards/f"] == pytest.approx(1.5)
 
 
+def test_function_reward_means_are_taken_in_float64():
+    from credo.train.reward import FunctionReward
+
+    # 100000001 has no float32 value (float32 keeps 24 bits): a float32 mean would read 50000000.0
+    worker = Worker(RewardResult([0.0] * 2, [True] * 2, 0, 0, {"big": [100000001.0, 0.0]}))
+    batch = _reward_batch(n=2)
+    FunctionReward(worker, CharTok(), group_size=2)(batch)
+    assert batch.metrics["train/rewards/big"] == 50000000.5
+
+
 def test_function_reward_close_closes_its_worker():
     from credo.train.reward import FunctionReward
 
