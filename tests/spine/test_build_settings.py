@@ -605,7 +605,7 @@ def test_other_ranks_take_rank_0s_policy_and_run_folder(tmp_path, monkeypatch):
 def test_env_task_renders_with_the_recipes_chat_template_setting(tmp_path):
     from credo.train.build import _env_task
 
-    r = _env_recipe(tmp_path)
+    r = _env_recipe(tmp_path, max_total_tokens=64)
     r.task.chat_template = True  # the tiny tokenizer has no chat template
     with pytest.raises(ConfigError, match=r"^config key 'task.chat_template' = true but the tokenizer has no chat "
                                           r"template"):
