@@ -522,7 +522,7 @@ def test_critic_stage_builds_one_engine_per_critic_with_the_critic_settings(tmp_
         "algo.advantage_kwargs": "{gamma: 0.9}", "critic.num_critics": 2, "critic.lr": 3e-3,
         "critic.betas": "[0.7, 0.8]", "critic.weight_decay": 0.02, "critic.grad_clip": 0.3, "critic.warmup_steps": 2,
         "critic.critic_only_steps": 1, "critic.value_clip": 0.4, "critic.epochs": 3, "critic.mini_batches": 2,
-        "critic.micro_batch_size": 2, "critic.value_agg": "min", "critic.whiten": True, "critic.kl_in_reward": 0.1,
+        "critic.micro_batch_size": 1, "critic.value_agg": "min", "critic.whiten": True, "critic.kl_in_reward": 0.1,
         "critic.low_frac": 0.25, "critic.high_frac": 0.3, "optim.zero_stage": 0, "model.ref_model": True}))
     path = resolve_model_path(r.model.path, r.model.tiny)
     tok = load_tokenizer(path)
@@ -531,13 +531,14 @@ def test_critic_stage_builds_one_engine_per_critic_with_the_critic_settings(tmp_
     assert type(stage) is CriticAdvantage and len(stage.engines) == 2
     assert stage.gae_kwargs == {"gamma": 0.9} and stage.value_agg == "min" and stage.whiten is True
     assert (stage.kl_in_reward, stage.low_frac, stage.high_frac, stage.value_clip) == (0.1, 0.25, 0.3, 0.4)
-    assert (stage.epochs, stage.mini_batches, stage.micro, stage.critic_only_steps) == (3, 2, 2, 1)
+    assert (stage.epochs, stage.mini_batches, stage.micro, stage.critic_only_steps) == (3, 2, 1, 1)
     assert (stage.zero_stage, stage.world) == (0, 2)
     assert type(stage.kl) is PolicyKL and (stage.kl.scorer, stage.kl.engine, stage.kl.ref_model) == (scorer, engine, ref)
-    # the smallest shard: 4 prompts / 2 ranks x (4 samples / 2 critics) = 4; 2 mini-batches of 2, micro 2: 1 step
-    assert stage.grad_accum == 1
+    # the smallest shard: 4 prompts / 2 ranks x (4 samples / 2 critics) = 4; 2 mini-batches of 2, micro-batches
+    # of 1: 2 per optimizer step
+    assert stage.grad_accum == 2
     for e in stage.engines:
-        assert e.train_micro_batch_size_per_gpu() == 2 and e.gradient_accumulation_steps() == 1
+        assert e.train_micro_batch_size_per_gpu() == 1 and e.gradient_accumulation_steps() == 2
         assert e.gradient_clipping() == 0.3 and e.zero_optimization_stage() == 0
         g = e.optimizer.param_groups[0]
         assert g["initial_lr"] == 3e-3 and g["betas"] == (0.7, 0.8) and g["weight_decay"] == 0.02
