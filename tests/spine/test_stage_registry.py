@@ -164,3 +164,11 @@ def test_check_stages_checks_the_probes():
     with pytest.raises(ConfigError, match=r"^config key 'stages.probe_kwargs.other' names no entry of stages.probes "
                                           r"\(\['tests.spine.test_stage_registry:factory'\]\)$"):
         check_stages(stages(probes=[SPEC], probe_kwargs={"other": {}}))
+
+
+def test_a_suggestion_needs_half_the_name_to_match(empty_registry):
+    register_stage("reward", "abxy")(factory)  # 'abcd' vs 'abxy': similarity 2 * 2 / 8 = 0.5, the cutoff
+    with pytest.raises(ConfigError, match=r"= 'abcd' is not a known reward stage; did you mean 'abxy'\? "):
+        resolve("reward", "abcd", "stages.reward")
+    with pytest.raises(ConfigError, match=r"= 'azzz' is not a known reward stage \(known: abxy;"):  # 0.25: no hint
+        resolve("reward", "azzz", "stages.reward")
