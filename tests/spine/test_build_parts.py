@@ -249,6 +249,12 @@ def test_build_passes_the_recipes_settings_to_the_stages(tmp_path):
         want = [1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / total))) for s in range(total)]
         assert lrs == pytest.approx(want, rel=1e-6)
         assert sched.get_last_lr()[0] == pytest.approx(1e-4)
+        # the defaults: one on-policy pass (no recompute), no reference model or KL, no evaluation, no tracker,
+        # ZeRO-1 (the hidden-state path), the warm-up's policy
+        assert c.scorer.needs_old_log_probs is False and c.scorer.hidden_path is True and c.scorer.ref_model is None
+        assert c.objective.kl_estimator is None and c.evaluate is None and c.gate.mode is None
+        assert c.tracker_args["wandb_cfg"] is None and c.zero_stage == 1 and c.resume is None
+        assert c.state.sft_key is not None and c.state.policy_path != c.config["model"]["path"]
 
 
 def test_a_prompt_that_fills_the_context_exactly_fits(tmp_path):

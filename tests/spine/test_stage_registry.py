@@ -1,0 +1,174 @@
+"""The stage registry (credo.train.registry): registering, resolving names and import specs, and the recipe
+checks of `credo check`, with every error naming the recipe key."""
+
+from __future__ import annotations
+
+import pytest
+
+from credo.config import ConfigError, StagesConfig
+from credo.train import registry
+from credo.train.registry import DEFAULT, KINDS, StageContext, check_stages, register_stage, resolve
+
+NOT_CALLABLE = 3
+
+
+def factory(ctx, scale: float = 1.0, *, mode="a"):
+    return ("built", ctx, scale, mode)
+
+
+def open_factory(ctx, **kwargs):
+    return kwargs
+
+
+def bare_factory(ctx):
+    return ctx
+
+
+@pytest.fixture
+def empty_registry(monkeypatch):
+    """A registry of no stages and no lazy built-ins, so a test registers only its own."""
+    monkeypatch.setattr(registry, "STAGES", {kind: {} for kind in KINDS})
+    monkeypatch.setattr(registry, "LAZY_BUILTINS", {})
+    return registry.STAGES
+
+
+def test_the_kinds_and_the_default_name():
+    assert KINDS == ("rollout", "reward", "advantage", "probe")
+    assert DEFAULT == "default"
+    assert set(registry.STAGES) == set(KINDS)
+
+
+def test_register_stage_adds_the_factory_unchanged_and_refuses_a_second_of_one_name(empty_registry):
+    assert register_stage("reward", "mine")(factory) is factory
+    assert empty_registry["reward"] == {"mine": factory} and empty_registry["rollout"] == {}
+    assert resolve("reward", "mine", "stages.reward") is factory
+    with pytest.raises(ValueError, match=r"^reward stage 'mine' is already registered$"):
+        register_stage("reward", "mine")(open_factory)
+    assert empty_registry["reward"]["mine"] is factory
+    register_stage("probe", "mine")(open_factory)  # one name may serve two kinds
+    assert empty_registry["probe"] == {"mine": open_factory}
+
+
+def test_register_stage_names_the_known_kinds():
+    with pytest.raises(ValueError, match=r"^unknown stage kind 'critic' \(known: rollout, reward, advantage, probe\)$"):
+        register_stage("critic", "x")
+
+
+def test_stage_context_defaults():
+    a, b = StageContext(rank=1, world=2, seed=3), StageContext(rank=0, world=1, seed=0)
+    assert (a.rank, a.world, a.seed) == (1, 2, 3)
+    for name in ("tokenizer", "task", "backend", "engine", "render", "default", "env", "judge", "task_config"):
+        assert getattr(a, name) is None, name
+    assert a.rollout == {} and a.reward_isolation == {}
+    a.rollout["x"] = 1
+    a.reward_isolation["y"] = 2
+    assert b.rollout == {} and b.reward_isolation == {}  # each context has its own dicts
+
+
+def test_resolve_default_is_the_builders_built_in():
+    assert resolve("rollout", "default", "stages.rollout") is None
+    assert resolve("probe", "default", "stages.probes[0]") is None
+
+
+def test_resolve_an_import_spec():
+    assert resolve("rollout", "tests.spine.test_stage_registry:factory", "stages.rollout") is factory
+    with pytest.raises(ConfigError, match=r"^config key 'stages.reward' = 'tests.no_such_mod:f': cannot import "
+                                          r"module 'tests.no_such_mod' \(No module named 'tests.no_such_mod'\)$"):
+        resolve("reward", "tests.no_such_mod:f", "stages.reward")
+    for attr in ("nothing", "NOT_CALLABLE"):
+        with pytest.raises(ConfigError, match=rf"^config key 'stages.advantage' = 'tests.spine.test_stage_registry:"
+                                              rf"{attr}': module 'tests.spine.test_stage_registry' has no callable "
+                                              rf"'{attr}'$"):
+            resolve("advantage", f"tests.spine.test_stage_registry:{attr}", "stages.advantage")
+
+
+def test_lazy_built_ins_register_themselves_on_first_lookup():
+    from credo.train.registry import LAZY_BUILTINS, STAGES
+
+    assert LAZY_BUILTINS["rollout"]["multiturn"] == "credo.train.multiturn"
+    assert LAZY_BUILTINS["probe"] == {"attention_credit": "credo.train.attention_probe"}
+    assert LAZY_BUILTINS["advantage"] == {"turn_credit": "credo.train.turn_credit"}
+    assert LAZY_BUILTINS["reward"] == {"env": "credo.train.multiturn", "judge": "credo.train.judge_reward",
+                                       "rm_nlhf": "credo.train.rm_nlhf", "ce_rm": "credo.train.ce_rm"}
+    assert LAZY_BUILTINS["rollout"]["ce_rm_two_stage"] == "credo.train.ce_rm"
+    f = resolve("probe", "attention_credit", "stages.probes[0]")
+    assert STAGES["probe"]["attention_credit"] is f and callable(f)
+    assert resolve("reward", "env", "stages.reward") is STAGES["reward"]["env"]
+
+
+def test_an_unknown_name_suggests_the_closest_and_lists_the_known(monkeypatch, empty_registry):
+    monkeypatch.setattr(registry, "LAZY_BUILTINS", {"rollout": {"multiturn": "credo.train.multiturn"}})
+    register_stage("rollout", "prompts")(factory)
+    register_stage("rollout", "agent")(factory)
+    with pytest.raises(ConfigError, match=r"^config key 'stages.rollout' = 'multiturm' is not a known rollout stage; "
+                                          r"did you mean 'multiturn'\? \(known: agent, multiturn, prompts; or give "
+                                          r"'package.module:factory'\)$"):
+        resolve("rollout", "multiturm", "stages.rollout")
+    with pytest.raises(ConfigError, match=r"^config key 'k' = 'zzzzzz' is not a known rollout stage \(known: agent, "):
+        resolve("rollout", "zzzzzz", "k")
+    with pytest.raises(ConfigError, match=r"^config key 'stages.probes\[1\]' = 'x' is not a known probe stage "
+                                          r"\(known: none; or give 'package.module:factory'\)$"):
+        resolve("probe", "x", "stages.probes[1]")
+
+
+def stages(**kw) -> StagesConfig:
+    s = StagesConfig()
+    for k, v in kw.items():
+        setattr(s, k, v)
+    return s
+
+
+SPEC = "tests.spine.test_stage_registry:factory"
+
+
+def test_check_stages_accepts_defaults_and_known_keyword_arguments():
+    check_stages(stages())
+    check_stages(stages(rollout=SPEC, rollout_kwargs={"scale": 2.0, "mode": "b"},
+                        reward="tests.spine.test_stage_registry:open_factory", reward_kwargs={"anything": 1},
+                        advantage="tests.spine.test_stage_registry:bare_factory",
+                        probes=[SPEC], probe_kwargs={SPEC: {"scale": 1.0}}))
+
+
+@pytest.mark.parametrize("kind", ["rollout", "reward", "advantage"])
+def test_check_stages_refuses_settings_for_a_default_stage(kind):
+    with pytest.raises(ConfigError, match=rf"^config key 'stages.{kind}_kwargs' is set but stages.{kind} is 'default', "
+                                          rf"whose settings live in their own sections; name the stage they are for$"):
+        check_stages(stages(**{f"{kind}_kwargs": {"x": 1}}))
+
+
+@pytest.mark.parametrize("kind", ["rollout", "reward", "advantage"])
+def test_check_stages_names_an_unknown_keyword_of_the_factory(kind):
+    with pytest.raises(ConfigError, match=rf"^unknown config key 'stages.{kind}_kwargs.scal'; did you mean "
+                                          rf"'stages.{kind}_kwargs.scale'\? \(valid: mode, scale\)$"):
+        check_stages(stages(**{kind: SPEC, f"{kind}_kwargs": {"scal": 2}}))
+    with pytest.raises(ConfigError, match=rf"^unknown config key 'stages.{kind}_kwargs.zzz' \(valid: mode, scale\)$"):
+        check_stages(stages(**{kind: SPEC, f"{kind}_kwargs": {"scale": 1, "zzz": 2}}))
+    with pytest.raises(ConfigError, match=rf"^unknown config key 'stages.{kind}_kwargs.a' \(valid: none\)$"):
+        check_stages(stages(**{kind: "tests.spine.test_stage_registry:bare_factory", f"{kind}_kwargs": {"a": 1}}))
+
+
+@pytest.mark.parametrize("kind", ["rollout", "reward", "advantage"])
+def test_check_stages_resolves_each_kind_under_its_key(kind):
+    with pytest.raises(ConfigError, match=rf"^config key 'stages.{kind}' = 'nosuchstage' is not a known {kind} stage"):
+        check_stages(stages(**{kind: "nosuchstage"}))
+
+
+def test_check_stages_checks_the_probes():
+    with pytest.raises(ConfigError, match=r"^config key 'stages.probes\[1\]' = 3: expected a name or "
+                                          r"'package.module:factory'$"):
+        check_stages(stages(probes=[SPEC, 3]))
+    with pytest.raises(ConfigError, match=r"^config key 'stages.probes\[1\]': there is no default probe; name one$"):
+        check_stages(stages(probes=[SPEC, "default"]))
+    with pytest.raises(ConfigError, match=r"^config key 'stages.probes\[0\]' = 'nosuch' is not a known probe stage"):
+        check_stages(stages(probes=["nosuch"]))
+    with pytest.raises(ConfigError, match=r"^config key 'stages.probe_kwargs.other' names no entry of stages.probes "
+                                          r"\(\['tests.spine.test_stage_registry:factory'\]\)$"):
+        check_stages(stages(probes=[SPEC], probe_kwargs={"other": {}}))
+
+
+def test_a_suggestion_needs_half_the_name_to_match(empty_registry):
+    register_stage("reward", "abxy")(factory)  # 'abcd' vs 'abxy': similarity 2 * 2 / 8 = 0.5, the cutoff
+    with pytest.raises(ConfigError, match=r"= 'abcd' is not a known reward stage; did you mean 'abxy'\? "):
+        resolve("reward", "abcd", "stages.reward")
+    with pytest.raises(ConfigError, match=r"= 'azzz' is not a known reward stage \(known: abxy;"):  # 0.25: no hint
+        resolve("reward", "azzz", "stages.reward")
