@@ -302,3 +302,18 @@ def test_error_messages_name_the_class_the_mask_and_the_function():
         model(input_ids=ids_b, attention_mask=attn_b)
     with pytest.raises(TypeError, match=r"^rhythm_gamma_from_qk got unexpected keyword arguments \['gamma_flow'\]"):
         rhythm_gamma_from_qk(cap, attn_b, resp_b, gamma_flow=2.0)
+
+
+def test_a_one_layer_capture_and_a_misshapen_advantage_for_the_flow():
+    from credo.credit.capture import flow_gamma_from_qk
+
+    model = tiny_model("llama")
+    ids_b, attn_b, resp_b, ans_b = pad(sequences(), "right")
+    with capture_qk(model, [2]) as cap:
+        model(input_ids=ids_b, attention_mask=attn_b)
+    q, k = cap.sequence(1, torch.arange(4))
+    assert q.shape == (1, 4, 4, 16) and k.shape == (1, 2, 4, 16)
+    n = ids_b.shape[1]
+    with pytest.raises(ValueError, match=rf"^advantages has shape \[3, {n - 1}\], expected \[3, {n}\] like the "
+                                         r"captured input_ids$"):
+        flow_gamma_from_qk(cap, attn_b, resp_b, ans_b, advantages=torch.ones(3, n - 1))

@@ -420,3 +420,16 @@ def test_load_judge_rejects_a_tokenizer_larger_than_the_judges_vocabulary(tiny_p
     ctx = StageContext(rank=0, world=1, seed=0, judge=JudgeConfig(path="tiny", tiny=TINY))
     with pytest.raises(ConfigError, match=rf"^vocab mismatch at '{tmp_path / 'judge'}': tokenizer has "):
         load_judge(ctx, str(tmp_path / "judge"))
+
+
+def test_judge_rewards_counts_every_unparseable_judgement():
+    from credo.train.judge_reward import judge_rewards
+
+    # three pointwise judgements of samples 0, 1, 1: two do not parse
+    rewards, valid, bad = judge_rewards(["no score here", "\\boxed{5}", "\\boxed{7.3}"], [(0,), (1,), (1,)], 2,
+                                        mode="pointwise")
+    assert bad == 2 and valid == [False, True] and rewards == [0.0, 0.5]
+    # pairwise: (0 vs 1) A wins, (1 vs 0) and (0 vs 1) give no verdict
+    rewards, valid, bad = judge_rewards(["\\boxed{A}", "\\boxed{a}", "tie"], [(0, 1), (1, 0), (0, 1)], 2,
+                                        mode="pairwise")
+    assert bad == 2 and valid == [True, True] and rewards == [1.0, 0.0]

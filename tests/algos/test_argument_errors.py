@@ -1,0 +1,62 @@
+"""Edge cases of credo.algos that the seed-3 mutation sample showed untested: fractional frequency weights, empty
+chunk layouts, the documented defaults, and the exact error each bad argument gets (anchored, naming the tensor)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from credo.algos import ipa_loss, normalize_rewards, rebn, train_infer_correction
+from credo.algos.chunks import num_chunks
+from credo.algos.logprobs import logprobs_from_hidden
+from credo.algos.policy_losses import topr
+
+
+def test_fractional_weights_are_frequencies_whose_total_may_be_one_or_less():
+    # weights 0.5 and 0.5 on rewards 1 and 3, population std: mean 2, variance (0.5 + 0.5) / 1 = 1
+    got = normalize_rewards(torch.tensor([1.0, 3.0], dtype=torch.float64), torch.zeros(2, dtype=torch.long),
+                            sample_weights=torch.tensor([0.5, 0.5]), unbiased=False, eps=0.0)
+    torch.testing.assert_close(got, torch.tensor([-1.0, 1.0], dtype=torch.float64))
+    # total weight 0.5: mean 2 still, variance (0.25 + 0.25) / 0.5 = 1
+    got = normalize_rewards(torch.tensor([1.0, 3.0], dtype=torch.float64), torch.zeros(2, dtype=torch.long),
+                            sample_weights=torch.tensor([0.25, 0.25]), unbiased=False, eps=0.0)
+    torch.testing.assert_close(got, torch.tensor([-1.0, 1.0], dtype=torch.float64))
+
+
+def test_rebn_names_a_bad_turn_layout():
+    g, tm = torch.zeros(2, 3), torch.tensor([[True, True, False], [True, False, False]])
+    with pytest.raises(ValueError, match=r"^token_turn_ids has shape \[1, 4\], expected \[2, T\] like turn_rewards$"):
+        rebn(g, tm, torch.zeros(1, 4, dtype=torch.long))
+    ids = torch.tensor([[0, 1, 2], [0, 0, -1]])  # turn 2 of sample 0 is masked out
+    with pytest.raises(ValueError, match=r"^token_turn_ids points at turns where turn_mask is 0$"):
+        rebn(g, tm, ids)
+
+
+def test_num_chunks_of_an_empty_layout_is_int64_zeros():
+    got = num_chunks(torch.zeros(3, 0, dtype=torch.long))
+    assert got.dtype == torch.int64 and torch.equal(got, torch.zeros(3, dtype=torch.int64))
+
+
+def test_train_infer_correction_defaults_to_token_level():
+    g = torch.Generator().manual_seed(0)
+    old, rollout = -torch.rand(2, 5, generator=g), -torch.rand(2, 5, generator=g)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    w_default, keep_default, _ = train_infer_correction(old, rollout, mask, mode="tis", cap=1.5)
+    w_token, keep_token, _ = train_infer_correction(old, rollout, mask, mode="tis", level="token", cap=1.5)
+    assert torch.equal(w_default, w_token) and torch.equal(keep_default, keep_token)
+
+
+def test_ipa_and_topr_name_their_bad_arguments():
+    lp, mask = torch.zeros(1, 3), torch.ones(1, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"^chunk_ids is -1 on a masked-in token, expected a chunk index >= 0$"):
+        ipa_loss(lp, lp, lp, mask, chunk_ids=torch.tensor([[0, -1, 1]]))
+    with pytest.raises(ValueError, match=r"^ratio_level is 'turn', expected 'token' or 'sequence'$"):
+        topr(lp, lp, lp, mask, ratio_level="turn")
+
+
+def test_labels_on_another_device_are_named():
+    # the meta device stands in for a GPU on this CPU-only suite
+    hidden, weight = torch.zeros(2, 3, 4), torch.zeros(5, 4)
+    labels = torch.zeros(2, 3, dtype=torch.long, device="meta")
+    with pytest.raises(ValueError, match=r"^labels is on meta, expected cpu like hidden$"):
+        logprobs_from_hidden(hidden, weight, labels)
