@@ -90,7 +90,8 @@ def chunk_mean(
     inside = chunk_ids >= 0
     # Slot max_chunks collects everything outside the response and is dropped afterwards.
     slot = torch.where(inside, chunk_ids, torch.full_like(chunk_ids, max_chunks))
-    if (slot > max_chunks).any():
+    # an index equal to max_chunks would land in the outside slot and be dropped silently
+    if (inside & (chunk_ids >= max_chunks)).any():
         raise ValueError(f"chunk_ids holds a chunk index >= max_chunks={max_chunks}")
     safe = torch.where(inside, values, torch.zeros_like(values))
     sums = safe.new_zeros(values.shape[0], max_chunks + 1).scatter_add(1, slot, safe)
