@@ -60,3 +60,54 @@ def test_labels_on_another_device_are_named():
     labels = torch.zeros(2, 3, dtype=torch.long, device="meta")
     with pytest.raises(ValueError, match=r"^labels is on meta, expected cpu like hidden$"):
         logprobs_from_hidden(hidden, weight, labels)
+
+
+def test_chunk_functions_and_rebn_name_the_tensor_and_its_reference():
+    from credo.algos.chunks import chunk_mean, chunk_ratio
+
+    lp = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"^chunk_ids has shape \[2, 2\], expected \[2, 3\] like log_probs$"):
+        chunk_ratio(lp, lp, torch.zeros(2, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^chunk_ids has shape \[3\], expected \[B, T\]$"):
+        num_chunks(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^chunk_ids holds a chunk index >= max_chunks=2$"):
+        chunk_mean(lp, torch.tensor([[0, 1, 2], [0, 0, 1]]), max_chunks=2)
+    with pytest.raises(ValueError, match=r"^turn_mask has shape \[2, 2\], expected \[2, 3\] like turn_rewards$"):
+        rebn(torch.zeros(2, 3), torch.ones(2, 2, dtype=torch.bool), torch.zeros(2, 4, dtype=torch.long))
+
+
+def test_a_new_advantage_estimator_is_registered_with_its_inputs():
+    from credo.algos import ADVANTAGE_ESTIMATORS, ADVANTAGE_INPUTS, register_advantage_estimator
+
+    def my_estimator(rewards, group_ids, mask):
+        return torch.zeros(mask.shape)
+
+    try:
+        assert register_advantage_estimator("test_only_zero", inputs="outcome")(my_estimator) is my_estimator
+        assert ADVANTAGE_ESTIMATORS["test_only_zero"] is my_estimator
+        assert ADVANTAGE_INPUTS["test_only_zero"] == "outcome"
+    finally:
+        ADVANTAGE_ESTIMATORS.pop("test_only_zero", None)
+        ADVANTAGE_INPUTS.pop("test_only_zero", None)
+
+
+def test_tis_needs_a_positive_cap_and_mismatch_metrics_a_finite_sampler():
+    from credo.algos.mismatch import mismatch_metrics
+
+    lp, mask = torch.zeros(1, 3), torch.ones(1, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"correction_cap"):
+        train_infer_correction(lp, lp, mask, mode="tis", cap=0.0)
+    bad = torch.tensor([[0.0, float("nan"), 0.0]])
+    with pytest.raises(ValueError, match=r"^sampler_log_probs has non-finite values"):
+        mismatch_metrics(lp, bad, mask)
+
+
+def test_value_loss_passes_norm_len_to_the_aggregation():
+    from credo.algos import value_loss
+
+    # one sequence, two trained tokens with squared errors 1 and 4: token sum 5, halved 2.5, over norm_len 10
+    values = torch.tensor([[1.0, 2.0, 0.0]], dtype=torch.float64)
+    zeros = torch.zeros(1, 3, dtype=torch.float64)
+    mask = torch.tensor([[True, True, False]])
+    loss, _ = value_loss(values, zeros, zeros, mask, clip_range=None, agg_mode="seq-mean-token-sum-norm", norm_len=10)
+    assert loss.item() == pytest.approx(0.25)
