@@ -111,3 +111,15 @@ def test_value_loss_passes_norm_len_to_the_aggregation():
     mask = torch.tensor([[True, True, False]])
     loss, _ = value_loss(values, zeros, zeros, mask, clip_range=None, agg_mode="seq-mean-token-sum-norm", norm_len=10)
     assert loss.item() == pytest.approx(0.25)
+
+
+def test_mipu_t_post_clamps_the_mean_log_ratio_at_plus_and_minus_20():
+    import math
+
+    from credo.algos.mipu import mipu_t_post
+
+    # row 0: mean log-ratio +30 -> rho e^20; row 1: -30 -> rho e^-20; advantages 1 and -1
+    lp = torch.tensor([[30.0, 30.0], [-30.0, -30.0]], dtype=torch.float64)
+    got = mipu_t_post(lp, torch.zeros(2, 2, dtype=torch.float64), torch.tensor([1.0, -1.0], dtype=torch.float64),
+                      torch.ones(2, 2, dtype=torch.bool))
+    assert got == pytest.approx(-(math.exp(20) - math.exp(-20)) / 2, rel=1e-12)
