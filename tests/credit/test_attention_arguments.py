@@ -26,3 +26,11 @@ def test_capture_names_input_ids_of_the_wrong_rank():
 
     with pytest.raises(ValueError, match=r"^input_ids has shape \[5\], expected \[B, N\]$"):
         _check_masks(torch.zeros(5, dtype=torch.long))
+
+
+def test_window_max_includes_the_first_token():
+    from credo.credit.attention import _window_max
+
+    # all tokens are response tokens; windows of the k = 2 tokens before t: t=1 sees {0}, t=2 sees {0, 1}
+    best, at = _window_max(torch.tensor([5.0, 1.0, 0.0]), torch.ones(3, dtype=torch.bool), 2)
+    assert best.tolist() == [-float("inf"), 5.0, 5.0] and at[1:].tolist() == [0, 0]
