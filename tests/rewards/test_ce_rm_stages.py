@@ -13,21 +13,7 @@ from credo.train.ce_rm import (CHOSEN, CRITERIA, REJECTED, CERMReward, TwoStageR
                                ce_rm_reward, two_stage_source)
 from credo.train.registry import StageContext, resolve
 from credo.train.rollout import step_problem_indices, step_seed
-
-
-class Tok:
-    """One id per character; records the keyword arguments of each call."""
-
-    def __init__(self):
-        self.encodes, self.decodes = [], []
-
-    def __call__(self, text, add_special_tokens=True):
-        self.encodes.append(add_special_tokens)
-        return {"input_ids": [ord(c) for c in text]}
-
-    def batch_decode(self, rows, skip_special_tokens=False):
-        self.decodes.append(skip_special_tokens)
-        return ["".join(chr(i) for i in r) for r in rows]
+from tests.rewards._char_tok import CharTok
 
 
 class Backend:
@@ -75,7 +61,7 @@ def test_layout_and_group_ids_by_hand():
 
 
 def test_the_second_rank_rolls_out_its_share_of_the_steps_instances():
-    be, tok, task = Backend(), Tok(), Instances()
+    be, tok, task = Backend(), CharTok(), Instances()
     src = TwoStageRollout(None, task, tok, be, seed=3, prompts_per_step=4, n_criteria=2, evals_per_response=1,
                           criteria_max_new_tokens=5, eval_max_new_tokens=7, temperature=0.9, top_p=0.8, rank=1, world=2)
     batch = src.rollout(5)
@@ -104,7 +90,7 @@ def test_the_second_rank_rolls_out_its_share_of_the_steps_instances():
 
 def test_the_rollout_renders_with_its_templates():
     be = Backend()
-    src = TwoStageRollout(None, Instances(3), Tok(), be, seed=0, prompts_per_step=1, n_criteria=1, evals_per_response=1,
+    src = TwoStageRollout(None, Instances(3), CharTok(), be, seed=0, prompts_per_step=1, n_criteria=1, evals_per_response=1,
                           criteria_max_new_tokens=2, eval_max_new_tokens=2, temperature=1.0, top_p=1.0,
                           criteria_template="C:{question}", eval_template="{question}/{response}/{criteria}")
     src.rollout(0)
@@ -123,7 +109,7 @@ def test_the_rollouts_other_methods_delegate():
             return "evaluated"
 
     d, be = Default(), Backend()
-    src = TwoStageRollout(d, Instances(), Tok(), be, seed=0, prompts_per_step=1, n_criteria=1, evals_per_response=1,
+    src = TwoStageRollout(d, Instances(), CharTok(), be, seed=0, prompts_per_step=1, n_criteria=1, evals_per_response=1,
                           criteria_max_new_tokens=2, eval_max_new_tokens=2, temperature=1.0, top_p=1.0)
     assert src.generate(["p"], temperature=0.3, seeds=[4]) == "evaluated"
     assert d.calls == [(["p"], {"temperature": 0.3, "seeds": [4]})]
@@ -153,7 +139,7 @@ def test_rewards_and_metrics_of_a_hand_scored_batch():
     scores7 = [5, 5, 4, 4, 5, 5, 4, 4]
     crit_text = "=052 \\boxed{x}"  # criteria are never parsed as scores
     texts = [crit_text] * 2 + [box(s) for s in scores0] + [crit_text] * 2 + [box(s) for s in scores7]
-    tok = Tok()
+    tok = CharTok()
     batch = batch_of(rows, texts)
     CERMReward(tok, K=2, E=2)(batch)
     # k=0: 8 beats 6 (not junk) -> 0.5, 6 beats nothing -> 0; rejected 6 is below 8 only -> 0.5, junk -> 0;
@@ -175,14 +161,14 @@ def test_rewards_with_more_criteria_than_evaluations():
     # k=0: 3 vs 2 (right), k=1: 2 vs 3 (wrong), k=2: 4 vs 4 (tie: wrong)
     texts = ["c"] * 3 + [box(s) for s in (3, 2, 2, 3, 4, 4)]
     batch = batch_of(rows, texts)
-    CERMReward(Tok(), K=3, E=1)(batch)
+    CERMReward(CharTok(), K=3, E=1)(batch)
     assert batch.rewards.tolist() == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     assert batch.metrics["reward/criteria_accuracy"] == 1 / 3 and batch.metrics["reward/unparseable_frac"] == 0.0
-    CERMReward(Tok(), K=1, E=1).close()
+    CERMReward(CharTok(), K=1, E=1).close()
 
 
 def ctx_for(group_size=20, **kw):
-    return StageContext(rank=kw.pop("rank", 0), world=kw.pop("world", 1), seed=kw.pop("seed", 0), tokenizer=Tok(),
+    return StageContext(rank=kw.pop("rank", 0), world=kw.pop("world", 1), seed=kw.pop("seed", 0), tokenizer=CharTok(),
                         task=kw.pop("task", Instances()), backend=kw.pop("backend", Backend()), default=kw.pop("default", None),
                         rollout={"prompts_per_step": 2, "group_size": group_size, "temperature": 0.7, "top_p": 0.95})
 
@@ -240,7 +226,7 @@ def test_three_evaluations_per_response_keep_their_order():
     # 4 below 9 and 5 (2/3), 0 below all (1); pairs won 6 of 9
     texts = ["c"] + [box(s) for s in (9, 5, 1, 8, 4, 0)]
     batch = batch_of(rows, texts)
-    CERMReward(Tok(), K=1, E=3)(batch)
+    CERMReward(CharTok(), K=1, E=3)(batch)
     assert batch.rewards.tolist() == pytest.approx([6 / 9, 1.0, 2 / 3, 1 / 3, 1 / 3, 2 / 3, 1.0])
 
 
@@ -248,5 +234,5 @@ def test_an_empty_shard_has_long_group_ids_and_zero_metrics():
     ids = ce_rm_group_ids([])
     assert ids.dtype == torch.long and ids.numel() == 0
     batch = batch_of([], [])
-    CERMReward(Tok(), K=2, E=1)(batch)
+    CERMReward(CharTok(), K=2, E=1)(batch)
     assert batch.metrics["reward/unparseable_frac"] == 0.0 and batch.metrics["reward/criteria_accuracy"] == 0.0

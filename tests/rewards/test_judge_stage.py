@@ -21,21 +21,7 @@ from credo.train.batch import Batch
 from credo.train.judge_reward import (JudgeReward, check_judge_context, judge_requests, judge_rewards,
                                       judge_warmup_recipe, load_judge, question_text)
 from credo.train.registry import StageContext, resolve
-
-
-class CharTok:
-    """One id per character; records the keyword arguments of each call."""
-
-    def __init__(self):
-        self.calls, self.decodes = [], []
-
-    def __call__(self, text, add_special_tokens=True):
-        self.calls.append(add_special_tokens)
-        return {"input_ids": [ord(c) for c in text]}
-
-    def batch_decode(self, rows, skip_special_tokens=False):
-        self.decodes.append(skip_special_tokens)
-        return ["".join(chr(i) for i in row) for row in rows]
+from tests.rewards._char_tok import CharTok
 
 
 class Backend:
@@ -135,7 +121,7 @@ def test_generate_passes_the_judges_settings_and_seeds_by_hand():
         assert call["temperature"] == 0.5 and call["top_p"] == 1.0
         base = 2 * 1_000_003 + 4 * 100_003
         assert call["seeds"] == [base, base + 1]
-        assert j.tok.calls == [False, False] and j.tok.decodes == [True] and j.generate_calls == 1
+        assert j.tok.encodes == [False, False] and j.tok.decodes == [True] and j.generate_calls == 1
         j.generate(["x"], 0)
         assert j.generate_calls == 2 and be.calls[1]["seeds"] == [2 * 1_000_003]
     finally:
