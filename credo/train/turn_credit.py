@@ -62,7 +62,8 @@ class TurnCredit:
         else:
             adv = self._rebn(rewards, counts, ids, batch.valid)
         batch.advantages = adv * batch.loss_mask
-        exists = torch.arange(rewards.shape[1])[None, :] < counts[:, None]
+        # over kept episodes only, like credit/turns_mean and env/return_mean: a failed episode's turns train nothing
+        exists = (torch.arange(rewards.shape[1])[None, :] < counts[:, None]) & batch.valid[:, None]
         batch.metrics["credit/turns_mean"] = float(counts[batch.valid].float().mean()) if batch.valid.any() else 0.0
         batch.metrics["credit/turn_reward_mean"] = float(rewards[exists].mean()) if exists.any() else 0.0
 

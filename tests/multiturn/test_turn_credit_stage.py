@@ -119,6 +119,15 @@ def test_the_metrics_are_the_kept_episodes_turn_count_and_the_mean_turn_reward()
     assert token_values(batch, 3) == []
 
 
+def test_a_failed_episodes_turns_are_left_out_of_the_mean_turn_reward():
+    # the second episode failed after two paid turns: its turns train nothing and are not averaged
+    batch = batch_of(([0.0, 1.0], False), ([4.0, 8.0], True), ([0.5], False))
+    turn_credit(ctx(), credit="mc")(batch)
+    assert batch.metrics["credit/turns_mean"] == 1.5
+    assert batch.metrics["credit/turn_reward_mean"] == pytest.approx(1.5 / 3)
+    assert token_values(batch, 1) == [0.0] * 5
+
+
 def test_a_batch_with_no_kept_episode_and_no_turn_has_zero_metrics():
     batch = batch_of(([], True), ([], True))
     turn_credit(ctx(), credit="mc")(batch)
