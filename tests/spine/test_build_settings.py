@@ -508,6 +508,18 @@ def test_env_task_of_a_model_whose_tokenizer_does_not_load_is_left_to_the_model_
         _env_task(r)
 
 
+def test_env_task_of_a_model_whose_config_does_not_load_skips_the_context_check(tmp_path):
+    from credo.train.build import _env_task
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{not json")  # neither the config nor a tokenizer loads here
+    r = _env_recipe(tmp_path, max_total_tokens=10**6)
+    r.model.path = str(model_dir)
+    task = _env_task(r)  # no context to check against: loading the model reports the broken config
+    assert (task.cfg, task.eos, task.prompt_text, task.observation) == (r.env, "", None, None)
+
+
 # ------------------------------------------------------------------------------------------------ critic stage
 def test_critic_stage_builds_one_engine_per_critic_with_the_critic_settings(tmp_path):
     from credo.distributed.engine import setup_distributed
