@@ -214,3 +214,26 @@ def test_mismatch_mask_difference_band_is_inclusive_and_one_sided():
     assert chunk_mismatch_mask(old, rollout, ids, **free, diff_low=-0.2).tolist() == [[True, False, True]]
     assert chunk_mismatch_mask(old, rollout, ids, **free, diff_high=0.2).tolist() == [[False, True, True]]
     assert chunk_mismatch_mask(old, rollout, ids, **free, diff_low=0.0, diff_high=0.0).tolist() == [[False, False, True]]
+
+
+def test_single_token_rows_and_single_chunk_slots():
+    ids = torch.tensor([[0], [-1]])
+    assert num_chunks(ids).tolist() == [1, 0]  # T = 1 is not the empty-layout case
+    out = chunk_to_tokens(_t([[3.0], [4.0]]), ids, fill=-1.0)  # K = 1 is not the no-slot case
+    assert out.tolist() == [[3.0], [-1.0]]
+
+
+def test_mismatch_mask_bounds_below_one_and_both_bands_together():
+    # single-token chunks with ratios pi_old / mu = 0.5, 0.8 (exact probabilities 0.25 / 0.5 and 0.4 / 0.5)
+    old = torch.log(_t([[0.25, 0.4]]))
+    rollout = torch.log(_t([[0.5, 0.5]]))
+    ids = torch.tensor([[0, 1]])
+    # a band wholly below 1: [0.6, 0.9] keeps only 0.8
+    assert chunk_mismatch_mask(old, rollout, ids, ratio_low=0.6, ratio_high=0.9).tolist() == [[False, True]]
+    # the ratio band drops 0.5; a wide difference band (-0.25 and -0.1 inside [-1, 1]) must not bring it back
+    for diff in ({"diff_low": -1.0}, {"diff_high": 1.0}, {"diff_low": -1.0, "diff_high": 1.0}):
+        keep = chunk_mismatch_mask(old, rollout, ids, ratio_low=0.6, ratio_high=0.9, **diff)
+        assert keep.tolist() == [[False, True]], diff
+    # and the difference band drops what the ratio band keeps: differences -0.25 (kept) and -0.1 (above -0.15)
+    keep = chunk_mismatch_mask(old, rollout, ids, ratio_low=0.1, ratio_high=0.9, diff_low=-0.3, diff_high=-0.15)
+    assert keep.tolist() == [[True, False]]
