@@ -250,14 +250,15 @@ def test_ppo_dual_clip_bound_equal_to_the_loss_keeps_the_gradient():
 
 
 def test_ppo_dual_clip_leaves_positive_and_zero_advantages():
-    # A = +1, r = e^2: loss -1.2 (the upper clip); A = 0: loss 0; with c = 1.1 neither is a dual clip
-    lp = _t([[2.0, 2.0, 2.0]])
-    old = torch.zeros(1, 3, dtype=F64)
-    adv = _t([[1.0, 0.0, -1.0]])
-    loss, metrics = ppo(lp, old, adv, _ones_mask(1, 3), dual_clip=1.1, agg_mode="seq-mean-token-sum")
+    # A = +1, r = e^2: loss -1.2 (the upper clip); A = 0: loss 0; A = 0.5, r = e^-1: loss -0.5 e^-1
+    # (below -A c = -0.55, but the dual clip bounds only negative advantages); with c = 1.1
+    lp = _t([[2.0, 2.0, 2.0, -1.0]])
+    old = torch.zeros(1, 4, dtype=F64)
+    adv = _t([[1.0, 0.0, -1.0, 0.5]])
+    loss, metrics = ppo(lp, old, adv, _ones_mask(1, 4), dual_clip=1.1, agg_mode="seq-mean-token-sum")
     # A = -1, r = e^2 = 7.39: surrogate 7.39, bound 1.1
-    assert loss.item() == pytest.approx(-1.2 + 0.0 + 1.1, rel=1e-12)
-    assert metrics["dual_clipfrac"].item() == pytest.approx(1 / 3)
+    assert loss.item() == pytest.approx(-1.2 + 0.0 + 1.1 - 0.5 * math.exp(-1.0), rel=1e-12)
+    assert metrics["dual_clipfrac"].item() == pytest.approx(1 / 4)
 
 
 # ---- gspo -------------------------------------------------------------------------------------------------
@@ -341,6 +342,9 @@ def test_topr_score_zero_and_advantage_sum_zero_are_negative():
     assert loss.item() == pytest.approx(math.exp(-1.0) + 1.0, rel=1e-12)
     assert metrics["positive_frac"].item() == 0.0
     assert metrics["truncated_frac"].item() == pytest.approx(0.5)  # only r = e > 1 is truncated
+    # advantages [1, -0.5] sum to 0.5 > 0: positive, plain -A log pi = -(1 * -1) - (-0.5 * 1) = 1.5
+    loss_half, _ = topr(lp, old, _t([[1.0, -0.5]]), _ones_mask(1, 2), agg_mode="seq-mean-token-sum")
+    assert loss_half.item() == pytest.approx(1.5)
     loss0, _ = topr(lp, old, adv, _ones_mask(1, 2), scores=_t([0.0]), agg_mode="seq-mean-token-sum")
     assert loss0.item() == pytest.approx(loss.item(), rel=1e-12)
     loss_pos, m_pos = topr(lp, old, adv, _ones_mask(1, 2), scores=_t([0.5]), agg_mode="seq-mean-token-sum")
@@ -399,6 +403,16 @@ def test_sapo_taus_must_be_positive_and_are_named():
             sapo(lp, lp, lp, _ones_mask(1, 1), **kw)
 
 
+def test_sapo_taus_below_one_are_accepted_and_a_small_positive_advantage_uses_tau_pos():
+    # r = e^1, A = 0.5 > 0: tau = tau_pos = 0.5; l = -(4 / 0.5) sigmoid(0.5 (e - 1)) * 0.5
+    lp = _t([[1.0]])
+    old = torch.zeros(1, 1, dtype=F64)
+    loss, metrics = sapo(lp, old, _t([[0.5]]), _ones_mask(1, 1), tau_pos=0.5, tau_neg=0.25)
+    s = 1 / (1 + math.exp(-0.5 * (math.e - 1)))
+    assert loss.item() == pytest.approx(-8 * s * 0.5, rel=1e-12)
+    assert metrics["gate_weight_mean"].item() == pytest.approx(4 * s * (1 - s), rel=1e-12)
+
+
 def test_sapo_on_policy_uses_the_default_taus():
     # r = 1: gate 1/2, l = -(4 / tau) / 2 * A = -2 A / tau with tau 1 for A > 0 and 1.05 otherwise
     lp = torch.zeros(1, 3, dtype=F64, requires_grad=True)
@@ -424,14 +438,14 @@ def test_sapo_gate_weight_uses_tau_neg_on_zero_advantages():
 
 
 def test_kimi15_default_tau_is_one_tenth():
-    # A = 0, log-ratio 1: (0.1 / 2) * 1^2 = 0.05; A = 2, log-ratio 0 (lp = -1): -2 * -1 = 2
+    # A = 0, log-ratio 2: (0.1 / 2) * 2^2 = 0.2; A = 2, log-ratio 0 (lp = -1): -2 * -1 = 2
     lp = torch.tensor([[-1.0, -1.0]], dtype=F64, requires_grad=True)
-    old = _t([[-2.0, -1.0]])
+    old = _t([[-3.0, -1.0]])
     adv = _t([[0.0, 2.0]])
     loss, _ = kimi15(lp, old, adv, _ones_mask(1, 2), agg_mode="seq-mean-token-sum")
-    assert loss.item() == pytest.approx(0.05 + 2.0, rel=1e-12)
-    # d/dlp: -A + tau (lp - old) = [0.1, -2]
-    torch.testing.assert_close(grad_of(loss, lp), _t([[0.1, -2.0]]))
+    assert loss.item() == pytest.approx(0.2 + 2.0, rel=1e-12)
+    # d/dlp: -A + tau (lp - old) = [0.2, -2]
+    torch.testing.assert_close(grad_of(loss, lp), _t([[0.2, -2.0]]))
 
 
 # ---- registry -----------------------------------------------------------------------------------------------
