@@ -86,6 +86,7 @@ def test_mipu_hand_worked_with_its_defaults():
     assert metrics["mipu_w_mean"].item() == pytest.approx(4.5 / 3)
     # w >= w_max counts a weight exactly at the cap: 2 of 3
     assert metrics["mipu_w_capped_frac"].item() == pytest.approx(2 / 3)
+    assert metrics["mipu_w_capped_frac"].dtype == metrics["mipu_w_mean"].dtype == F64  # metrics in the inputs' dtype
     assert metrics["dual_clipfrac"].item() == 0.0
 
 
@@ -263,9 +264,9 @@ def test_masks_name_bad_arguments():
     with pytest.raises(ValueError, match=r"^values has shape \[1, 3\], expected \[M, 1, 3\]"):
         asyppo_masks(torch.zeros(1, 3, dtype=F64), mask, 0.2, 0.2)
     with pytest.raises(
-        ValueError, match=r"^values has shape \[1, 1, 3\]: 1 critic\(s\), expected M >= 2 \(sigma is a std over critics\)$"
+        ValueError, match=r"^values has shape \[1, 2, 3\]: 1 critic\(s\), expected M >= 2 \(sigma is a std over critics\)$"
     ):
-        asyppo_masks(torch.zeros(1, 1, 3, dtype=F64), mask, 0.2, 0.2)
+        asyppo_masks(torch.zeros(1, 2, 3, dtype=F64), torch.ones(2, 3, dtype=torch.bool), 0.2, 0.2)
     for name, args in (("low_frac", (1.5, 0.0)), ("high_frac", (0.0, -0.1)), ("low_frac", (True, 0.0)),
                        ("high_frac", (0.0, "0.2"))):
         with pytest.raises(ValueError, match=rf"^{name} is .*, expected a number in \[0, 1\]$"):
@@ -291,6 +292,11 @@ def test_masks_on_a_hand_worked_batch():
     assert adv_keep.tolist() == [[True, False, True, False, False]]
     assert ent_keep.tolist() == [[False, True, True, True, False]]
     assert adv_keep.dtype == torch.bool and ent_keep.dtype == torch.bool
+    # a share of 1 drops every valid token
+    adv_keep, ent_keep = asyppo_masks(values, mask, 1.0, 0.0)
+    assert adv_keep.tolist() == [[False] * 5] and ent_keep.tolist() == [[True, True, True, True, False]]
+    adv_keep, ent_keep = asyppo_masks(values, mask, 0, 1)
+    assert adv_keep.tolist() == [[True, True, True, True, False]] and ent_keep.tolist() == [[False] * 5]
     # zero shares drop nothing
     adv_keep, ent_keep = asyppo_masks(values, mask, 0, 0)
     assert adv_keep.tolist() == ent_keep.tolist() == [[True, True, True, True, False]]
