@@ -168,8 +168,8 @@ def test_chunk_to_tokens_fills_outside_and_handles_no_chunk_slots():
     per_chunk = _t([[10.0, 20.0]])
     out = chunk_to_tokens(per_chunk, torch.tensor([[1, -1, 0]]), fill=-7.0)
     assert out.tolist() == [[20.0, -7.0, 10.0]] and out.dtype == F64
-    empty = chunk_to_tokens(torch.zeros(2, 0, dtype=torch.float32), torch.full((2, 3), -1), fill=2.5)
-    assert empty.tolist() == [[2.5] * 3] * 2 and empty.dtype == torch.float32
+    empty = chunk_to_tokens(torch.zeros(2, 0, dtype=F64), torch.full((2, 3), -1), fill=2.5)
+    assert empty.tolist() == [[2.5] * 3] * 2 and empty.dtype == F64  # the dtype of per_chunk, not the default
     with pytest.raises(ValueError, match=r"^per_chunk has shape \[2\], expected \[B, T\]$"):
         chunk_to_tokens(per_chunk[0], torch.tensor([[0, 1]]), fill=0.0)
 
