@@ -378,6 +378,23 @@ def test_an_empty_batch_mask_gives_float32_ones(model):
         assert out.dtype == torch.float32 and out.shape == (3, 9) and bool((out == 1).all())
 
 
+def test_a_padding_column_no_sequence_uses_changes_nothing(model):
+    # right padding plus one more all-padding column: the packed width (9) is less than N (10)
+    ids, attn, resp, ans = batch("right")
+    pad_col = torch.zeros(3, 1, dtype=torch.long)
+    ids2, attn2 = torch.cat([ids, pad_col], 1), torch.cat([attn, pad_col], 1)
+    resp2, ans2 = torch.cat([resp, pad_col.bool()], 1), torch.cat([ans, pad_col.bool()], 1)
+    layers = [1, 2]
+    a = model_rhythm_gamma(model, ids, attn, resp, layers=layers, strategy="local")
+    b = model_rhythm_gamma(model, ids2, attn2, resp2, layers=layers, strategy="local")
+    assert b.shape == (3, 10) and bool((b[:, 9] == 1).all())
+    torch.testing.assert_close(b[:, :9], a, rtol=0, atol=1e-5)
+    a = model_flow_gamma(model, ids, attn, resp, ans, layers=layers)
+    b = model_flow_gamma(model, ids2, attn2, resp2, ans2, layers=layers)
+    torch.testing.assert_close(b[:, :9], a, rtol=0, atol=1e-5)
+    assert bool((b[:, 9] == 1).all())
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_every_rhythm_keyword_reaches_the_rule(model, side):
     ids, attn, resp, _ = batch(side)
