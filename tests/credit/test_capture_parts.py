@@ -90,6 +90,7 @@ def captured(model, layers, ids, attn):
 
 def test_default_layers_round_halves_up_and_deduplicate():
     # L=2: middle third 0..1, points 0, .25, .5, .75, 1 -> 0, 0, 1, 1, 1
+    assert default_layers(1) == [0]
     assert default_layers(2) == [0, 1]
     # L=3: 1..1 -> [1]
     assert default_layers(3) == [1]

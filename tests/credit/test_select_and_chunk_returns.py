@@ -229,6 +229,9 @@ def test_chunk_returns_from_rewards_integer_rewards_and_exact_column_count():
     out = chunk_returns_from_rewards(torch.tensor([[1, 1, 1], [2, 0, 0], [0, 0, 0]]), ids, gamma=1.0)
     assert out.dtype == torch.float32
     assert out.tolist() == [[3, 3, 0, 2, 0, 1], [0, 0, 2, 2, 2, 0], [0] * 6]
+    # float64 rewards keep their dtype (and their precision: 1 + 1e-12 is not a float32)
+    out = chunk_returns_from_rewards(torch.tensor([[1.0, 1e-12, 0.0], [0.0] * 3, [0.0] * 3], dtype=torch.float64), ids)
+    assert out.dtype == torch.float64 and out[0, 0].item() == 1.0 + 1e-12
 
 
 def test_chunk_returns_from_rewards_names_rows_and_columns():
