@@ -453,3 +453,24 @@ def test_storage_on_cpu_and_the_default_layers(model):
     c = model_flow_gamma(model, ids, attn, resp, ans)
     d = model_flow_gamma(model, ids, attn, resp, ans, layers=[1, 2], storage_device=torch.device("cpu"))
     torch.testing.assert_close(c, d, rtol=0, atol=0)
+
+
+class _NoHead(torch.nn.Module):
+    def forward(self, *args, **kwargs):
+        raise AssertionError("the LM head ran")
+
+
+def test_the_forward_runs_the_decoder_body_without_the_lm_head_and_without_grad(model):
+    ids, attn, resp, ans = batch()
+    want_r = model_rhythm_gamma(model, ids, attn, resp, layers=[1])
+    want_f = model_flow_gamma(model, ids, attn, resp, ans, layers=[1])
+    head, grad_seen = model.lm_head, []
+    handle = model.model.register_forward_hook(lambda m, a, o: grad_seen.append(torch.is_grad_enabled()))
+    try:
+        model.lm_head = _NoHead()
+        torch.testing.assert_close(model_rhythm_gamma(model, ids, attn, resp, layers=[1]), want_r, rtol=0, atol=0)
+        torch.testing.assert_close(model_flow_gamma(model, ids, attn, resp, ans, layers=[1]), want_f, rtol=0, atol=0)
+    finally:
+        model.lm_head = head
+        handle.remove()
+    assert grad_seen == [False, False]
