@@ -477,19 +477,21 @@ def test_the_forward_runs_the_decoder_body_without_the_lm_head_and_without_grad(
 
 
 def test_the_reductions_use_the_modules_own_attention_scale(model):
-    # every layer scaled by 0.9 instead of head_dim ** -0.5: the eager maps and the captured path agree
+    # every layer scaled by 10 instead of head_dim ** -0.5: the eager maps and the captured path agree
+    # (with 8 ** -0.5 instead, the selected tokens differ)
     ids, attn, resp, ans = batch("left")
     modules = attention_modules(model)
     old = modules[0].scaling
     layers = [1, 2]
     try:
         for m in modules:
-            m.scaling = 0.9
+            m.scaling = 10.0
         maps = dense_maps(model, ids, attn, layers)
-        want = scatter([attention_rhythm_gamma(m, resp[b][attn[b].bool()], strategy="global", h_lo=1, h_hi=4)
-                        for b, m in enumerate(maps)], attn)
-        got = model_rhythm_gamma(model, ids, attn, resp, layers=layers, strategy="global", h_lo=1, h_hi=4)
-        torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-4)
+        for strategy in ("local", "global"):
+            want = scatter([attention_rhythm_gamma(m, resp[b][attn[b].bool()], strategy=strategy, h_lo=1, h_hi=4)
+                            for b, m in enumerate(maps)], attn)
+            got = model_rhythm_gamma(model, ids, attn, resp, layers=layers, strategy=strategy, h_lo=1, h_hi=4)
+            torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-4)
         want = scatter([flow_gamma(flow_throughput(m.mean(dim=(0, 1)), ~resp[b][attn[b].bool()],
                                                    ans[b][attn[b].bool()]), response_mask=resp[b][attn[b].bool()])
                         for b, m in enumerate(maps)], attn)
