@@ -252,3 +252,12 @@ def test_flow_of_uniform_maps_with_an_edge_exactly_at_the_threshold(block_size, 
     torch.testing.assert_close(f[0], want, rtol=1e-14, atol=1e-15)
     torch.testing.assert_close(f[1], want, rtol=1e-14, atol=1e-15)
     assert f[2].tolist() == [0.0] * 6
+
+
+def test_pairs_per_step_of_one_token_sequences_fill_the_budget():
+    from credo.credit.batched import _pairs_per_step
+
+    # a pair of a one-token batch scores 1 x 1: the budget of 1000 scores takes 1000 pairs a step
+    assert _pairs_per_step(1000, 4, 1) == 1000
+    assert _pairs_per_step(1000, 4, 0) == 1000  # an empty batch: no division by zero
+    assert _pairs_per_step(1, 4, 1) == 1
