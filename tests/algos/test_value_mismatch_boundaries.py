@@ -186,6 +186,8 @@ def test_mismatch_metrics_name_their_bad_arguments():
     lp, mask = torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool)
     with pytest.raises(ValueError, match=r"^trainer_log_probs has shape \[2\], expected 2 dimensions$"):
         mismatch_metrics(torch.zeros(2), torch.zeros(2), torch.ones(2, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"^sampler_log_probs has shape \[1, 3\], expected \[1, 2\] like trainer_log_probs$"):
+        mismatch_metrics(lp, torch.zeros(1, 3), mask)
     with pytest.raises(ValueError, match=r"^sampler_log_probs has dtype torch.int64, expected a floating dtype$"):
         mismatch_metrics(lp, lp.long(), mask)
     with pytest.raises(ValueError, match=r"^mask has shape \[1, 3\], expected \[1, 2\] like trainer_log_probs$"):

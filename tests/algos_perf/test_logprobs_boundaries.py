@@ -63,11 +63,13 @@ def test_half_precision_inputs_match_the_reference_on_the_same_values(dtype, tem
     ref_lp, ref_ent = reference_logprobs_and_entropy(ref_inputs[0], ref_inputs[1], labels, temperature, ref_inputs[2])
     torch.testing.assert_close(log_probs, ref_lp.detach(), atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(entropy, ref_ent.detach(), atol=3e-2, rtol=3e-2)
-    loss, fused_lp, _ = fused_policy_loss_from_hidden(
-        hidden, weight, labels, lambda lp, ent: -lp, temperature=temperature, chunk_size=3, bias=bias
-    )
-    assert loss.dtype == torch.float32
+    loss, fused_lp, fused_ent = fused_policy_loss_from_hidden(
+        hidden, weight, labels, lambda lp, ent: -lp + 0 * ent, temperature=temperature, chunk_size=3, bias=bias,
+        with_entropy=True,
+    )  # fmt: skip
+    assert loss.dtype == fused_lp.dtype == fused_ent.dtype == torch.float32
     torch.testing.assert_close(fused_lp, log_probs)
+    torch.testing.assert_close(fused_ent, entropy)
     got = grads_of(loss, (hidden, weight, bias))
     want = grads_of(-ref_lp.sum(), ref_inputs)
     for g, w in zip(got, want):
