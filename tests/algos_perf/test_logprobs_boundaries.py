@@ -4,6 +4,7 @@ Values are checked against the token-by-token reference of tests/algos_perf/refe
 """
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -216,3 +217,22 @@ def test_fused_token_inputs_are_named():
         fused_policy_loss_from_hidden(
             token_loss=lambda lp, ent, x, y: lp, token_inputs=(torch.zeros(3), torch.zeros(3, device="meta")), **kwargs
         )
+
+
+def test_a_last_partial_chunk_runs_without_warnings():
+    # 5 rows in chunks of 2: the last chunk has one row, and every buffer it writes is cut to that row
+    hidden, weight, labels, bias = make_inputs((5,), 4, 6, seed=40, with_bias=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        log_probs, entropy = logprobs_from_hidden(hidden, weight, labels, chunk_size=2, with_entropy=True, bias=bias)
+        got = grads_of((log_probs + entropy).sum(), (hidden, weight, bias))
+        loss, _, _ = fused_policy_loss_from_hidden(
+            hidden, weight, labels, lambda lp, ent: lp + ent, chunk_size=2, with_entropy=True, bias=bias
+        )
+        fused = grads_of(loss, (hidden, weight, bias))
+    ref_lp, ref_ent = reference_logprobs_and_entropy(hidden, weight, labels, 1.0, bias)
+    torch.testing.assert_close(entropy, ref_ent, atol=1e-5, rtol=1e-5)
+    want = grads_of((ref_lp + ref_ent).sum(), (hidden, weight, bias))
+    for g, f, w in zip(got, fused, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(f, w, atol=1e-5, rtol=1e-5)
