@@ -87,6 +87,16 @@ def test_sequence_level_tis_counts_only_non_empty_sequences():
     assert m["mismatch_kl_k3"].item() == pytest.approx(k3 / 3)
 
 
+def test_sequence_level_fractions_count_each_flagged_sequence():
+    # three sequences of two tokens, rho = 4, 4 and 1: two of three capped at 2 (one of three rejected above 1.5)
+    old, rollout, mask = _ratios([[LOG2, LOG2], [0.0, 2 * LOG2], [0.5, -0.5]])
+    _, _, m = train_infer_correction(old, rollout, mask, mode="tis", level="sequence", cap=2.0)
+    assert m["is_capped_frac"].item() == pytest.approx(2 / 3)
+    _, keep, m = train_infer_correction(old, rollout, mask, mode="mis", level="sequence", low=0.5, high=1.5)
+    assert keep.tolist() == [[False, False], [False, False], [True, True]]
+    assert m["is_rejected_frac"].item() == pytest.approx(2 / 3)
+
+
 def test_geometric_level_divides_by_each_sequence_length():
     old, rollout, mask = _three_sequences()
     # row 0: (2 * 2)^(1/2) = 2, kept; row 2 (one token): 0.5^(1/1) = 0.5 < 0.6, rejected as a whole
@@ -123,6 +133,10 @@ def test_the_importance_ratio_is_clamped_at_e_to_the_plus_and_minus_20():
     _, _, m = train_infer_correction(old, rollout, mask, mode=None)
     assert m["mismatch_kl_k3"].item() == pytest.approx(math.exp(20) - 21)
     assert m["mismatch_kl_k1"].item() == pytest.approx(-20.0)
+    old, rollout, mask = _ratios([[-25.0]])
+    _, _, m = train_infer_correction(old, rollout, mask, mode=None)
+    assert m["mismatch_kl_k3"].item() == pytest.approx(math.exp(-20) - 1 + 20)
+    assert m["mismatch_kl_k1"].item() == pytest.approx(20.0)
 
 
 def test_everything_rejected_or_an_empty_mask_gives_zero_ess_and_fractions():
