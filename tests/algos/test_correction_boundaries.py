@@ -215,3 +215,17 @@ def test_bad_tensors_are_named():
         train_infer_correction(old, old, torch.ones(2, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"^mask has dtype torch.int64, expected bool or floating"):
         train_infer_correction(old, old, torch.ones(2, 3, dtype=torch.long))
+
+
+def test_one_sequence_with_small_weights():
+    old, rollout, mask = _ratios([[-LOG2, 0.0]])  # one sequence, rho = 1/2
+    w, _, m = train_infer_correction(old, rollout, mask, mode="tis", level="sequence", cap=0.25)
+    assert w.tolist() == [[0.25, 0.25]]
+    assert m["is_capped_frac"].item() == 1.0  # 1 of 1 sequence
+    assert m["is_ess"].item() == 1.0  # one unit: its ESS is 1 however small its weight
+    assert all(v.dtype == F64 and v.shape == () for v in m.values())
+    _, keep, m = train_infer_correction(old, rollout, mask, mode="mis", level="sequence", low=0.6)
+    assert not keep.any() and m["is_rejected_frac"].item() == 1.0 and m["is_rejected_frac"].dtype == F64
+    for level in ("sequence", "geometric"):
+        w, keep, m = train_infer_correction(old, rollout, mask, mode=None, level=level)
+        assert w.tolist() == [[1.0, 1.0]] and keep.all() and "is_capped_frac" not in m
