@@ -391,3 +391,15 @@ def test_segment_stats_hand_worked():
     assert deg.tolist() == [False, True, True]
     mean, std, deg = A._segment_stats(x, seg, 3, w, False)
     assert mean.tolist() == [2.0, 5.0, 0.0] and std.tolist() == [1.0, 0.0, 0.0] and deg.tolist() == [False, True, True]
+
+
+def test_gae_and_turn_returns_accumulate_in_the_rewards_precision():
+    # bfloat16 holds 8 significant bits: 256 + 1 = 257 rounds (to even) to 256. Each step of the recursion is
+    # formed in the rewards' dtype, so the return of the first turn is 256 + 1 -> 256, then 256 + 1 -> 256 again
+    # (a float32 accumulator would carry 257 and give 258).
+    r = torch.tensor([[1.0, 1.0, 256.0]], dtype=torch.bfloat16)
+    got = turn_returns(r, torch.ones(1, 3, dtype=torch.bool))
+    assert got.dtype == torch.bfloat16 and got.float().tolist() == [[256.0, 256.0, 256.0]]
+    adv, ret = gae(r, torch.zeros(1, 3, dtype=torch.bfloat16), torch.ones(1, 3, dtype=torch.bool))
+    assert adv.dtype == torch.bfloat16 and adv.float().tolist() == [[256.0, 256.0, 256.0]]
+    assert ret.float().tolist() == [[256.0, 256.0, 256.0]]
