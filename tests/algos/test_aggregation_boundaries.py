@@ -28,6 +28,10 @@ def test_global_counts_counts_tokens_and_non_empty_rows():
     assert (tokens.item(), seqs.item()) == (0, 0)
     tokens, seqs = global_counts(torch.tensor([[False, False, True]]))  # a row whose only token is the last
     assert (tokens.item(), seqs.item()) == (1, 1)
+    tokens, seqs = global_counts(torch.ones(1, 3, dtype=torch.bool))  # one row of 3 tokens: 1 sequence, not 3
+    assert (tokens.item(), seqs.item()) == (3, 1)
+    tokens, seqs = global_counts(torch.tensor([[True, False], [True, False], [True, False]]))  # 3 rows, one column
+    assert (tokens.item(), seqs.item()) == (3, 3)
     with pytest.raises(ValueError, match=r"^mask has values other than 0 and 1"):
         global_counts(torch.full((2, 2), 0.5))
 
