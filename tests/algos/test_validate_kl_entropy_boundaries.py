@@ -131,6 +131,11 @@ def test_masked_fill_zero_keeps_the_dtype_and_blocks_nan_and_its_gradient():
     assert y.tolist() == [1.5, 0.0, 0.0, -2.0]
     (g,) = torch.autograd.grad(y.sum(), x)
     assert g.tolist() == [1.0, 0.0, 0.0, 1.0]
+    # the zero is of x's own dtype: an integer tensor stays integer
+    y = V.masked_fill_zero(torch.tensor([3, 4, 5]), torch.tensor([True, False, True]))
+    assert y.dtype == torch.int64 and y.tolist() == [3, 0, 5]
+    y = V.masked_fill_zero(torch.tensor([0.5, 2.0], dtype=torch.float16), torch.tensor([False, True]))
+    assert y.dtype == torch.float16 and y.tolist() == [0.0, 2.0]
 
 
 def test_register_records_returns_and_refuses_a_different_function_by_name():
