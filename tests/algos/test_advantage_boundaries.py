@@ -179,7 +179,12 @@ def test_normalize_rewards_names_every_bad_argument():
         normalize_rewards(r, g, sample_weights=[1.0, 1.0, 1.0])
     # other integer group ids are fine
     for dtype in (torch.int32, torch.int8, torch.uint8, torch.int16):
-        assert normalize_rewards(_t([0.0, 2.0]), torch.tensor([3, 3], dtype=dtype)).shape == (2,)
+        for scope in SCOPES:
+            got = normalize_rewards(_t([0.0, 2.0]), torch.tensor([3, 3], dtype=dtype), mean_scope=scope, std_scope=scope,
+                                    eps=0.0)
+            want = {"group": [-1 / math.sqrt(2), 1 / math.sqrt(2)], "batch": [-1 / math.sqrt(2), 1 / math.sqrt(2)],
+                    "none": [0.0, 2.0]}[scope]
+            torch.testing.assert_close(got, _t(want), rtol=1e-14, atol=0)
 
 
 def test_outcome_estimators_broadcast_to_the_mask_and_name_a_bad_one():
