@@ -147,17 +147,22 @@ def normalize_rewards(
     return out
 
 
-def _broadcast(seq_adv: torch.Tensor, mask, rewards) -> torch.Tensor:
+def _mask_like(mask, rewards) -> torch.Tensor:
+    """The [B, T] response mask as bool, one row per reward (checked here so that a wrong mask is named as such)."""
     check_tensor("mask", mask, ndim=2)
     if mask.shape[0] != rewards.shape[0]:
         raise ValueError(f"mask has shape [{mask.shape[0]}, {mask.shape[1]}], expected [{rewards.shape[0]}, T] like rewards")
-    m = as_bool_mask(mask, "mask", mask)
+    return as_bool_mask(mask, "mask", mask)
+
+
+def _broadcast(seq_adv: torch.Tensor, mask, rewards) -> torch.Tensor:
+    m = _mask_like(mask, rewards)
     return masked_fill_zero(seq_adv.unsqueeze(-1).expand(m.shape), m)
 
 
 def _token_counts(mask, rewards):
-    check_tensor("mask", mask, ndim=2)
-    return as_bool_mask(mask, "mask", mask).sum(-1).to(rewards.dtype)
+    # the mask is checked before its row lengths become sample weights, whose error would name sample_weights
+    return _mask_like(mask, rewards).sum(-1).to(rewards.dtype)
 
 
 def reinforce(rewards, group_ids, mask) -> torch.Tensor:

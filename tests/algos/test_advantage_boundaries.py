@@ -196,10 +196,11 @@ def test_outcome_estimators_broadcast_to_the_mask_and_name_a_bad_one():
         fn = ADVANTAGE_ESTIMATORS[name]
         with pytest.raises(ValueError, match=r"^mask has shape \[3\], expected 2 dimensions$"):
             fn(_t([0.0, 1.0, 2.0]), torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool))
-        # (token-weighted REINFORCE++ counts the mask's tokens first and reports them as sample_weights)
-        kw = {"token_weighted": False} if name.startswith("reinforce_pp") else {}
-        with pytest.raises(ValueError, match=r"^mask has shape \[2, 4\], expected \[3, T\] like rewards$"):
-            fn(_t([0.0, 1.0, 2.0]), torch.zeros(3, dtype=torch.long), torch.ones(2, 4, dtype=torch.bool), **kw)
+        # token-weighted REINFORCE++ counts the mask's tokens first: the mask, not its counts, is named
+        kws = [{}, {"token_weighted": False}] if name.startswith("reinforce_pp") else [{}]
+        for kw in kws:
+            with pytest.raises(ValueError, match=r"^mask has shape \[2, 4\], expected \[3, T\] like rewards$"):
+                fn(_t([0.0, 1.0, 2.0]), torch.zeros(3, dtype=torch.long), torch.ones(2, 4, dtype=torch.bool), **kw)
         with pytest.raises(ValueError, match=r"^mask has dtype torch\.int64, expected bool or floating"):
             fn(_t([0.0, 1.0, 2.0]), torch.zeros(3, dtype=torch.long), torch.ones(3, 2, dtype=torch.long))
         with pytest.raises(ValueError, match=r"^rewards has dtype torch\.int64, expected a floating dtype$"):
