@@ -500,3 +500,25 @@ def test_the_reductions_use_the_modules_own_attention_scale(model):
     finally:
         for m in modules:
             m.scaling = old
+
+
+def test_the_head_quantile_reaches_the_global_heads_of_the_fai():
+    # the global strategy ranks tokens by the FAI of the global heads only, so the head quantile decides which
+    # heads' FAI is averaged; each quantile must match the dense function's, and the quantiles must differ. The
+    # shared model's near-uniform attention ranks tokens alike in every head, so this one has sharper attention
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4,
+        vocab_size=50, max_position_embeddings=64, initializer_range=0.5,
+    )
+    sharp = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    ids, attn, resp, _ = batch()
+    layers = [0, 1, 2, 3]
+    maps = dense_maps(sharp, ids, attn, layers)
+    got = {}
+    for hq in (0.0625, 1.0):  # 1 of the 16 (layer, head) pairs, or all of them
+        kw = dict(strategy="global", head_quantile=hq, q=0.3, gamma_amp=2.0, h_lo=1, h_hi=2)
+        want = scatter([attention_rhythm_gamma(m, resp[b][attn[b].bool()], **kw) for b, m in enumerate(maps)], attn)
+        got[hq] = model_rhythm_gamma(sharp, ids, attn, resp, layers=layers, **kw).double()
+        torch.testing.assert_close(got[hq], want, rtol=0, atol=1e-4)
+    assert not torch.equal(got[0.0625], got[1.0])
