@@ -411,6 +411,38 @@ def test_context_check_names_the_longest_prompt_and_skips_a_model_without_a_limi
     _check_context(r, base, Task(["1" * 50], []))
 
 
+def test_context_check_counts_the_chat_template_s_tokens(tmp_path):
+    import shutil
+
+    from credo.models import load_tokenizer, resolve_model_path
+    from credo.rewards.tasks import Problem
+    from credo.train.build import _check_context
+
+    r = load_recipe("recipes/quickstart.yaml", tiny_overrides(tmp_path / "run", **{"model.tiny.max_position_embeddings": 8}))
+    base = tmp_path / "templated"
+    shutil.copytree(resolve_model_path(r.model.path, r.model.tiny), base)
+    tok = load_tokenizer(str(base))
+    tok.chat_template = "{% for m in messages %}({{ m['content'] }}){% endfor %}"  # two tokens around each prompt
+    tok.save_pretrained(base)
+
+    class Task:
+        def __len__(self):
+            return 1
+
+        def train(self, i):
+            return Problem("1+1=", "")
+
+        def eval_problems(self):
+            return []
+
+    r.rollout.max_new_tokens, r.task.chat_template = 4, "auto"
+    # "1+1=" is 4 tokens and would fill the context of 8 exactly; rendered "(1+1=)" it is 6
+    with pytest.raises(ConfigError, match=r"^prompt too long: train problem 0 has 6 tokens \+ rollout.max_new_tokens=4 "):
+        _check_context(r, str(base), Task())
+    r.task.chat_template = False
+    _check_context(r, str(base), Task())
+
+
 # ------------------------------------------------------------------------------------------------ step gate, env task
 class _Parts:
     """Distinct stand-ins for what `_step_gate` hands the gate as it is."""
