@@ -552,6 +552,24 @@ def test_env_task_of_a_model_whose_config_does_not_load_skips_the_context_check(
     assert (task.cfg, task.eos, task.prompt_text, task.observation) == (r.env, "", None, None)
 
 
+def test_a_multi_turn_recipe_builds_the_env_stages_and_an_env_evaluator_with_the_run_s_settings(tmp_path):
+    from credo.train.build import build
+    from credo.train.multiturn import EnvEvaluator, EnvReward, MultiTurnRollout
+
+    r = load_recipe("recipes/multiturn.yaml", tiny_overrides(tmp_path / "run", **{
+        "run.steps": 1, "run.eval_every": 1, "run.eval_temperature": 0.7, "run.seed": 3, "env.eval_episodes": 5,
+        "rollout.prompts_per_step": 2, "rollout.group_size": 2}))
+    c = build(r)
+    try:
+        # the reward stage comes from stages.reward ('env'), the evaluator plays held-out episodes of the source
+        assert type(c.source) is MultiTurnRollout and type(c.reward) is EnvReward
+        assert type(c.evaluate) is EnvEvaluator and c.evaluate.source is c.source
+        assert (c.evaluate.episodes, c.evaluate.temperature, c.evaluate.seed) == (5, 0.7, 3)
+    finally:
+        c.source.close()
+        c.reward.close()
+
+
 # ------------------------------------------------------------------------------------------------ critic stage
 def test_critic_stage_builds_one_engine_per_critic_with_the_critic_settings(tmp_path):
     from credo.distributed.engine import setup_distributed
