@@ -148,7 +148,7 @@ def normalize_rewards(
 
 
 def _mask_like(mask, rewards) -> torch.Tensor:
-    """The [B, T] response mask as bool, one row per reward (checked here so that a wrong mask is named as such)."""
+    # the [B, T] mask as bool, one row per reward: checked before its row lengths become sample weights too
     check_tensor("mask", mask, ndim=2)
     if mask.shape[0] != rewards.shape[0]:
         raise ValueError(f"mask has shape [{mask.shape[0]}, {mask.shape[1]}], expected [{rewards.shape[0]}, T] like rewards")
@@ -158,11 +158,6 @@ def _mask_like(mask, rewards) -> torch.Tensor:
 def _broadcast(seq_adv: torch.Tensor, mask, rewards) -> torch.Tensor:
     m = _mask_like(mask, rewards)
     return masked_fill_zero(seq_adv.unsqueeze(-1).expand(m.shape), m)
-
-
-def _token_counts(mask, rewards):
-    # the mask is checked before its row lengths become sample weights, whose error would name sample_weights
-    return _mask_like(mask, rewards).sum(-1).to(rewards.dtype)
 
 
 def reinforce(rewards, group_ids, mask) -> torch.Tensor:
@@ -226,7 +221,7 @@ def reinforce_pp(rewards, group_ids, mask, *, eps: float = 1e-8, token_weighted:
     OpenRLHF/verl whiten the broadcast token advantages; they use ``rsqrt(var + 1e-8)`` where we
     use ``1 / (std + eps)`` (equal unless the variance is ~1e-8).
     """
-    sw = _token_counts(mask, rewards) if token_weighted else None
+    sw = _mask_like(mask, rewards).sum(-1).to(rewards.dtype) if token_weighted else None
     adv = normalize_rewards(rewards, group_ids, mean_scope="batch", std_scope="batch", eps=eps, sample_weights=sw)
     return _broadcast(adv, mask, rewards)
 
@@ -242,7 +237,7 @@ def reinforce_pp_baseline(rewards, group_ids, mask, *, eps: float = 1e-8, token_
     ``token_weighted`` as in :func:`reinforce_pp` (applies to the batch whitening).
     """
     centered = normalize_rewards(rewards, group_ids, mean_scope="group", std_scope="none")
-    sw = _token_counts(mask, rewards) if token_weighted else None
+    sw = _mask_like(mask, rewards).sum(-1).to(rewards.dtype) if token_weighted else None
     adv = normalize_rewards(centered, group_ids, mean_scope="batch", std_scope="batch", eps=eps, sample_weights=sw)
     return _broadcast(adv, mask, rewards)
 
