@@ -27,6 +27,8 @@ from credo.credit.capture import (  # noqa: E402
     rhythm_gamma_from_qk,
 )
 
+from tests.credit.test_capture import scatter_back  # noqa: E402
+
 # three sequences, lengths 9, 6, 8; token ids 1..39 (id 0 is padding, id 45 is poisoned by a test)
 LENGTHS = (9, 6, 8)
 PROMPTS = (3, 2, 4)
@@ -71,11 +73,7 @@ def dense_maps(model, ids, attn, layers):
     return maps
 
 
-def scatter(rows, attn):
-    out = torch.ones(attn.shape, dtype=torch.float64)
-    for b, g in enumerate(rows):
-        out[b, attn[b].bool()] = g.double()
-    return out
+scatter = scatter_back  # per-sequence rows into [B, N], 1.0 on padding
 
 
 def captured(model, layers, ids, attn):
