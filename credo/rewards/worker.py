@@ -116,6 +116,59 @@ class ScoredGroup:
                 for i in range(n)]
 
 
+def tally(groups: list[tuple], outcomes: list[tuple[str, object]], *, step: int, name: str, timeout_s: float,
+          max_failure_frac: float, names: tuple = (), seen_kinds: set[str]) -> RewardResult:
+    """The `RewardResult` of `groups` from each call's outcome ('ok', value) | ('error', exc) | ('timeout', None):
+    failed calls masked and counted, the first failure of each kind logged (`seen_kinds` remembers them), a
+    broken contract or too many failures raised (RewardFunctionError). Shared by every reward worker."""
+    rewards: list[float] = []
+    valid: list[bool] = []
+    parts: dict[str, list[float]] = {part: [] for part in names}
+    failures = timeouts = 0
+    for (responses, *_), (status, value) in zip(groups, outcomes):
+        n = len(responses)
+        if status == "ok":
+            rewards += value.finish(n) if isinstance(value, ScoredGroup) else check_rewards(value, n, name)
+            valid += [True] * n
+            for part, values in parts.items():
+                values += value.parts[part]
+            continue
+        for values in parts.values():
+            values += [math.nan] * n
+        if status == "timeout":
+            timeouts += 1
+            kind = "timeout"
+            detail = f"a call exceeded reward.timeout_s={timeout_s}"
+        else:
+            failures += 1
+            kind = type(value).__name__
+            detail = f"{kind}: {value}"
+        if kind not in seen_kinds:  # log each kind once (with its traceback), not once per call
+            seen_kinds.add(kind)
+            log.warning("reward function '%s' failed at step %d (%s); its samples are masked. "
+                        "Further failures of this kind are counted, not logged.", name, step, detail,
+                        exc_info=value if status == "error" else None)
+        rewards += [0.0] * n
+        valid += [False] * n
+    bad = failures + timeouts
+    if groups and bad / len(groups) > max_failure_frac:
+        raise RewardFunctionError(
+            f"{bad} of {len(groups)} reward calls failed at step {step}, above reward.max_failure_frac="
+            f"{max_failure_frac}; the reward function '{name}' is broken"
+        )
+    return RewardResult(rewards, valid, failures, timeouts, parts or None)
+
+
+def note_failure(status: str, value, *, name: str, timeout_s: float, seen_kinds: set[str]) -> None:
+    """Log the first failed `run_one` outcome of each kind (later ones are counted by the caller, not logged)."""
+    kind = "timeout" if status == "timeout" else type(value).__name__
+    if status != "ok" and kind not in seen_kinds:
+        seen_kinds.add(kind)
+        log.warning("'%s' failed (%s); its samples are masked. Further failures of this kind are counted, "
+                    "not logged.", name, f"a call exceeded reward.timeout_s={timeout_s}"
+                    if status == "timeout" else f"{kind}: {value}", exc_info=value if status == "error" else None)
+
+
 _worker_ids = itertools.count()
 
 
@@ -187,54 +240,15 @@ class RewardWorker:
             if call.done.is_set():
                 return call.status, call.value
 
-    def _check(self, value, n: int) -> list[float]:
-        if isinstance(value, ScoredGroup):
-            return value.finish(n)
-        return check_rewards(value, n, self.name)
-
     def __call__(self, groups: list[tuple], *, step: int) -> RewardResult:
         """Score `groups`, a list of (responses, problems) pairs (or (responses, problems, completion_ids) for a
         `WeightedRewards`); results are flattened in order."""
         calls = [_Call(g) for g in groups]
         for call in calls:
             self._queue.put(call)
-        rewards: list[float] = []
-        valid: list[bool] = []
-        parts: dict[str, list[float]] = {name: [] for name in getattr(self.fn, "names", ())}
-        failures = timeouts = 0
-        for (responses, *_), call in zip(groups, calls):
-            status, value = self._wait(call)
-            n = len(responses)
-            if status == "ok":
-                rewards += self._check(value, n)
-                valid += [True] * n
-                for name, values in parts.items():
-                    values += value.parts[name]
-                continue
-            for values in parts.values():
-                values += [math.nan] * n
-            if status == "timeout":
-                timeouts += 1
-                kind = "timeout"
-                detail = f"a call exceeded reward.timeout_s={self.timeout_s}"
-            else:
-                failures += 1
-                kind = type(value).__name__
-                detail = f"{kind}: {value}"
-            if kind not in self._seen_kinds:  # log each kind once (with its traceback), not once per call
-                self._seen_kinds.add(kind)
-                log.warning("reward function '%s' failed at step %d (%s); its samples are masked. "
-                            "Further failures of this kind are counted, not logged.", self.name, step, detail,
-                            exc_info=value if status == "error" else None)
-            rewards += [0.0] * n
-            valid += [False] * n
-        bad = failures + timeouts
-        if groups and bad / len(groups) > self.max_failure_frac:
-            raise RewardFunctionError(
-                f"{bad} of {len(groups)} reward calls failed at step {step}, above reward.max_failure_frac="
-                f"{self.max_failure_frac}; the reward function '{self.name}' is broken"
-            )
-        return RewardResult(rewards, valid, failures, timeouts, parts or None)
+        return tally(groups, [self._wait(call) for call in calls], step=step, name=self.name, timeout_s=self.timeout_s,
+                     max_failure_frac=self.max_failure_frac, names=getattr(self.fn, "names", ()),
+                     seen_kinds=self._seen_kinds)
 
     def run_one(self, *args) -> tuple[str, object]:
         """Run `fn(*args)` once under the timeout, without the reward-list checks (a batched judge's generate call).
@@ -245,12 +259,7 @@ class RewardWorker:
         call = _Call(args)
         self._queue.put(call)
         status, value = self._wait(call)
-        kind = "timeout" if status == "timeout" else type(value).__name__
-        if status != "ok" and kind not in self._seen_kinds:
-            self._seen_kinds.add(kind)
-            log.warning("'%s' failed (%s); its samples are masked. Further failures of this kind are counted, "
-                        "not logged.", self.name, f"a call exceeded reward.timeout_s={self.timeout_s}"
-                        if status == "timeout" else f"{kind}: {value}", exc_info=value if status == "error" else None)
+        note_failure(status, value, name=self.name, timeout_s=self.timeout_s, seen_kinds=self._seen_kinds)
         return status, value
 
     def close(self) -> None:
