@@ -130,6 +130,13 @@ class RayEnvPool:
         self._active = {s: 0 for s in self.slots}
         self._busy_since: dict[int, float] = {}
 
+    @classmethod
+    def from_cluster(cls, cluster, make_env, *, timeout_s: float) -> "RayEnvPool":
+        """Built from the recipe's `cluster:` section (its env role); timeout_s: env.step_timeout_s."""
+        rc = cluster.env
+        return cls(make_env, workers=rc.workers, resources=dict(rc.resources), max_concurrency=rc.max_concurrency,
+                   timeout_s=timeout_s, max_restarts=rc.max_restarts, startup_timeout_s=cluster.startup_timeout_s)
+
     def make_env(self) -> RayEnv:
         """A new env proxy (the multi-turn source's `env_factory`)."""
         self._flush_drops()

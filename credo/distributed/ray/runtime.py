@@ -15,7 +15,7 @@ import os
 import threading
 import time
 
-from credo.distributed.ray.config import ClusterConfig, role_request
+from credo.distributed.ray.config import ClusterConfig, check_placement, role_request
 
 log = logging.getLogger("credo.cluster")
 
@@ -24,21 +24,25 @@ class ClusterWorkerError(RuntimeError):
     """A role cannot keep its workers: they keep dying, or they are not placed or ready in time."""
 
 
-def connect(cfg: ClusterConfig, *, verbose: bool = False) -> None:
-    """Start or join Ray as `cluster.address` says (a no-op when this process is already connected).
+def connect(cfg: ClusterConfig, *, roles: tuple[str, ...] = (), verbose: bool = False) -> float:
+    """Start or join Ray as `cluster.address` says, then check that every role in `roles` can be placed
+    (`check_placement`: a ConfigError naming the role, before any worker starts). Returns the seconds it took.
 
     '' starts a local Ray with cluster.num_cpus CPUs (all when 0) and no dashboard; 'auto', 'host:port' or
-    'ray://host:port' joins a running cluster. Ray's worker logs reach the driver only when `verbose`.
+    'ray://host:port' joins a running cluster; a process already connected stays so. Ray's worker logs reach
+    the driver only when `verbose`.
     """
     import ray
 
-    if ray.is_initialized():
-        return
-    quiet = dict(log_to_driver=verbose, logging_level=logging.INFO if verbose else logging.WARNING)
-    if cfg.address:
-        ray.init(address=cfg.address, **quiet)
-    else:
-        ray.init(num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False, **quiet)
+    t0 = time.perf_counter()
+    if not ray.is_initialized():
+        quiet = dict(log_to_driver=verbose, logging_level=logging.INFO if verbose else logging.WARNING)
+        if cfg.address:
+            ray.init(address=cfg.address, **quiet)
+        else:
+            ray.init(num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False, **quiet)
+    check_placement(cfg, ray.nodes(), roles)
+    return time.perf_counter() - t0
 
 
 def loss_errors() -> tuple[type, ...]:
