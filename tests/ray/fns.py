@@ -64,3 +64,10 @@ class FlakyGuess(GuessNumberEnv):
         if self.seed is not None and self.seed % 4 == 1:
             raise RuntimeError(f"env broke on seed {self.seed}")
         return super().step(str(sum(map(ord, action)) % 7 + 1))
+
+
+class DyingGuess(GuessNumberEnv):
+    """The built-in game whose every step kills its process (an env worker that keeps dying)."""
+
+    def step(self, action):
+        os._exit(1)

@@ -19,7 +19,7 @@ from credo.train.multiturn import MultiTurnRollout
 from credo.train.resample import expert_actions
 from tests.multiturn.common import env_cfg
 from tests.ray.common import start_local_ray, tiny_policy
-from tests.ray.fns import DiesOnce, FlakyGuess, always_dies, length_reward
+from tests.ray.fns import DiesOnce, DyingGuess, FlakyGuess, always_dies, length_reward
 
 pytest.importorskip("ray")
 
@@ -41,8 +41,8 @@ def as_tuple(res):
 def test_the_reward_pool_scores_like_the_local_worker_and_grows_with_its_queue(ray_local):
     from credo.distributed.ray.rewards import RayRewardWorker
 
-    local = RewardWorker(length_reward, timeout_s=4.0, workers=2, max_failure_frac=1.0)
-    pool = RayRewardWorker(length_reward, timeout_s=4.0, workers=3, max_failure_frac=1.0, resources={"CPU": 0.5})
+    local = RewardWorker(length_reward, timeout_s=2.0, workers=2, max_failure_frac=1.0)
+    pool = RayRewardWorker(length_reward, timeout_s=2.0, workers=3, max_failure_frac=1.0, resources={"CPU": 0.5})
     want = as_tuple(local(GROUPS, step=0))
     assert want[2:] == (1, 1) and want[1] == [True, True, False, False, True, True, False, False] + [True] * 4
     t0 = time.monotonic()
@@ -159,3 +159,16 @@ def test_envs_on_actors_play_like_local_envs_through_the_unchanged_multiturn_sou
         assert not marker.exists() and dying.metrics()["cluster/env_restarts"] == 1
     finally:
         dying.close()
+
+    # an env worker that keeps dying: the role's error, raised again by the pool so the source's next step stops
+    doomed = RayEnvPool(functools.partial(DyingGuess, low=1, high=7, max_turns=3), resources={"CPU": 0.25},
+                        max_restarts=0)
+    try:
+        env = doomed.make_env()
+        env.reset(seed=1)
+        with pytest.raises(ClusterWorkerError, match="role 'env'.*max_restarts = 0"):
+            env.step("4")
+        with pytest.raises(ClusterWorkerError, match="role 'env'"):
+            doomed.make_env()
+    finally:
+        doomed.close()

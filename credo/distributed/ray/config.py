@@ -26,15 +26,19 @@ ROLES = ("rollout", "reward", "judge", "env")
 """The roles a cluster places, in the order they are checked and reported."""
 
 
+DEFAULT_RESOURCES = {"CPU": 1}
+"""A role's request when its `resources` is left empty."""
+
+
 def _is_resource_request(value) -> bool:
-    return isinstance(value, dict) and bool(value) and all(
+    return isinstance(value, dict) and all(
         isinstance(k, str) and k and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
         for k, v in value.items())
 
 
-def _resources(default: dict):
-    return checked(None, _is_resource_request, "a non-empty mapping of resource name to an amount > 0, e.g. {CPU: 1}",
-                   factory=lambda: dict(default))
+def resources_of(role_cfg) -> dict:
+    """The Ray request of one worker of a role: its `resources`, or {CPU: 1} when empty."""
+    return dict(role_cfg.resources) or dict(DEFAULT_RESOURCES)
 
 
 @dataclass
@@ -49,8 +53,10 @@ class ElasticConfig:
 class RoleConfig:
     workers: int = ranged(1, ge=0)
     """Workers (Ray actors) of this role; 0 = the role stays in the trainer process."""
-    resources: dict = _resources({"CPU": 1})
-    """Ray resources each worker asks for: {CPU: 1}, {GPU: 1}, or custom node labels such as {decode_gpu: 1}."""
+    resources: dict = checked(None, _is_resource_request, "a mapping of resource name to an amount > 0, e.g. {GPU: 1}",
+                              factory=dict)
+    """Ray resources each worker asks for: {CPU: 1}, {GPU: 1}, or custom node labels such as {decode_gpu: 1};
+    empty = {CPU: 1}. (Empty by default so a recipe's mapping replaces it rather than merging into it.)"""
     max_restarts: int = ranged(3, ge=0)
     """Restarts of this role's workers (killed, crashed or hung) over the run before it stops with an error."""
 
@@ -144,9 +150,9 @@ def check_cluster(cfg: ClusterConfig) -> None:
         if cfg.sync == "delta":
             raise ConfigError("config key 'cluster.sync' = 'delta' with sync_transport 'nccl': a delta is an index/value "
                               "list sent through the object store; NCCL broadcasts dense tensors (use sync: full)")
-        if not any(k == "GPU" for k in ro.resources):
+        if "GPU" not in resources_of(ro):
             raise ConfigError(f"config key 'cluster.sync_transport' = 'nccl' needs GPU rollout workers, but "
-                              f"cluster.rollout.resources = {ro.resources} asks for no GPU")
+                              f"cluster.rollout.resources = {resources_of(ro)} asks for no GPU")
         raise ConfigError("config key 'cluster.sync_transport' = 'nccl': the collective path is documented in "
                           "docs/cluster.md but not built in this version; use object_store (works on GPU too)")
 
@@ -174,7 +180,8 @@ def check_placement(cfg: ClusterConfig, nodes: list[dict], roles: tuple[str, ...
         rc = getattr(cfg, role)
         if not rc.workers:
             continue
-        if not any(all(node.get(k, 0) >= v for k, v in rc.resources.items()) for node in alive):
+        request = resources_of(rc)
+        if not any(all(node.get(k, 0) >= v for k, v in request.items()) for node in alive):
             offered = sorted({k for node in alive for k in node if not k.startswith("node:")})
-            raise ConfigError(f"config key 'cluster.{role}.resources' = {dict(rc.resources)}: no node of the Ray cluster "
+            raise ConfigError(f"config key 'cluster.{role}.resources' = {request}: no node of the Ray cluster "
                               f"offers that (resources on the nodes: {', '.join(offered)}); role '{role}' cannot be placed")

@@ -29,6 +29,7 @@ import time
 import weakref
 from collections import deque
 
+from credo.distributed.ray.config import resources_of
 from credo.distributed.ray.runtime import RoleStats, WorkerGroup, loss_errors, user_error
 
 
@@ -134,11 +135,12 @@ class RayEnvPool:
     def from_cluster(cls, cluster, make_env, *, timeout_s: float) -> "RayEnvPool":
         """Built from the recipe's `cluster:` section (its env role); timeout_s: env.step_timeout_s."""
         rc = cluster.env
-        return cls(make_env, workers=rc.workers, resources=dict(rc.resources), max_concurrency=rc.max_concurrency,
+        return cls(make_env, workers=rc.workers, resources=resources_of(rc), max_concurrency=rc.max_concurrency,
                    timeout_s=timeout_s, max_restarts=rc.max_restarts, startup_timeout_s=cluster.startup_timeout_s)
 
     def make_env(self) -> RayEnv:
-        """A new env proxy (the multi-turn source's `env_factory`)."""
+        """A new env proxy (the multi-turn source's `env_factory`); raises once the role ran out of restarts."""
+        self.group.check()
         self._flush_drops()
         env_id = next(self._ids)
         env = RayEnv(self, env_id, self.slots[env_id % len(self.slots)])
@@ -159,6 +161,7 @@ class RayEnvPool:
         from ray.exceptions import GetTimeoutError
 
         while True:
+            self.group.check()
             handle = self.group.handles[env._slot]
             try:
                 if env._handle is not handle and method != "reset" and env._reset_args is not None:

@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 
-from credo.distributed.ray.config import role_request
+from credo.distributed.ray.config import resources_of, role_request
 from credo.distributed.ray.runtime import ClusterWorkerError, RoleStats, loss_errors, user_error
 from credo.rewards.worker import GroupRewardFn, RewardResult, note_failure, tally
 
@@ -72,7 +72,7 @@ class RayRewardWorker:
         """Built from the recipe's `cluster:` section (its reward role) and today's reward.timeout_s/max_failure_frac."""
         rc = cluster.reward
         return cls(fn, timeout_s=timeout_s, workers=rc.workers, max_failure_frac=max_failure_frac,
-                   resources=dict(rc.resources), max_restarts=rc.max_restarts, startup_timeout_s=cluster.startup_timeout_s)
+                   resources=resources_of(rc), max_restarts=rc.max_restarts, startup_timeout_s=cluster.startup_timeout_s)
 
     def _run(self, calls: list[tuple]) -> list[tuple[str, object]]:
         """Each call's outcome, in order: ('ok', value), ('error', exception) or ('timeout', None)."""

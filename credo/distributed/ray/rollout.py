@@ -23,7 +23,7 @@ from collections import deque
 
 import torch
 
-from credo.distributed.ray.config import ClusterConfig
+from credo.distributed.ray.config import ClusterConfig, resources_of
 from credo.distributed.ray.rollout_worker import RolloutWorker
 from credo.distributed.ray.runtime import ClusterWorkerError, WorkerGroup, loss_errors, user_error
 from credo.distributed.ray.weights import diff_state, nbytes, wire_state
@@ -92,7 +92,7 @@ class RayRolloutBackend:
             el = rc.elastic
             extra = dict(per_sample_seeds=rc.per_sample_seeds, threads=rc.threads, sync=cluster.sync,
                          elastic=(el.min, el.max) if el.max else None)
-        return cls(model_path, workers=rc.workers, resources=dict(rc.resources), role=role, max_restarts=rc.max_restarts,
+        return cls(model_path, workers=rc.workers, resources=resources_of(rc), role=role, max_restarts=rc.max_restarts,
                    startup_timeout_s=cluster.startup_timeout_s, call_timeout_s=cluster.call_timeout_s, **extra, **kwargs)
 
     # ------------------------------------------------------------------------------------ generate
@@ -103,6 +103,7 @@ class RayRolloutBackend:
             raise ValueError(f"seeds has length {len(seeds)}, expected {len(prompts)} like prompts")
         if not prompts:
             return []
+        self.group.check()
         kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
         with self._lock:
             n_workers = len(self.active)

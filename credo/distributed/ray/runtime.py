@@ -133,6 +133,7 @@ class WorkerGroup:
         self.handles: dict[int, object] = {}
         self.info: dict[int, dict] = {}
         self.restarts = 0
+        self.failed: ClusterWorkerError | None = None  # set once the role ran out of restarts: every later use raises
         self.stats = RoleStats(role)
         self.lock = threading.RLock()
         self._slots = itertools.count()
@@ -177,15 +178,17 @@ class WorkerGroup:
         import ray
 
         with self.lock:
+            self.check()
             current = self.handles.get(slot)
             if current is not seen and current is not None:
                 return current
             self.restarts += 1
             self.stats.restarted()
             if self.restarts > self.max_restarts:
-                raise ClusterWorkerError(
+                self.failed = ClusterWorkerError(
                     f"role '{self.role}': its workers were lost {self.restarts} times, more than cluster.{self.role}."
                     f"max_restarts = {self.max_restarts}; last cause: {cause}")
+                raise self.failed
             log.warning("role '%s': worker in slot %d lost (%s); restarting it and redoing its work", self.role, slot,
                         str(cause).splitlines()[0] if str(cause) else type(cause).__name__)
             if seen is not None:
@@ -194,6 +197,12 @@ class WorkerGroup:
             self.info[slot] = self._wait_ready([handle])[0]
             self.handles[slot] = handle
             return handle
+
+    def check(self) -> None:
+        """Raise the role's `ClusterWorkerError` again once it ran out of restarts (a caller that swallowed it, such
+        as a thread of the multi-turn source, does not keep the run going on a broken role)."""
+        if self.failed is not None:
+            raise self.failed
 
     def remove(self, slot: int) -> None:
         """Stop the worker in `slot` (a leaving worker: not counted as a restart)."""

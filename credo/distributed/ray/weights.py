@@ -2,8 +2,9 @@
 
 In the rollout dtype most weights do not change in one RL step: an update smaller than half a unit in the last
 place rounds back to the same bf16 value (ROSE's weight sparsity, measured in docs/cluster.md). `diff_state`
-compares the new weights with the last pushed ones bit for bit and sends, per tensor, the flat indices and new
-values of the changed elements, or the whole tensor where that is smaller. `apply_delta` writes them in place.
+compares the new weights with the last pushed ones bit for bit and sends, per tensor, the new values of the changed
+elements with where they are, as flat int32 indices (few changes) or a bitmask of one bit per element (many), or
+the whole tensor: whichever is smallest. `apply_delta` writes them in place.
 Unchanged elements are bitwise equal by construction, so a worker's weights after a delta push are bitwise those
 of a full push (tests/ray/test_ray_rollout.py checks it with `state_digest`).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from credo.distributed.weight_sync import full_state_dict
@@ -37,6 +39,8 @@ class Delta:
     """Tensors sent whole: new names, new shapes, or changed in so many places that indices would cost more."""
     sparse: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     """name -> (flat indices [K] int32/int64, new values [K]) of the changed elements."""
+    masked: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    """name -> (bitmask [ceil(N / 8)] uint8 of the changed elements, numpy.packbits order; new values [K])."""
     changed: int = 0
     """Elements whose bits changed."""
     total: int = 0
@@ -62,18 +66,22 @@ def diff_state(last: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> D
             d.changed += t.numel()
             d.sent_bytes += t.numel() * size
             continue
-        idx = (_bits(t) != _bits(old)).nonzero()[:, 0]
+        changed = _bits(t) != _bits(old)
+        idx = changed.nonzero()[:, 0]
         k = idx.numel()
         if not k:
             continue
         d.changed += k
         idx = idx.int() if t.numel() < 2**31 else idx
-        if k * (size + idx.element_size()) >= t.numel() * size:
+        costs = {"dense": t.numel() * size, "sparse": k * (size + idx.element_size()), "masked": -(-t.numel() // 8) + k * size}
+        kind = min(costs, key=costs.get)
+        d.sent_bytes += costs[kind]
+        if kind == "dense":
             d.dense[name] = t
-            d.sent_bytes += t.numel() * size
-        else:
+        elif kind == "sparse":
             d.sparse[name] = (idx, t.reshape(-1)[idx.long()].clone())
-            d.sent_bytes += k * (size + idx.element_size())
+        else:
+            d.masked[name] = (torch.from_numpy(np.packbits(changed.numpy())), t.reshape(-1)[changed].clone())
     return d
 
 
@@ -84,6 +92,9 @@ def apply_delta(target: dict[str, torch.Tensor], delta: Delta) -> None:
         _target(target, name, t.dtype).copy_(t)
     for name, (idx, values) in delta.sparse.items():
         _target(target, name, values.dtype).view(-1)[idx.long()] = values
+    for name, (mask, values) in delta.masked.items():
+        flat = _target(target, name, values.dtype).view(-1)
+        flat[torch.from_numpy(np.unpackbits(mask.numpy(), count=flat.numel()).astype(bool))] = values
 
 
 def _target(target: dict[str, torch.Tensor], name: str, dtype: torch.dtype) -> torch.Tensor:
