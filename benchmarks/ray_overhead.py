@@ -42,7 +42,7 @@ def swap_in_ray(trainer, r, sync: str) -> tuple:
     t0 = time.perf_counter()
     backend = RayRolloutBackend(trainer.state.policy_path, workers=1, per_sample_seeds=False, sync=sync,
                                 threads=torch.get_num_threads(), model_dtype=r.model.dtype, dtype=r.rollout.dtype,
-                                max_batch=r.rollout.hf_max_batch, resources={"CPU": 1})
+                                max_batch=r.rollout.hf_max_batch, resources={"CPU": 1}, startup_timeout_s=1800)
     startup = time.perf_counter() - t0
     trainer.source.backend.close()
     trainer.source.backend = backend

@@ -73,6 +73,9 @@ class EnvWorker:
         for i in env_ids:
             self.envs.pop(i, None)
 
+    def close(self) -> None:
+        self.envs.clear()
+
 
 class RayEnv:
     """A proxy with a GEM env's methods; its env lives in an env actor of `pool` (see the module docstring)."""

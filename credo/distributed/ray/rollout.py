@@ -107,16 +107,19 @@ class RayRolloutBackend:
         kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
         with self._lock:
             n_workers = len(self.active)
-        if not self.per_sample_seeds and n_workers > 1:
+        if not self.per_sample_seeds and n_workers > 1 and seeds is not None:  # greedy decoding splits freely
             raise RuntimeError(f"role '{self.role}' has {n_workers} workers but per_sample_seeds=False")
         n_shards = min(len(prompts), n_workers * self.shards_per_worker)
         bounds = [len(prompts) * i // n_shards for i in range(n_shards + 1)]
         pending = deque(range(bounds[i], bounds[i + 1]) for i in range(n_shards))
         out: list[Sample | None] = [None] * len(prompts)
         inflight: dict = {}  # ref -> (slot, handle, shard, dispatched at)
-        while pending or inflight:
-            self._dispatch(pending, inflight, prompts, seeds, kwargs)
-            self._collect(pending, inflight, out)
+        try:
+            while pending or inflight:
+                self._dispatch(pending, inflight, prompts, seeds, kwargs)
+                self._collect(pending, inflight, out)
+        finally:
+            self.running.clear()
         return out  # type: ignore[return-value]
 
     def _dispatch(self, pending: deque, inflight: dict, prompts, seeds, kwargs) -> None:
@@ -173,9 +176,16 @@ class RayRolloutBackend:
         with self._lock:
             if slot in self.leaving or slot not in self.active:
                 return
-        new = self.group.replace(slot, handle, cause)
-        if self._last is not None:
-            self._push_full(new)
+        from ray.exceptions import GetTimeoutError
+
+        while True:  # a replacement that dies or hangs while it takes the weights is itself replaced (and counted)
+            handle = self.group.replace(slot, handle, cause)
+            if self._last is None:
+                return
+            try:
+                return self._push_full(handle)
+            except (*loss_errors(), GetTimeoutError) as e:
+                cause = e
 
     # ------------------------------------------------------------------------------------ weights
     def _full_payload(self):

@@ -214,6 +214,14 @@ class WorkerGroup:
         if handle is not None:
             ray.kill(handle)
 
-    def close(self) -> None:
+    def close(self, grace_s: float = 30.0) -> None:
+        """Stop every worker: each first runs its own `close()` (a vLLM engine stops its child processes), for at most
+        `grace_s` seconds in all, then is killed."""
+        import ray
+
+        handles = list(self.handles.values())
+        done = [h.close.remote() for h in handles if hasattr(h, "close")]
+        if done:
+            ray.wait(done, num_returns=len(done), timeout=grace_s)
         for slot in list(self.handles):
             self.remove(slot)
