@@ -99,7 +99,26 @@ def build_engine(model: torch.nn.Module, *, lr: float, betas, weight_decay: floa
         "wall_clock_breakdown": False,
     }
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config)
+    engine.credo_optimizer_settings = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay)
     return engine
+
+
+def reapply_optimizer_settings(engine) -> None:
+    """After a checkpoint load: the optimizer hyperparameters this engine was built with (the recipe's), not the
+    checkpoint's. DeepSpeed restores the param groups' lr, betas and weight decay and the scheduler's base lr from
+    the checkpoint, so a resume with an allowed change of optim.lr would otherwise train on at the old rate.
+    Unchanged settings give back the same values (a plain resume stays bit-exact)."""
+    settings = getattr(engine, "credo_optimizer_settings", None)
+    if settings is None:
+        return
+    groups, sched = engine.optimizer.param_groups, engine.lr_scheduler
+    for g in groups:
+        g["initial_lr"], g["betas"], g["weight_decay"] = settings["lr"], settings["betas"], settings["weight_decay"]
+    if sched is not None:
+        sched.base_lrs = [settings["lr"]] * len(groups)
+        for g, fn in zip(groups, sched.lr_lambdas):
+            g["lr"] = settings["lr"] * fn(sched.last_epoch)
+        sched._last_lr = [g["lr"] for g in groups]
 
 
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:

@@ -22,15 +22,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from credo.config import ConfigError
+from credo.errors import ConfigError, RewardFunctionError
 
 log = logging.getLogger("credo.rewards")
 
 GroupRewardFn = Callable[[list, list], Sequence[float]]
-
-
-class RewardFunctionError(RuntimeError):
-    """The reward function broke its contract (wrong length, a non-number) or failed too often."""
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from credo.distributed.engine import all_reduce_sum
-from credo.rewards.chat import encode_prompts, plain_prompt
+from credo.tasks.render import encode_prompts, plain_prompt
 from credo.train.rollout import step_seed
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from credo.config import ConfigError, TaskConfig
-from credo.rewards.tasks import make_task
+from credo.tasks import make_task
 
 ROWS = [{"prompt": f"q{i}", "answer": str(i * 2), "level": i % 3, "source": f"s{i}"} for i in range(12)]
 

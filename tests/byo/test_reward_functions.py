@@ -8,7 +8,7 @@ import torch
 from credo.config import ConfigError, load_recipe
 from credo.distributed.rollout import Sample
 from credo.rewards.functions import WeightedRewards, is_trl_style, trl_kwargs
-from credo.rewards.tasks import Problem
+from credo.tasks import Problem
 from credo.rewards.worker import RewardFunctionError, RewardWorker
 from credo.train.batch import Batch
 from credo.train.reward import FunctionReward
@@ -133,11 +133,11 @@ def test_single_reward_function_keeps_working():
 
 
 def test_reward_function_key_calls_a_trl_style_function_the_trl_way():
-    from credo.train.build import _reward_fn
+    from credo.train.setup import reward_function
 
     r = load_recipe(None, BASE + ["reward.function=tests.byo.rewards:named_only"])
-    fn = _reward_fn(r, task=None)
+    fn = reward_function(r, task=None)
     assert isinstance(fn, WeightedRewards) and fn.names == ["named_only"]
     assert fn(["3", "x"], _problems(4)[3:] + _problems(1), [[1], [2]]).finish(2) == [1.0, 0.0]
     r = load_recipe(None, BASE + ["reward.function=tests.e2e.rewards:starts_with_digit"])
-    assert not isinstance(_reward_fn(r, task=None), WeightedRewards)  # a group function stays as it is
+    assert not isinstance(reward_function(r, task=None), WeightedRewards)  # a group function stays as it is

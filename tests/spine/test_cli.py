@@ -40,10 +40,11 @@ def test_list_prints_every_registered_name(capsys):
     assert {n.rstrip("*") for n in listed if n.endswith("*")} == set(GROUP_ESTIMATORS)
     assert set(library) == {"rebn"}  # the trainer cannot run it (credo check refuses it)
     assert critic == ["gae"]  # runs with a critic: section
-    from credo.rewards.tasks import TASKS
+    from credo.tasks import TASKS, task_names
 
     assert {"arithmetic", "add_scratch", "mul_scratch", "sort"} <= set(TASKS)
-    listed_tasks = "  " + ", ".join(sorted(TASKS)) + "\n"
+    assert {"judge_arithmetic", "ce_rm_arithmetic", "pgenrm_users"} <= set(task_names())  # the judges family's
+    listed_tasks = "  " + ", ".join(task_names()) + "\n"
     assert f"tasks (task.name):\n{listed_tasks}  file: " in out and "\n  hf:<name-or-folder>: " in out
     assert "\n  rg:<name>" in out
     assert "strategy: local, global, coupled" in out and "ipa:" in out and "flow_gamma" in out
