@@ -1,7 +1,6 @@
 # Set-up-and-go targets. Each creates .venv if missing and installs credo with the CPU constraints.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export CREDO_CACHE ?= $(CURDIR)/.cache/credo
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export HF_HUB_OFFLINE ?= 1
