@@ -185,6 +185,11 @@ class FileTask:
         return list(self._eval)
 
 
+def _load_files(files: list[tuple[str, float | None]], key: str) -> list[tuple[str, list[dict]]]:
+    """(path, rows) per file; errors name `key`, or `key[i]` in a list."""
+    return [(path, load_rows_file(path, key if len(files) == 1 else f"{key}[{i}]")) for i, (path, _) in enumerate(files)]
+
+
 def make_file_task(kind: str, cfg) -> FileTask:
     """`task.name` 'file' or 'hf:<name>' with `task.kwargs` {train, eval, prompt_field, answer_field, ...}."""
     kw = dict(cfg.kwargs)
@@ -199,15 +204,13 @@ def make_file_task(kind: str, cfg) -> FileTask:
             raise ConfigError("config key 'task.kwargs.train' is required for task 'file': a JSONL, JSON, Parquet or "
                               "CSV file, a list of them, or a list of {path, weight}")
         files = parse_file_list(train, "task.kwargs.train")
-        sources = [(path, load_rows_file(path, "task.kwargs.train" if len(files) == 1 else f"task.kwargs.train[{i}]"))
-                   for i, (path, _) in enumerate(files)]
+        sources = _load_files(files, "task.kwargs.train")
         eval_rows = None
         if ev:
             eval_files = parse_file_list(ev, "task.kwargs.eval")
             if any(w is not None for _, w in eval_files):
                 raise ConfigError("config key 'task.kwargs.eval' takes files without weights (every eval row is used)")
-            eval_rows = [row for i, (path, _) in enumerate(eval_files)
-                         for row in load_rows_file(path, "task.kwargs.eval" if len(eval_files) == 1 else f"task.kwargs.eval[{i}]")]
+            eval_rows = [row for _, rows in _load_files(eval_files, "task.kwargs.eval") for row in rows]
         weights = [w for _, w in files] if files[0][1] is not None else None
         return FileTask(sources, eval_rows, weights=weights, source=" + ".join(p for p, _ in files),
                         eval_source=" + ".join(p for p, _ in eval_files) if ev else None, **common)
