@@ -121,6 +121,12 @@ class Trainer:
     def evaluate(self) -> float:
         return self.c.evaluate()
 
+    def log_samples(self, step: int) -> None:
+        """The evaluation's sample completions (samples/step_<step>.jsonl, the log), when the evaluator keeps them."""
+        samples = getattr(self.c.evaluate, "last_samples", None)
+        if samples and samples[0]:
+            self.tracker.log_samples(step, *samples)
+
     def checkpoint(self, step: int) -> None:
         self.state.save(self.run_dir / "checkpoints", step, keep_last=self.c.keep_last,
                         param_digests=param_digests(self.engine.module))
@@ -134,6 +140,7 @@ class Trainer:
             try:
                 if self.start_step == 0 and c.eval_every:
                     self.tracker.log({"step": 0, c.evaluate.metric: self.evaluate()})
+                    self.log_samples(0)
                 for step in range(self.start_step + 1, c.steps + 1):
                     if _any_rank(stop.requested):  # between steps: the state in memory is that step `done` left
                         if done > saved:
@@ -143,6 +150,7 @@ class Trainer:
                     row = self.train_step(step)
                     if c.eval_every and (step % c.eval_every == 0 or step == c.steps):
                         row[c.evaluate.metric] = self.evaluate()
+                        self.log_samples(step)
                     self.tracker.log(row)
                     done = step
                     if step == c.steps or (c.save_every and step % c.save_every == 0):

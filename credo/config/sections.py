@@ -183,7 +183,7 @@ class RewardConfig:
     timeout_s: float = ranged(10.0, gt=0)
     """Per-call timeout of the reward function; a call past it marks its sample invalid."""
     max_failure_frac: float = ranged(0.5, ge=0, le=1)
-    """Stop the run when more than this fraction of a step's reward calls fail."""
+    """Stop the run when more than this fraction of a step's samples fail their reward call."""
     workers: int = ranged(4, ge=1)
     """Threads that evaluate reward calls."""
 
@@ -240,6 +240,8 @@ class RunConfig:
     """wandb mode: offline, online or disabled."""
     wandb_project: str = "credo"
     """wandb project name."""
+    tensorboard: bool = False
+    """Write TensorBoard event files to <run folder>/tensorboard (pip install 'credo[tensorboard]')."""
     progress: bool = True
     """Show a progress bar."""
     plot: bool = True

@@ -11,7 +11,9 @@ arguments (one list entry per response of the group):
 
 Keywords the function does not take are left out unless it has `**kwargs`. Any other function is a
 credo group function `fn(responses, problems) -> list[float]`. A TRL-style function may return None for
-a sample it does not apply to; the weighted sum skips it (TRL's nansum) and its mean ignores it.
+a sample it does not apply to; the weighted sum skips it (TRL's nansum) and its mean ignores it. A function
+that raises fails the group's call, which the reward worker then retries sample by sample
+(`credo.rewards.worker`): only the samples it cannot score are masked.
 """
 
 from __future__ import annotations

@@ -150,7 +150,8 @@ def build(r: Recipe) -> Components:
         keep_last=r.run.keep_last, overlong_filter=a.overlong_filter, dump_every=r.run.dump_rollouts_every,
         resume=r.run.resume, allow_config_change=r.run.allow_config_change, config=config,
         config_yaml=recipe_to_yaml(r), zero_stage=o.zero_stage,
-        tracker_args=dict(total_steps=r.run.steps, progress=r.run.progress, plot=r.run.plot, wandb_cfg=wandb_cfg))
+        tracker_args=dict(total_steps=r.run.steps, progress=r.run.progress, plot=r.run.plot, wandb_cfg=wandb_cfg,
+                          tensorboard_dir=run_dir / "tensorboard" if r.run.tensorboard else None))
 
 
 def check_run(r: Recipe) -> list[str]:

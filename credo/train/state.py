@@ -34,8 +34,12 @@ from credo.tracking import truncate_metrics
 
 log = logging.getLogger("credo")
 
-# keys that may differ between the segments of a resumed run without run.allow_config_change
-RESUME_FREE_KEYS = ("run.steps", "run.resume", "run.output_dir", "run.allow_config_change", "run.verbose")
+# keys that may differ between the segments of a resumed run without run.allow_config_change: the run's length and
+# place, and what is only logged (eval_every only spaces evaluations, which draw no RNG training uses: the hf sampler
+# forks the RNG, vLLM and the env seed each request; eval_temperature/eval_samples change the metric, so they stay)
+RESUME_FREE_KEYS = ("run.steps", "run.resume", "run.output_dir", "run.allow_config_change", "run.verbose", "run.progress",
+                    "run.plot", "run.wandb", "run.wandb_mode", "run.wandb_project", "run.tensorboard",
+                    "run.dump_rollouts_every", "run.eval_every")
 # keys a resume cannot honour even with run.allow_config_change: the checkpoint's weights and optimizer partitions
 # are shaped by them (a family adds its own, `Family.fixed_on_resume`)
 RESUME_FIXED_KEYS = ("model.path", "model.tiny", "model.dtype", "optim.zero_stage")

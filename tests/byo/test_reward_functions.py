@@ -82,15 +82,12 @@ class _Tok:
 
 
 def test_function_reward_logs_each_functions_mean_over_valid_samples():
-    calls = {"n": 0}
-
     def ones(completions, completion_ids, **kw):
         return [float(len(ids)) for ids in completion_ids]
 
     def flaky(completions, level, **kw):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise RuntimeError("transient")
+        if "abc" in completions:  # breaks on one sample: its group call raises, then that sample's own call
+            raise RuntimeError("cannot score 'abc'")
         return [None if lv == 1 else 3.0 for lv in level]
 
     worker = RewardWorker(WeightedRewards([ones, flaky], [1.0, 10.0]), timeout_s=5, workers=1, max_failure_frac=1.0)
@@ -100,10 +97,11 @@ def test_function_reward_logs_each_functions_mean_over_valid_samples():
                                   rollout_log_probs=[0.0] * len(x), finished=True) for x in ids],
                   problems=_problems(2) + _problems(2), group_ids=torch.tensor([0, 0, 1, 1]), step=1)
     reward(batch)
-    # group 0 ok: ones = [1, 2], flaky = [3, None]; group 1 failed (masked)
-    assert batch.valid.tolist() == [True, True, False, False]
-    assert batch.rewards.tolist() == [1 + 30.0, 2.0, 0.0, 0.0]
-    assert batch.metrics["train/rewards/ones"] == pytest.approx(1.5)
+    # group 0 ok: ones = [1, 2], flaky = [3, None]; group 1 raised, then 'abc' alone failed (masked) and 'd' scored
+    # ones = 1, flaky = None (level 1)
+    assert batch.valid.tolist() == [True, True, False, True]
+    assert batch.rewards.tolist() == [1 + 30.0, 2.0, 0.0, 1.0]
+    assert batch.metrics["train/rewards/ones"] == pytest.approx(4 / 3)
     assert batch.metrics["train/rewards/flaky"] == pytest.approx(3.0)
     assert batch.metrics["reward/failures"] == 1
     worker.close()

@@ -344,9 +344,13 @@ def test_config_changes_compare_key_by_key():
     assert config_changes(CONFIG, new) == {"algo.loss_kwargs": ({"clip": 0.2}, {"clip": 0.3}),
                                            "optim.betas": ([0.9, 0.99], [0.9, 0.999])}
     # the keys a resumed segment may change freely
-    free = {"run": {"steps": 9, "resume": "auto", "output_dir": "/x", "allow_config_change": True, "verbose": True}}
+    free = {"run": {"steps": 9, "resume": "auto", "output_dir": "/x", "allow_config_change": True, "verbose": True,
+                    "progress": False, "plot": False, "wandb": True, "wandb_mode": "online", "wandb_project": "p",
+                    "tensorboard": True, "dump_rollouts_every": 1, "eval_every": 5}}
     assert set(RESUME_FREE_KEYS) == {f"run.{k}" for k in free["run"]}
-    old = {"run": {"steps": 3, "resume": None, "output_dir": "/y", "allow_config_change": False, "verbose": False}}
+    old = {"run": {"steps": 3, "resume": None, "output_dir": "/y", "allow_config_change": False, "verbose": False,
+                   "progress": True, "plot": True, "wandb": False, "wandb_mode": "offline", "wandb_project": "credo",
+                   "tensorboard": False, "dump_rollouts_every": 0, "eval_every": 10}}
     assert config_changes(old, free) == {}
     # a key the checkpoint lacks (one added to credo since) is no change at its default, a change otherwise
     default_lr = asdict(recipe_class()())["critic"]["lr"]

@@ -145,8 +145,9 @@ class JudgeReward:
             self.consecutive_failures = 0
             rewards, valid, bad = judge_rewards(value, targets, n, mode=self.mode, lo=self.lo, hi=self.hi)
         batch.rewards, batch.valid = torch.tensor(rewards), torch.tensor(valid)
-        batch.metrics["reward/failures"] = groups if status != "ok" else 0  # timeouts included, as FunctionReward
-        batch.metrics["reward/timeouts"] = groups if status == "timeout" else 0
+        # samples, as FunctionReward counts them (timeouts included in failures)
+        batch.metrics["reward/failures"] = n if status != "ok" else 0
+        batch.metrics["reward/timeouts"] = n if status == "timeout" else 0
         batch.metrics["reward/unparseable_frac"] = bad / len(prompts) if status == "ok" and prompts else 0.0
         batch.metrics["reward/judge_calls"] = len(prompts)
         batch.metrics["perf/judge_s"] = elapsed
