@@ -134,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # the deepspeed launcher appends --local_rank=N; LOCAL_RANK in the environment carries the same
     argv = [a for a in argv if not a.startswith("--local_rank")]
+    if argv[:1] == ["simulate"]:  # its own parser, --help included (credo.simulate.cli)
+        from credo.simulate.cli import main as simulate_main
+
+        return simulate_main(argv[1:])
     parser = argparse.ArgumentParser(prog="credo", description="RL losses and credit assignment for LLM post-training")
     parser.add_argument("--version", action="version", version=f"credo {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -159,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     p_export.add_argument("out_dir", help="the model folder to write (config, safetensors weights, tokenizer)")
     p_export.add_argument("--base-model", default=None,
                           help="the model folder the run started from (default: the checkpoint's policy_path)")
+    sub.add_parser("simulate", help="cluster simulator of rollout/training schedules (`credo simulate --help`)")
     args = parser.parse_args(argv)
     if args.cmd == "list":
         print(list_names())

@@ -168,12 +168,19 @@ def _pgenrm_users(*args, **kwargs):
     return PersonalJudgeTask(*args, **kwargs)
 
 
+def _longtail_add(*args, **kwargs):
+    """Scratchpad addition with log-normal digit counts: the long-tail workload (credo.tasks.longtail; lazily)."""
+    from credo.tasks.longtail import LongTailAddTask
+
+    return LongTailAddTask(*args, **kwargs)
+
+
 from credo.rewards.skills import AddScratchTask, MulScratchTask, SortTask  # noqa: E402  (they import Problem)
 
 TASKS: dict[str, Callable[..., Any]] = {"arithmetic": ArithmeticTask, "add_scratch": AddScratchTask,
                                        "mul_scratch": MulScratchTask, "sort": SortTask,
                                        "judge_arithmetic": _judge_arithmetic, "ce_rm_arithmetic": _ce_rm_arithmetic,
-                                       "pgenrm_users": _pgenrm_users}
+                                       "pgenrm_users": _pgenrm_users, "longtail_add": _longtail_add}
 
 
 def make_task(cfg: TaskConfig):
