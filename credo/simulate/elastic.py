@@ -14,7 +14,8 @@ and bursts (exponential durations). The guard decides how many rollout sequences
   the excess is evicted (preempted: it re-queues and recomputes its context on another device).
 
 Rollout requests go through one shared queue (every dedicated and serving device pulls from it), so ROSE's
-elastic routing is the queue dispatch with capacity that moves with serving load. With `migrate` (inferred: the
+elastic routing is the queue dispatch with capacity that moves with serving load: a request goes to a dedicated
+device while one has a free slot, to a serving device (the opportunistic capacity) otherwise. With `migrate` (inferred: the
 abstract says the scheduler "dynamically routes rollouts across dedicated and opportunistic serving GPUs"), a
 dedicated device with free slots and an empty queue takes back the longest-running rollout sequences from the
 serving devices (they recompute their context there), so the long tail does not finish at a serving device's
@@ -131,6 +132,24 @@ class ElasticPool(Pool):
     def __init__(self, decoders, migrate: bool):
         super().__init__(decoders, "queue")
         self.migrate = migrate
+
+    def submit(self, req) -> None:
+        """Dedicated devices first (the one with the largest free share); serving devices take the overflow
+        (opportunistic capacity); the shared queue when all are full."""
+        for group in ([d for d in self.decoders if not getattr(d, "serving", False)],
+                      [d for d in self.decoders if getattr(d, "serving", False)]):
+            best, best_free = None, 0.0
+            for d in group:
+                cap = d.capacity()
+                free = (cap - len(d.active) - len(d.inbox)) / cap if cap > 0 else 0.0
+                if free > best_free:
+                    best, best_free = d, free
+            if best is not None:
+                best.inbox.append(req)
+                best.poke()
+                return
+        self.queue.append(req)
+        self.poke_all()
 
     def spare(self, dec) -> None:
         if not self.migrate or getattr(dec, "serving", False):
