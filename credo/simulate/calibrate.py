@@ -1,7 +1,12 @@
 """Measure this machine's costs for a recipe's model, apart from any run the simulator is validated on.
 
-- Decode and prefill: the recipe's rollout engine (today the hf backend, credo.distributed.rollout.HFBackend) is
-  timed on a grid of batch sizes B and response lengths L with lengths forced (EOS suppressed until L), and
+- Decode and prefill (`decode_from="run"`, the default): a calibration run's perf/rollout_s per step, with the
+  step's generate calls (B rows, P prompt width, L the longest response, from its dump), fitted to the model
+  below. This is exact for the calibration run's batch size, and the calibration run can run at the same time as
+  the validated one, so a shared machine's load is the same for both (a grid timed at another moment is not).
+- Decode and prefill (`decode_from="grid"`): the recipe's rollout engine (today the hf backend,
+  credo.distributed.rollout.HFBackend) timed on a grid of batch sizes B and response lengths L with lengths
+  forced (EOS suppressed until L); this separates the batch dependence, for extrapolating to other B. Both fit
 
       t(B, L) = prefill_s + prefill_token_s * B * P + L * (decode_step_s + decode_seq_s * B)
                 + decode_ctx_s * (B * P * L + B * L * (L - 1) / 2)
@@ -9,8 +14,8 @@
   is fitted by non-negative least squares (P: the task's longest prompt in the batch).
 - Train, reward and sync: regressed from a short calibration run's `perf/*` metrics (a run of its own, not the
   one being validated): perf/logprob_s + perf/update_s against the padded tokens of the step (rows x longest
-  row, read from the step's rollout dump), perf/reward_s per sample, perf/sync_s as is. The calibration run's
-  rollout time beyond what the generate grid predicts (prompt rendering, per-step bookkeeping) is added to
+  row, read from the step's rollout dump), perf/reward_s per sample, perf/sync_s as is. With the grid, the
+  calibration run's rollout time beyond what the grid predicts (prompt rendering, bookkeeping) is added to
   prefill_s as a per-call overhead.
 """
 
@@ -129,6 +134,20 @@ def fit_train(steps: list[dict], skip_first: bool = True) -> dict:
             "sync_s": float(np.mean(sync))}
 
 
+def run_decode_rows(steps: list[dict], max_batch: int, skip_first: bool = True) -> list[tuple]:
+    """(B, P, L, seconds) per step of a run whose steps are one generate call each (hf_max_batch 0 or >= B)."""
+    rows = []
+    for s in steps:
+        if skip_first and s["step"] == 1:
+            continue
+        pairs = s["pairs"]
+        if max_batch and len(pairs) > max_batch:
+            raise ValueError(f"step {s['step']} has {len(pairs)} rows in calls of {max_batch}: fit the decode costs "
+                             "from a generate grid (--decode-from grid) instead")
+        rows.append((len(pairs), max(p for p, _ in pairs), max(n for _, n in pairs), s["metrics"]["perf/rollout_s"]))
+    return rows
+
+
 def rollout_overhead(steps: list[dict], decode: dict, max_batch: int, skip_first: bool = True) -> float:
     """Median seconds of a calibration run's rollout beyond the generate calls the fitted costs predict."""
     c = Costs(**decode)
@@ -147,20 +166,28 @@ def rollout_overhead(steps: list[dict], decode: dict, max_batch: int, skip_first
     return max(0.0, statistics.median(resid)) if resid else 0.0
 
 
-def calibrate(recipe_path: str, run_dir: str, out: str, repeats: int = 3, overrides: list[str] | None = None) -> dict:
-    """Fit every cost and write them as a YAML `costs:` mapping (with the grid and date as comments)."""
+def calibrate(recipe_path: str, run_dir: str, out: str, repeats: int = 3, overrides: list[str] | None = None,
+              decode_from: str = "run") -> dict:
+    """Fit every cost and write them as a YAML `costs:` mapping (with the data and date as comments)."""
     from credo.config import load_recipe
 
     r = load_recipe(recipe_path, list(overrides or []))
-    rows, _ = measure_generate(recipe_path, repeats, overrides)
-    decode = fit_decode(rows)
     steps = read_run(run_dir)
-    overhead = rollout_overhead(steps, decode, r.rollout.hf_max_batch)
+    if decode_from == "grid":
+        rows, _ = measure_generate(recipe_path, repeats, overrides)
+        decode = fit_decode(rows)
+        overhead = rollout_overhead(steps, decode, r.rollout.hf_max_batch)
+    elif decode_from == "run":
+        rows = run_decode_rows(steps, r.rollout.hf_max_batch)
+        decode, overhead = fit_decode(rows), 0.0
+    else:
+        raise ValueError(f"decode_from = {decode_from!r}: expected run or grid")
     costs = {**decode, **fit_train(steps)}
     costs["prefill_s"] += overhead
     grid = "\n".join(f"#   B={b} P={p} L={n}: {t:.4f} s" for b, p, n, t in rows)
-    Path(out).write_text(f"# credo simulate calibrate --recipe {recipe_path} --run {run_dir} {' '.join(overrides or [])}\n"
-                         f"# {time.strftime('%Y-%m-%d %H:%M')} generate grid (median of {repeats}):\n{grid}\n"
+    what = f"generate grid (median of {repeats})" if decode_from == "grid" else "the calibration run's rollout steps"
+    Path(out).write_text(f"# credo simulate calibrate --recipe {recipe_path} --run {run_dir} --decode-from {decode_from} "
+                         f"{' '.join(overrides or [])}\n# {time.strftime('%Y-%m-%d %H:%M')} decode data, {what}:\n{grid}\n"
                          f"# rollout overhead from the calibration run, added to prefill_s: {overhead:.4f} s\n"
                          + yaml.safe_dump({"costs": costs}, sort_keys=False))
     return costs

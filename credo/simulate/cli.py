@@ -25,11 +25,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
     fit = sub.add_parser("fit", help="response-length quantiles of rollout dumps and the fitted length model")
     fit.add_argument("dumps", help="a run folder (its rollouts/step_*.jsonl) or a glob of dump files")
-    cal = sub.add_parser("calibrate", help="measure this machine's costs for a recipe's model: generate timings "
-                         "on a grid, train/reward/sync timings regressed from a calibration run's metrics")
+    cal = sub.add_parser("calibrate", help="fit this machine's costs for a recipe's model from a calibration run's "
+                         "perf/* metrics and dumps (and optionally a timed generate grid)")
     cal.add_argument("--recipe", required=True, help="the recipe whose model and rollout settings to measure")
     cal.add_argument("--run", required=True, help="a calibration run folder (metrics.jsonl and rollouts/ dumps)")
     cal.add_argument("--out", required=True, help="write the fitted costs here (YAML)")
+    cal.add_argument("--decode-from", choices=("run", "grid"), default="run",
+                     help="fit decode costs from the calibration run's rollout steps (default) or a timed generate grid")
     cal.add_argument("--repeats", type=int, default=3, help="timed repeats per generate grid point (median kept)")
     cal.add_argument("overrides", nargs="*", help="recipe key=value overrides, as for `credo run` (e.g. run.threads=1)")
     val = sub.add_parser("validate", help="simulate a measured synchronous run and compare step times")
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "calibrate":
             from credo.simulate.calibrate import calibrate
 
-            calibrate(args.recipe, args.run, args.out, repeats=args.repeats, overrides=args.overrides)
+            calibrate(args.recipe, args.run, args.out, repeats=args.repeats, overrides=args.overrides,
+                      decode_from=args.decode_from)
             print(Path(args.out).read_text(), end="")
             return 0
         from credo.simulate.validate import validate
