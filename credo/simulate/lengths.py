@@ -7,7 +7,8 @@ it,
     log L_ij = log(median) + sigma_prompt * z_i + sigma_response * e_ij,   z, e ~ N(0, 1)
 
 rounded and clipped to [min_len, max_len]. `empirical` resamples whole groups from a dump: a prompt is a group
-of one dumped step, its responses are drawn (with replacement) from that group's lengths.
+of one dumped step, its responses are drawn from that group's lengths (without replacement up to the group's
+size, so a group keeps its longest; with replacement beyond).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class LengthModel:
     groups: list = field(default_factory=list)
     """Per-prompt response lengths (empirical): a list of lists."""
     order: str = "random"
-    """empirical: 'random' draws a group per prompt and responses with replacement; 'cycle' takes the groups in
+    """empirical: 'random' draws a group per prompt and responses from it (a shuffle); 'cycle' takes the groups in
     turn and a group's lengths in order (deterministic: hand-worked scenarios, replaying a dump's groups)."""
     prompt_len: int = 64
     """Prompt tokens per prompt."""
@@ -106,7 +107,10 @@ def draw_responses(m: LengthModel, prompt, n: int, rng: random.Random) -> list[i
         return [m.fixed] * n
     if m.kind == "empirical":
         group = m.groups[prompt]
-        picks = [group[j % len(group)] for j in range(n)] if m.order == "cycle" else [rng.choice(group) for _ in range(n)]
+        if m.order == "cycle":
+            picks = [group[j % len(group)] for j in range(n)]
+        else:  # without replacement while the group lasts: with replacement, a group's longest is often missed
+            picks = rng.sample(group, min(n, len(group))) + [rng.choice(group) for _ in range(n - len(group))]
         return [min(m.max_len, max(m.min_len, x)) for x in picks]
     out = []
     for _ in range(n):

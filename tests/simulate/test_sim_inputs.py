@@ -134,3 +134,12 @@ def test_shipped_scenarios_load():
     for f in files:
         scn = load_scenario(f)
         assert scn.baseline in [m.name for m in scn.modes], f
+
+
+def test_empirical_draws_keep_a_groups_longest():
+    m = LengthModel(kind="empirical", groups=[[5, 9, 400, 12]], max_len=1000)
+    rng = random.Random(1)
+    for _ in range(50):
+        assert sorted(draw_responses(m, draw_prompt(m, rng), 4, rng)) == [5, 9, 12, 400]
+    more = draw_responses(m, 0, 7, rng)
+    assert len(more) == 7 and set(more) <= {5, 9, 12, 400} and 400 in more
