@@ -265,6 +265,8 @@ def _parser() -> argparse.ArgumentParser:
     p_export.add_argument("--base-model", default=None,
                           help="the model folder the run started from (default: the checkpoint's policy_path)")
     p_export.set_defaults(handler=_export, needs_logging=False)
+    # `credo simulate` has its own parser (credo.simulate.cli); listed here so `credo --help` shows it
+    sub.add_parser("simulate", help="cluster simulator of rollout/training schedules (`credo simulate --help`)")
     return parser
 
 
@@ -272,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # the deepspeed launcher appends --local_rank=N; LOCAL_RANK in the environment carries the same
     argv = [a for a in argv if not a.startswith("--local_rank")]
+    if argv[:1] == ["simulate"]:  # its own parser, --help included (credo.simulate.cli)
+        from credo.simulate.cli import main as simulate_main
+
+        return simulate_main(argv[1:])
     args = _parser().parse_args(argv)
     if args.needs_logging:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",

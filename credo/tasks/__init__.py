@@ -4,6 +4,7 @@
     registry.py       register_task / TASKS (a leaf: the concrete tasks import it, it imports none of them)
     arithmetic.py     `arithmetic`: integer + and -, exact-match verifier
     skills.py         the testbed's `add_scratch`, `mul_scratch`, `sort`: worked answers, final result verified
+    longtail.py       `longtail_add`: scratchpad addition with log-normal digit counts (long-tailed responses)
     reasoning_gym.py  `rg:<name>`: any reasoning-gym dataset
     data.py           `file` / `hf:<name>`: your own prompts and columns (no verifier: reward.functions score them)
     render.py         prompt rendering (chat template, system prompt), shared by warm-up, rollout and eval
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from credo.errors import ConfigError
 from credo.tasks import arithmetic as _arithmetic  # noqa: F401  (registers 'arithmetic')
+from credo.tasks import longtail as _longtail  # noqa: F401  (registers 'longtail_add')
 from credo.tasks import skills as _skills  # noqa: F401  (registers 'add_scratch', 'mul_scratch', 'sort')
 from credo.tasks.arithmetic import ArithmeticTask
 from credo.tasks.problem import Problem, SplitSpaceTask

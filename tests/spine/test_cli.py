@@ -44,8 +44,9 @@ def test_list_prints_every_registered_name(capsys):
 
     assert {"arithmetic", "add_scratch", "mul_scratch", "sort"} <= set(TASKS)
     assert {"judge_arithmetic", "ce_rm_arithmetic", "pgenrm_users"} <= set(task_names())  # the judges family's
-    listed_tasks = "  " + ", ".join(task_names()) + "\n"
-    assert f"tasks (task.name):\n{listed_tasks}  file: " in out and "\n  hf:<name-or-folder>: " in out
+    tasks_block = out.split("tasks (task.name):\n", 1)[1].split("\n  file: ", 1)[0]  # wrapped over lines
+    assert [n.strip() for n in tasks_block.replace("\n", " ").split(",")] == task_names()
+    assert "\n  file: " in out and "\n  hf:<name-or-folder>: " in out
     assert "\n  rg:<name>" in out
     assert "strategy: local, global, coupled" in out and "ipa:" in out and "flow_gamma" in out
 
