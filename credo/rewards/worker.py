@@ -2,10 +2,13 @@
 
 A reward function is called once per group (the responses to one prompt) as
 `fn(responses: list[str], problems: list[Problem]) -> list[float]`, so an LLM judge that compares a
-group's responses drops in as is. A call that raises or times out marks its samples invalid: the trainer
-masks them from the loss and counts them in `train/reward_failures`. Returning the wrong length or a
-non-number is a bug in the reward function, not a transient failure, and stops the run with an error
-naming the function.
+group's responses drops in as is. A group call that raises is retried sample by sample (a list of one
+in, a list of one out: TRL's contract), so one bad sample does not void its group: only the samples
+whose own call raises are invalid. A call that times out is not retried and marks its samples invalid.
+The trainer masks invalid samples from the loss and counts them in `train/reward_failures` (samples, not
+calls); more than `max_failure_frac` of a step's samples failing stops the run. Returning the wrong length
+or a non-number is a bug in the reward function, not a transient failure, and stops the run with an
+error naming the function.
 """
 
 from __future__ import annotations
@@ -22,15 +25,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from credo.config import ConfigError
+from credo.errors import ConfigError, RewardFunctionError
 
 log = logging.getLogger("credo.rewards")
 
 GroupRewardFn = Callable[[list, list], Sequence[float]]
-
-
-class RewardFunctionError(RuntimeError):
-    """The reward function broke its contract (wrong length, a non-number) or failed too often."""
 
 
 @dataclass
@@ -40,9 +39,9 @@ class RewardResult:
     valid: list[bool]
     """False for samples whose reward call raised or timed out."""
     failures: int
-    """Calls that raised."""
+    """Samples whose reward call raised (after the per-sample retry)."""
     timeouts: int
-    """Calls that timed out."""
+    """Samples whose reward call timed out."""
     parts: dict[str, list[float]] | None = None
     """Per reward function (`reward.functions`), one value per sample; NaN where it returned None or the call failed."""
 
@@ -116,46 +115,75 @@ class ScoredGroup:
                 for i in range(n)]
 
 
-def tally(groups: list[tuple], outcomes: list[tuple[str, object]], *, step: int, name: str, timeout_s: float,
-          max_failure_frac: float, names: tuple = (), seen_kinds: set[str]) -> RewardResult:
-    """The `RewardResult` of `groups` from each call's outcome ('ok', value) | ('error', exc) | ('timeout', None):
-    failed calls masked and counted, the first failure of each kind logged (`seen_kinds` remembers them), a
-    broken contract or too many failures raised (RewardFunctionError). Shared by every reward worker."""
-    rewards: list[float] = []
-    valid: list[bool] = []
-    parts: dict[str, list[float]] = {part: [] for part in names}
-    failures = timeouts = 0
-    for (responses, *_), (status, value) in zip(groups, outcomes):
-        n = len(responses)
-        if status == "ok":
-            rewards += value.finish(n) if isinstance(value, ScoredGroup) else check_rewards(value, n, name)
-            valid += [True] * n
-            for part, values in parts.items():
-                values += value.parts[part]
-            continue
-        for values in parts.values():
-            values += [math.nan] * n
-        if status == "timeout":
-            timeouts += 1
-            kind = "timeout"
-            detail = f"a call exceeded reward.timeout_s={timeout_s}"
+def _check(value, n: int, name: str) -> list[float]:
+    if isinstance(value, ScoredGroup):
+        return value.finish(n)
+    return check_rewards(value, n, name)
+
+
+def _log_first(status: str, value, *, step: int, name: str, timeout_s: float, seen_kinds: set[str]) -> None:
+    """Log the first failure of each kind (with its traceback); later ones are only counted."""
+    kind = "timeout" if status == "timeout" else type(value).__name__
+    if kind in seen_kinds:
+        return
+    seen_kinds.add(kind)
+    detail = f"a call exceeded reward.timeout_s={timeout_s}" if status == "timeout" else f"{kind}: {value}"
+    log.warning("reward function '%s' failed at step %d (%s); its samples are masked (a group that raises is "
+                "retried sample by sample). Further failures of this kind are counted, not logged.", name,
+                step, detail, exc_info=value if status == "error" else None)
+
+
+def _per_sample(status: str, value, n: int, name: str) -> list[tuple[str, object]]:
+    """A call's outcome as one (status, (reward, parts) or None) per sample."""
+    if status != "ok":
+        return [(status, None)] * n
+    rewards = _check(value, n, name)
+    parts = getattr(value, "parts", {})
+    return [("ok", (rewards[i], {k: v[i] for k, v in parts.items()})) for i in range(n)]
+
+
+def tally(groups: list[tuple], run: Callable[[list[tuple]], list[tuple[str, object]]], *, step: int, name: str,
+          timeout_s: float, max_failure_frac: float, names: tuple = (), seen_kinds: set[str]) -> RewardResult:
+    """The `RewardResult` of `groups`, shared by every reward worker. `run(calls)` runs the function once per call's
+    arguments and returns each outcome in order: ('ok', value) | ('error', exc) | ('timeout', None). A group whose
+    call raised is run again sample by sample (one more `run` for all such samples); failed samples are masked and
+    counted, the first failure of each kind logged (`seen_kinds` remembers them), a broken contract or more than
+    `max_failure_frac` failed samples raised (RewardFunctionError)."""
+    outcomes = run(groups)
+    singles: list[tuple] = []
+    for group, (status, value) in zip(groups, outcomes):
+        if status != "ok":
+            _log_first(status, value, step=step, name=name, timeout_s=timeout_s, seen_kinds=seen_kinds)
+            if status == "error" and len(group[0]) > 1:
+                singles += [tuple(a[i:i + 1] if a is not None else None for a in group) for i in range(len(group[0]))]
+    single_outcomes = iter(run(singles) if singles else [])
+    per_sample: list[tuple[str, object]] = []
+    for group, (status, value) in zip(groups, outcomes):
+        n = len(group[0])
+        if status == "error" and n > 1:
+            for _ in range(n):
+                per_sample += _per_sample(*next(single_outcomes), 1, name)
         else:
-            failures += 1
-            kind = type(value).__name__
-            detail = f"{kind}: {value}"
-        if kind not in seen_kinds:  # log each kind once (with its traceback), not once per call
-            seen_kinds.add(kind)
-            log.warning("reward function '%s' failed at step %d (%s); its samples are masked. "
-                        "Further failures of this kind are counted, not logged.", name, step, detail,
-                        exc_info=value if status == "error" else None)
-        rewards += [0.0] * n
-        valid += [False] * n
+            per_sample += _per_sample(status, value, n, name)
+    return _result(per_sample, names, step=step, name=name, max_failure_frac=max_failure_frac)
+
+
+def _result(per_sample: list[tuple[str, object]], names: tuple, *, step: int, name: str,
+            max_failure_frac: float) -> RewardResult:
+    parts: dict[str, list[float]] = {part: [] for part in names}
+    for status, value in per_sample:
+        for part, values in parts.items():
+            values.append(value[1][part] if status == "ok" else math.nan)
+    failures = sum(status == "error" for status, _ in per_sample)
+    timeouts = sum(status == "timeout" for status, _ in per_sample)
     bad = failures + timeouts
-    if groups and bad / len(groups) > max_failure_frac:
+    if per_sample and bad / len(per_sample) > max_failure_frac:
         raise RewardFunctionError(
-            f"{bad} of {len(groups)} reward calls failed at step {step}, above reward.max_failure_frac="
-            f"{max_failure_frac}; the reward function '{name}' is broken"
+            f"{bad} of {len(per_sample)} samples failed their reward call at step {step}, above "
+            f"reward.max_failure_frac={max_failure_frac}; the reward function '{name}' is broken"
         )
+    rewards = [value[0] if status == "ok" else 0.0 for status, value in per_sample]
+    valid = [status == "ok" for status, _ in per_sample]
     return RewardResult(rewards, valid, failures, timeouts, parts or None)
 
 
@@ -240,13 +268,19 @@ class RewardWorker:
             if call.done.is_set():
                 return call.status, call.value
 
+    def _submit(self, args: tuple) -> _Call:
+        call = _Call(args)
+        self._queue.put(call)
+        return call
+
+    def _run(self, calls: list[tuple]) -> list[tuple[str, object]]:
+        """Each call's outcome, in order; all are queued before the first is awaited."""
+        return [self._wait(call) for call in [self._submit(args) for args in calls]]
+
     def __call__(self, groups: list[tuple], *, step: int) -> RewardResult:
         """Score `groups`, a list of (responses, problems) pairs (or (responses, problems, completion_ids) for a
         `WeightedRewards`); results are flattened in order."""
-        calls = [_Call(g) for g in groups]
-        for call in calls:
-            self._queue.put(call)
-        return tally(groups, [self._wait(call) for call in calls], step=step, name=self.name, timeout_s=self.timeout_s,
+        return tally(groups, self._run, step=step, name=self.name, timeout_s=self.timeout_s,
                      max_failure_frac=self.max_failure_frac, names=getattr(self.fn, "names", ()),
                      seen_kinds=self._seen_kinds)
 
@@ -256,9 +290,7 @@ class RewardWorker:
         Returns:
             ('ok', value), ('error', exception) or ('timeout', None); the first failure of each kind is logged.
         """
-        call = _Call(args)
-        self._queue.put(call)
-        status, value = self._wait(call)
+        status, value = self._wait(self._submit(args))
         note_failure(status, value, name=self.name, timeout_s=self.timeout_s, seen_kinds=self._seen_kinds)
         return status, value
 

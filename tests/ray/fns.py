@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from credo.envs.guess import GuessNumberEnv
+from credo.families.multiturn.envs.guess import GuessNumberEnv
 
 
 def length_reward(responses, problems):

@@ -6,7 +6,8 @@ The semantics are `RewardWorker`'s, shared through `credo.rewards.worker.tally`:
 
 - a call that raises is a failure, one that runs past `timeout_s` a timeout (its task is cancelled, which kills
   its worker process); their samples are masked and counted (`reward/failures`, `reward/timeouts`);
-- a broken contract (wrong length, a non-number) or more than `max_failure_frac` failed calls stop the step.
+- a group call that raises is run again sample by sample (one task per sample);
+- a broken contract (wrong length, a non-number) or more than `max_failure_frac` failed samples stop the step.
 
 New here: a call whose worker process dies (killed, out of memory, its node lost) is not the function's failure:
 it is run again with the same arguments, and counted in `cluster/reward_restarts`; past `max_restarts` such
@@ -138,7 +139,7 @@ class RayRewardWorker:
 
     def __call__(self, groups: list[tuple], *, step: int) -> RewardResult:
         """Score `groups` ((responses, problems) pairs, or with completion ids); results flattened in order."""
-        return tally(groups, self._run(groups), step=step, name=self.name, timeout_s=self.timeout_s,
+        return tally(groups, self._run, step=step, name=self.name, timeout_s=self.timeout_s,
                      max_failure_frac=self.max_failure_frac, names=getattr(self.fn, "names", ()),
                      seen_kinds=self._seen_kinds)
 
