@@ -43,7 +43,7 @@ def three_nodes():
 
 def placed_config() -> ClusterConfig:
     return ClusterConfig(
-        engine="ray", address="auto",
+        engine="ray", address="auto", startup_timeout_s=1800,  # a worker's imports take minutes on a loaded machine
         rollout=RolloutRoleConfig(workers=1, resources={"rollout_node": 1, "CPU": 0.5}),
         judge=RoleConfig(workers=1, resources={"rollout_node": 1, "CPU": 0.5}),
         reward=RewardRoleConfig(workers=2, resources={"reward_node": 0.5}),

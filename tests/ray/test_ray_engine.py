@@ -1,0 +1,68 @@
+"""The quickstart end to end with `cluster.engine: ray` (a local Ray the run starts itself: explicit num_cpus, no
+dashboard): rollout on a Ray worker and the verifier on Ray reward tasks give the local engine's metrics.jsonl, bit
+for bit, on every key but perf/* and cluster/*; with per-sample seeds, 1 and 2 rollout workers (full and delta
+weight pushes) give the same metrics; the cluster/* keys are logged and Ray is shut down with the run."""
+
+from __future__ import annotations
+
+import pytest
+
+from credo.config import ConfigError, load_recipe
+from tests.e2e.common import read_rows, tiny_overrides
+
+pytest.importorskip("ray")
+
+pytestmark = pytest.mark.slow
+
+RAY = {"cluster.engine": "ray", "cluster.num_cpus": 2, "cluster.rollout.threads": 1, "cluster.reward.workers": 2,
+       "cluster.reward.resources": "{CPU: 0.5}", "cluster.rollout.resources": "{CPU: 0.5}",
+       "cluster.env.workers": 0, "cluster.judge.workers": 0,
+       "cluster.startup_timeout_s": 1800}  # a worker's imports take minutes on a loaded shared 2-core machine
+
+
+def run(out, **extra) -> list[dict]:
+    """A 3-step quickstart (the task's own verifier as the reward), its metrics.jsonl rows."""
+    from credo.trainer import Trainer
+
+    overrides = tiny_overrides(out, **{"reward.function": "null", "run.plot": False, **extra})
+    Trainer(load_recipe("recipes/quickstart.yaml", overrides)).fit()
+    return read_rows(out)
+
+
+def strip(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith(("perf/", "cluster/"))} for row in rows]
+
+
+def test_the_quickstart_on_ray_gives_the_local_metrics_bit_for_bit(tmp_path):
+    import ray
+
+    local = run(tmp_path / "local")
+    on_ray = run(tmp_path / "ray", **RAY, **{"cluster.rollout.per_sample_seeds": "false"})
+    assert not ray.is_initialized()  # the run started its Ray and shut it down
+    assert strip(on_ray) == strip(local)
+    steps = [row for row in on_ray if "train/loss" in row]
+    assert len(steps) == 3 and steps[0]["cluster/connect_s"] > 0
+    for row in steps:
+        assert row["cluster/rollout_workers"] == 1 and row["cluster/worker_restarts"] == 0
+        assert row["cluster/rollout_sync_bytes"] == row["cluster/rollout_sync_full_bytes"] > 0
+        assert row["cluster/reward_workers"] >= 1  # the verifier ran on Ray tasks
+    assert not any(k.startswith("cluster/") for row in local for k in row)
+
+
+def test_one_and_two_rollout_workers_give_the_same_metrics(tmp_path):
+    one = run(tmp_path / "one", **RAY, **{"cluster.rollout.workers": 1})
+    two = run(tmp_path / "two", **RAY, **{"cluster.rollout.workers": 2, "cluster.sync": "delta"})
+    assert strip(two) == strip(one)
+    steps = [row for row in two if "train/loss" in row]
+    assert all(row["cluster/rollout_workers"] == 2 for row in steps)
+    assert all(row["cluster/rollout_sync_bytes"] <= row["cluster/rollout_sync_full_bytes"] for row in steps)
+
+
+def test_a_role_no_node_offers_is_refused_at_start_up_naming_it(tmp_path):
+    """Before the warm-up or any model load: the local Ray the run would start offers no such label."""
+    from credo.train.build import check_run
+
+    r = load_recipe("recipes/quickstart.yaml", tiny_overrides(
+        tmp_path, **{**RAY, "cluster.reward.resources": "{reward_node: 1}"}))
+    with pytest.raises(ConfigError, match=r"'cluster.reward.resources'.*role 'reward' cannot be placed"):
+        check_run(r)
