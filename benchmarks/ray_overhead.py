@@ -2,9 +2,10 @@
 
     python benchmarks/ray_overhead.py --steps 20 [recipe overrides...]
 
-Builds three quickstart trainers side by side (the SFT warm-up cached beforehand, not timed): `local` (today's
-in-process HFBackend), `ray` (a `RayRolloutBackend` with one worker swapped in: full weight pushes, one RNG stream
-per call like the local backend, the same torch thread count) and `ray-delta` (the same with sparse delta pushes).
+Builds three quickstart trainers side by side from the recipe (the SFT warm-up cached beforehand, not timed):
+`local` (cluster.engine: local, today's in-process HFBackend), `ray` (cluster.engine: ray with one rollout worker:
+full weight pushes, one RNG stream per call like the local backend, the same torch thread count; the reward stays in
+threads, cluster.reward.workers: 0, unless --ray-rewards) and `ray-delta` (the same with sparse delta pushes).
 Each step runs on the three in turn (the order rotating), so a load that drifts on a shared machine hits them
 alike; the ratios are medians of per-step ratios. Prints the median `perf/step_time_s`, `perf/rollout_s` and
 `perf/sync_s`, the ray/local ratios, Ray's start-up time (ray.init, then a worker placed and its model loaded),
@@ -16,8 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -35,18 +39,12 @@ def build_trainer(recipe: str, out: Path, overrides: list[str]):
     return Trainer(r), r
 
 
-def swap_in_ray(trainer, r, sync: str) -> tuple:
-    """Replace the trainer's rollout backend by a one-worker RayRolloutBackend; (backend, its start-up seconds)."""
-    from credo.distributed.ray.rollout import RayRolloutBackend
-
-    t0 = time.perf_counter()
-    backend = RayRolloutBackend(trainer.state.policy_path, workers=1, per_sample_seeds=False, sync=sync,
-                                threads=torch.get_num_threads(), model_dtype=r.model.dtype, dtype=r.rollout.dtype,
-                                max_batch=r.rollout.hf_max_batch, resources={"CPU": 1}, startup_timeout_s=1800)
-    startup = time.perf_counter() - t0
-    trainer.source.backend.close()
-    trainer.source.backend = backend
-    return backend, startup
+def ray_overrides(sync: str, threads: int, ray_rewards: bool) -> list[str]:
+    """cluster.engine: ray with one rollout worker that samples exactly as the local backend (one RNG stream)."""
+    return ["cluster.engine=ray", "cluster.rollout.workers=1", "cluster.rollout.per_sample_seeds=false",
+            f"cluster.rollout.threads={threads}", f"cluster.sync={sync}", "cluster.rollout.resources={CPU: 1}",
+            f"cluster.reward.workers={2 if ray_rewards else 0}", "cluster.reward.resources={CPU: 0.5}",
+            "cluster.env.workers=0", "cluster.judge.workers=0", "cluster.startup_timeout_s=1800"]
 
 
 def sparsity_row(step: int, trainer, backend, last_bf16: dict) -> tuple[dict, dict]:
@@ -59,6 +57,18 @@ def sparsity_row(step: int, trainer, backend, last_bf16: dict) -> tuple[dict, di
              "bf16_full_bytes": d.full_bytes, **backend.sync_metrics}, now_bf16)
 
 
+def kill_mid_rollout(backend) -> threading.Thread:
+    """A thread that SIGKILLs the backend's worker once a shard is in flight."""
+    def kill() -> None:
+        while not backend.running:
+            time.sleep(0.005)
+        os.kill(backend.worker_info()[backend.active[0]]["pid"], signal.SIGKILL)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
 def same_but_perf(a: list[dict], b: list[dict]) -> bool:
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(("perf/", "cluster/"))} for r in rows]
     return json.dumps(strip(a), sort_keys=True) == json.dumps(strip(b), sort_keys=True)
@@ -68,6 +78,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--recipe", default="recipes/quickstart.yaml")
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--ray-rewards", action="store_true", help="the verifier on Ray reward tasks too")
+    p.add_argument("--kill-at", type=int, default=0, help="SIGKILL the `ray` trainer's rollout worker mid-rollout at "
+                   "this step (worker loss: its shard redone on a replacement, the metrics unchanged)")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="credo-ray-overhead-"))
@@ -78,25 +91,28 @@ def main() -> None:
     warm, _ = build_trainer(args.recipe, tmp / "warm", args.overrides)  # the SFT warm-up, cached: not timed
     warm.close()
     t0 = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="warning")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="warning")
     init_s = time.perf_counter() - t0
     modes = ("local", "ray", "ray-delta")
     trainers, backends, startups = {}, {}, []
+    threads = torch.get_num_threads()
     for mode in modes:
-        trainers[mode], r = build_trainer(args.recipe, tmp / mode, args.overrides)
+        extra = [] if mode == "local" else ray_overrides("delta" if mode == "ray-delta" else "full", threads,
+                                                         args.ray_rewards)
+        trainers[mode], r = build_trainer(args.recipe, tmp / mode, [*args.overrides, *extra])
         if mode != "local":
-            backends[mode], startup = swap_in_ray(trainers[mode], r, "delta" if mode == "ray-delta" else "full")
-            startups.append(startup)
+            backends[mode] = trainers[mode].source.backend
+            startups.append(trainers[mode].c.cluster.rollout_start_s)
     rows: dict[str, list[dict]] = {m: [] for m in modes}
     sparsity, last_bf16 = [], wire_state(trainers["ray-delta"].engine.module, torch.bfloat16)
     try:
         for step in range(1, args.steps + 1):
             k = step % len(modes)
             for mode in modes[k:] + modes[:k]:  # rotate who goes first
-                row = trainers[mode].train_step(step)
-                if mode in backends:
-                    row.update(backends[mode].metrics())
-                rows[mode].append(row)
+                killer = kill_mid_rollout(backends["ray"]) if mode == "ray" and step == args.kill_at else None
+                rows[mode].append(trainers[mode].train_step(step))  # cluster/* from the run's own step hook
+                if killer is not None:
+                    killer.join()
             sp, last_bf16 = sparsity_row(step, trainers["ray-delta"], backends["ray-delta"], last_bf16)
             sparsity.append(sp)
             print(f"step {step}: " + ", ".join(f"{m} {rows[m][-1]['perf/step_time_s']:.3f} s" for m in modes), flush=True)
@@ -116,6 +132,11 @@ def main() -> None:
                  for m in modes[1:]}
         print(f"{key:18s} local {med['local']:.4f} s | ray {med['ray']:.4f} s (x{ratio['ray']:.3f}) | "
               f"ray-delta {med['ray-delta']:.4f} s (x{ratio['ray-delta']:.3f})")
+    if args.kill_at:
+        row = rows["ray"][args.kill_at - 1]
+        print(f"worker killed at step {args.kill_at}: cluster/worker_restarts {row['cluster/worker_restarts']}, "
+              f"redone shards {row['cluster/rollout_redone_shards']}, step {row['perf/step_time_s']:.2f} s against "
+              f"a median of {statistics.median(r['perf/step_time_s'] for r in rows['ray'][timed]):.2f} s")
     for mode in modes[1:]:
         print(f"metrics keys but perf/* and cluster/* bit-identical, {mode} vs local: "
               f"{same_but_perf(rows['local'], rows[mode])}")
