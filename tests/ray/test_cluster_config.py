@@ -122,3 +122,16 @@ def test_the_cluster_config_and_the_package_do_not_import_ray():
             "assert 'ray' not in sys.modules, 'ray imported'\nprint('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("name", ["ppo_qwen3_4b_ray", "multiturn_qwen3_4b_ray"])
+def test_the_paper_scale_ray_recipes_pass_credo_check(name):
+    """The GPU recipes on Ray load strictly and pass `credo check` here (placement is noted: it needs the cluster)."""
+    import os
+
+    if name.startswith("multiturn"):
+        pytest.importorskip("gem")
+    p = subprocess.run([sys.executable, "-m", "credo.cli", "check", f"recipes/gpu/{name}.yaml"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert p.returncode == 0, p.stderr
+    assert "cluster placement" in p.stdout + p.stderr and "checked against the live cluster" in p.stdout + p.stderr

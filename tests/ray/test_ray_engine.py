@@ -1,7 +1,9 @@
-"""The quickstart end to end with `cluster.engine: ray` (a local Ray the run starts itself: explicit num_cpus, no
-dashboard): rollout on a Ray worker and the verifier on Ray reward tasks give the local engine's metrics.jsonl, bit
-for bit, on every key but perf/* and cluster/*; with per-sample seeds, 1 and 2 rollout workers (full and delta
-weight pushes) give the same metrics; the cluster/* keys are logged and Ray is shut down with the run."""
+"""The quickstart end to end with `cluster.engine: ray`, on a local Ray with explicit num_cpus and no dashboard
+(which the run joins, as `cluster.address: ''` does when Ray is up): rollout on a Ray worker and the verifier on
+Ray reward tasks give the local engine's metrics.jsonl, bit for bit, on every key but perf/* and cluster/*; with
+per-sample seeds, 1 and 2 rollout workers (full and delta weight pushes) give the same metrics; the multi-turn
+recipe with its envs on Ray actors gives the local metrics; cluster/* keys are logged; the workers stop with the
+run; a role no node offers is refused before anything starts."""
 
 from __future__ import annotations
 
@@ -9,12 +11,21 @@ import pytest
 
 from credo.config import ConfigError, load_recipe
 from tests.e2e.common import read_rows, tiny_overrides
+from tests.ray.common import start_local_ray
 
 pytest.importorskip("ray")
 
 pytestmark = pytest.mark.slow
 
-RAY = {"cluster.engine": "ray", "cluster.num_cpus": 2, "cluster.rollout.threads": 1, "cluster.reward.workers": 2,
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    ray = start_local_ray(num_cpus=4)
+    yield ray
+    ray.shutdown()
+
+
+RAY = {"cluster.engine": "ray", "cluster.rollout.threads": 1, "cluster.reward.workers": 2,
        "cluster.reward.resources": "{CPU: 0.5}", "cluster.rollout.resources": "{CPU: 0.5}",
        "cluster.env.workers": 0, "cluster.judge.workers": 0,
        "cluster.startup_timeout_s": 1800}  # a worker's imports take minutes on a loaded shared 2-core machine
@@ -25,7 +36,9 @@ def run(out, **extra) -> list[dict]:
     from credo.trainer import Trainer
 
     overrides = tiny_overrides(out, **{"reward.function": "null", "run.plot": False, **extra})
-    Trainer(load_recipe("recipes/quickstart.yaml", overrides)).fit()
+    trainer = Trainer(load_recipe("recipes/quickstart.yaml", overrides))
+    trainer.fit()
+    assert trainer.c.cluster is None or trainer.c.cluster.parts == []  # the Ray workers stopped with the run
     return read_rows(out)
 
 
@@ -34,11 +47,8 @@ def strip(rows: list[dict]) -> list[dict]:
 
 
 def test_the_quickstart_on_ray_gives_the_local_metrics_bit_for_bit(tmp_path):
-    import ray
-
     local = run(tmp_path / "local")
     on_ray = run(tmp_path / "ray", **RAY, **{"cluster.rollout.per_sample_seeds": "false"})
-    assert not ray.is_initialized()  # the run started its Ray and shut it down
     assert strip(on_ray) == strip(local)
     steps = [row for row in on_ray if "train/loss" in row]
     assert len(steps) == 3 and steps[0]["cluster/connect_s"] > 0
@@ -66,3 +76,24 @@ def test_a_role_no_node_offers_is_refused_at_start_up_naming_it(tmp_path):
         tmp_path, **{**RAY, "cluster.reward.resources": "{reward_node: 1}"}))
     with pytest.raises(ConfigError, match=r"'cluster.reward.resources'.*role 'reward' cannot be placed"):
         check_run(r)
+
+
+def test_the_multiturn_recipe_with_its_envs_on_ray_actors_gives_the_local_metrics(tmp_path):
+    """The multi-turn family builds its env actors from the recipe (cluster.env), and rollout runs on a Ray worker:
+    every metric but perf/* and cluster/* equals the local run's."""
+    from credo.trainer import Trainer
+
+    def go(out, **extra):
+        o = {"run.output_dir": out, "run.steps": 2, "run.eval_every": 0, "run.progress": False, "run.plot": False,
+             "run.threads": 1, "sft.steps": 5, "rollout.prompts_per_step": 4, "rollout.group_size": 2,
+             "env.step_timeout_s": 600, **extra}
+        Trainer(load_recipe("recipes/multiturn.yaml", [f"{k}={v}" for k, v in o.items()])).fit()
+        return read_rows(out)
+
+    local = go(tmp_path / "local")
+    on_ray = go(tmp_path / "ray", **{**RAY, "cluster.env.workers": 2, "cluster.env.resources": "{CPU: 0.25}",
+                                     "cluster.rollout.per_sample_seeds": "false"})
+    assert strip(on_ray) == strip(local)
+    steps = [row for row in on_ray if "train/loss" in row]
+    assert all(row["cluster/env_workers"] == 2 and row["cluster/env_busy_frac"] > 0 for row in steps)
+    assert "cluster/reward_workers" not in steps[0]  # the env's return is the reward: no reward pool was built
