@@ -91,6 +91,7 @@ def main() -> None:
     warm, _ = build_trainer(args.recipe, tmp / "warm", args.overrides)  # the SFT warm-up, cached: not timed
     warm.close()
     t0 = time.perf_counter()
+    os.environ.setdefault("RAY_worker_niceness", "0")  # as credo's own local Ray: workers not reniced
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="warning")
     init_s = time.perf_counter() - t0
     modes = ("local", "ray", "ray-delta")

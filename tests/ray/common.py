@@ -22,6 +22,7 @@ def worker_env() -> dict:
 def start_local_ray(num_cpus: int = 4):
     """A local Ray for one test module: logical CPUs (fractions of them per worker), no dashboard, quiet."""
     ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_worker_niceness", "0")  # Ray's default 15 starves workers on a shared machine
     for attempt in range(3):  # Ray gives its raylet 30 s to register (fixed); a loaded shared machine can miss it
         try:
             ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=worker_env(),

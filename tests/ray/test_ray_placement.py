@@ -26,8 +26,12 @@ def node_id_of_caller(*_):
 
 @pytest.fixture(scope="module")
 def three_nodes():
+    import os
+
     import ray
     from ray.cluster_utils import Cluster
+
+    os.environ.setdefault("RAY_worker_niceness", "0")  # Ray's default 15 starves workers on a shared machine
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"train": 1},
                                                             "include_dashboard": False})

@@ -40,6 +40,8 @@ def connect(cfg: ClusterConfig, *, roles: tuple[str, ...] = (), verbose: bool = 
         if cfg.address:
             ray.init(address=cfg.address, **quiet)
         else:
+            # Ray renices its workers by 15 by default (background work); here they are the step's critical path
+            os.environ.setdefault("RAY_worker_niceness", "0")
             ray.init(num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False, **quiet)
     check_placement(cfg, ray.nodes(), roles)
     return time.perf_counter() - t0
