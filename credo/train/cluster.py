@@ -47,8 +47,12 @@ class Cluster:
         ro = r.rollout
         vllm = None
         if ro.backend == "vllm":
+            from credo.distributed.ray.config import resources_of
+
+            eager = ro.vllm_enforce_eager  # unset: eager on CPU workers, graphs on GPU ones (as the local builder)
             vllm = dict(kv_cache_gib=ro.vllm_kv_cache_gib, gpu_memory_utilization=ro.vllm_gpu_memory_utilization,
-                        enforce_eager=ro.vllm_enforce_eager, seed=r.run.seed)
+                        enforce_eager=("GPU" not in resources_of(self.cfg.rollout)) if eager is None else eager,
+                        seed=r.run.seed)
         t0 = time.perf_counter()
         backend = RayRolloutBackend.from_cluster(self.cfg, policy_path, engine=ro.backend, model_dtype=r.model.dtype,
                                                  dtype=ro.dtype, fp8_weights=ro.fp8_weights, max_batch=ro.hf_max_batch,
