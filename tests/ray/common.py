@@ -23,13 +23,13 @@ def start_local_ray(num_cpus: int = 4):
     """A local Ray for one test module: logical CPUs (fractions of them per worker), no dashboard, quiet."""
     ray = pytest.importorskip("ray")
     os.environ.setdefault("RAY_worker_niceness", "0")  # Ray's default 15 starves workers on a shared machine
-    for attempt in range(3):  # Ray gives its raylet 30 s to register (fixed); a loaded shared machine can miss it
+    for attempt in range(6):  # Ray gives its raylet 30 s to register (fixed); a loaded shared machine can miss it
         try:
             ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=worker_env(),
                      logging_level="warning")
             return ray
         except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for it
-            if "timed out during startup" not in str(e) or attempt == 2:
+            if "timed out during startup" not in str(e) or attempt == 5:
                 raise
             ray.shutdown()
     return ray
