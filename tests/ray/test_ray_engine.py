@@ -59,6 +59,7 @@ def test_the_quickstart_on_ray_gives_the_local_metrics_bit_for_bit(tmp_path):
     assert not any(k.startswith("cluster/") for row in local for k in row)
 
 
+@pytest.mark.heavy  # written 2026-12-03; not yet run to completion (Ray could not start on the loaded machine)
 def test_one_and_two_rollout_workers_give_the_same_metrics(tmp_path):
     one = run(tmp_path / "one", **RAY, **{"cluster.rollout.workers": 1})
     two = run(tmp_path / "two", **RAY, **{"cluster.rollout.workers": 2, "cluster.sync": "delta"})
@@ -78,6 +79,7 @@ def test_a_role_no_node_offers_is_refused_at_start_up_naming_it(tmp_path):
         check_run(r)
 
 
+@pytest.mark.heavy  # written 2026-12-03; not yet run to completion (Ray could not start on the loaded machine)
 def test_the_multiturn_recipe_with_its_envs_on_ray_actors_gives_the_local_metrics(tmp_path):
     """The multi-turn family builds its env actors from the recipe (cluster.env), and rollout runs on a Ray worker:
     every metric but perf/* and cluster/* equals the local run's."""
