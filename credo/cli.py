@@ -141,25 +141,30 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("recipe", help="path to a YAML recipe")
     p_run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. run.steps=10 algo.policy_loss=cispo")
     p_check = sub.add_parser("check", help="load and validate a recipe without running it")
-    p_check.add_argument("recipe")
-    p_check.add_argument("overrides", nargs="*")
+    p_check.add_argument("recipe", help="path to a YAML recipe")
+    p_check.add_argument("overrides", nargs="*", help="key=value overrides, e.g. run.steps=10 algo.policy_loss=cispo")
     p_ablate = sub.add_parser("ablate", help="run a sweep of recipe variants over seeds and tabulate")
-    p_ablate.add_argument("sweep")
-    p_ablate.add_argument("--jobs", type=int, default=0)
-    p_ablate.add_argument("--dry-run", action="store_true")
+    p_ablate.add_argument("sweep", help="path to a sweep YAML file (format in docs/reproductions.md)")
+    p_ablate.add_argument("--jobs", type=int, default=0, help="runs at once (default 0: one per GPU, or one per CPU core)")
+    p_ablate.add_argument("--dry-run", action="store_true", help="list the runs and what would happen to each; "
+                          "start nothing, write nothing")
     p_bon = sub.add_parser("bon", help="best-of-N accuracy of the policy's samples picked by the recipe's judge "
                            "(CE-RM pointwise, credo.rewards.best_of_n) vs a random and the verifier's pick")
-    p_bon.add_argument("recipe")
-    p_bon.add_argument("overrides", nargs="*")
+    p_bon.add_argument("recipe", help="path to a YAML recipe with a CE-RM judge")
+    p_bon.add_argument("overrides", nargs="*", help="key=value overrides of the recipe")
     p_bon.add_argument("--n", type=int, nargs="+", default=[1, 4, 16], help="the N, prefixes of max(N) samples")
     p_bon.add_argument("--out", default=None, help="write the result (table, scores, verdicts) as JSON here")
     sub.add_parser("list", help="print the policy losses, advantage and KL estimators, tasks and credit strategies")
+    from credo.ablate.report_cli import add_report_arguments, report_main
+    add_report_arguments(sub.add_parser("report", help="remake a sweep's table (markdown) and curves from its results file"))
     p_export = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model folder")
     p_export.add_argument("checkpoint", help="a checkpoint folder, e.g. runs/NAME/checkpoints/step_00000010")
     p_export.add_argument("out_dir", help="the model folder to write (config, safetensors weights, tokenizer)")
     p_export.add_argument("--base-model", default=None,
                           help="the model folder the run started from (default: the checkpoint's policy_path)")
     args = parser.parse_args(argv)
+    if args.cmd == "report":
+        return report_main(args)
     if args.cmd == "list":
         print(list_names())
         return 0

@@ -109,6 +109,20 @@ def sft_cache_key(r: Recipe, base_path: str) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def tiny_model_stand_in_key(r: Recipe) -> str:
+    """The warm-up key of a recipe on the built-in tiny model, without building it (a dry run writes nothing).
+
+    Once the model is built this is the trainer's key; before, the tiny config stands in for the model's
+    contents, which groups runs the same way (one config, one model) but is not the trainer's key.
+    """
+    from credo.models import tiny_model_dir
+
+    if (tiny_model_dir(r.model.tiny) / "COMPLETE").exists():
+        return sft_cache_key(r, r.model.path)
+    payload = {"model": {"tiny": asdict(r.model.tiny)}, "data": data_digest(r), "sft": asdict(r.sft), "seed": sft_seed(r)}
+    return "tiny-unbuilt-" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def encode_pair(tokenizer, prompt: str, answer: str) -> tuple[list[int], list[int]]:
     """Token ids of prompt + answer + EOS, and the loss mask (answer and EOS only)."""
     p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -160,7 +174,12 @@ def run_sft(r: Recipe, base_path: str, task, *, log=print) -> tuple[str, str]:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    (tmp / "sft.json").write_text(json.dumps({"key": key, "steps": steps, "final_loss": loss.item() if steps else None}))
+    # what made these exact bits: the same recipe warms up bitwise alike only under the same CPU kernels
+    # (docs/reproductions.md, "Warm-up determinism"); the results of a sweep carry the weights' digest
+    made_by = {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+               "torch": torch.__version__, "mkl_cbwr": os.environ.get("MKL_CBWR")}
+    (tmp / "sft.json").write_text(json.dumps({"key": key, "steps": steps, "final_loss": loss.item() if steps else None,
+                                              "made_by": made_by}))
     (tmp / "COMPLETE").write_text("ok\n")
     try:
         tmp.rename(out)

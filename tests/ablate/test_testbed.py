@@ -34,7 +34,7 @@ def test_every_testbed_sweep_plans_valid_runs(path):
     sweep.seeds = sweep.seeds[:1]  # every variant's recipe validates; the other seeds differ only in run.seed
     runs = ablate.plan_runs(sweep, threads=1)
     assert len(runs) == len(sweep.variants)
-    if "gpu" not in path.parts:  # the CPU sweeps: one cached warm-up for every run (sft.seed fixed)
+    if "gpu" not in path.parts:  # the CPU sweeps: the variants of a seed share its warm-up (paired by seed)
         assert len({r.warmup_group for r in runs}) == 1
 
 
