@@ -62,7 +62,7 @@ def write_outputs(sweep: Sweep, runs: list[Run]) -> Summary:
                                 for v, ov in sweep.variants.items()]
     if sweep.overrides:
         tail += ["", "Every run: " + " ".join(f"`{o}`" for o in sweep.overrides)]
-    atomic_write(sweep.output_dir / "table.md", "\n".join(head) + render_markdown(summary) + "\n" + "\n".join(tail) + "\n")
+    atomic_write(sweep.output_dir / "table.md", "\n".join(head) + "\n" + render_markdown(summary) + "\n" + "\n".join(tail) + "\n")
     atomic_write(sweep.output_dir / "table.csv", render_csv(summary))
     if summary.records:
         keys = sweep.curves or list(dict.fromkeys(m.key for m in sweep.metrics))

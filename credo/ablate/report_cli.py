@@ -28,6 +28,7 @@ from credo.ablate.spec import REDUCES, Metric, default_label, load_sweep, parse_
 from credo.config import ConfigError
 
 BLOCK_RE = re.compile(r"^<!-- credo report (?P<argv>.*?) -->\n(?P<body>.*?)^<!-- /credo report -->$", re.M | re.S)
+FENCE_RE = re.compile(r"^```.*?^```", re.M | re.S)  # an example block inside a code fence is not a table
 DEFAULT_METRICS = ("eval/accuracy:final", "eval/accuracy:best", "eval/accuracy:auc", "eval/accuracy:slope")
 
 
@@ -147,9 +148,13 @@ def block_text(argv: str) -> str:
     return render_markdown(summarize_request(_request(args)), overview=not args.no_overview, notes=args.notes)
 
 
+def _in_fence(text: str, pos: int) -> bool:
+    return any(f.start() <= pos < f.end() for f in FENCE_RE.finditer(text))
+
+
 def doc_blocks(text: str) -> list[tuple[str, str]]:
-    """(command, body) of every `<!-- credo report ... -->` block of a markdown text, in order."""
-    return [(m["argv"], m["body"]) for m in BLOCK_RE.finditer(text)]
+    """(command, body) of every `<!-- credo report ... -->` block of a markdown text outside code fences, in order."""
+    return [(m["argv"], m["body"]) for m in BLOCK_RE.finditer(text) if not _in_fence(text, m.start())]
 
 
 def _update(doc: Path, *, check: bool) -> int:
@@ -157,6 +162,8 @@ def _update(doc: Path, *, check: bool) -> int:
     stale = []
 
     def remake(m: re.Match) -> str:
+        if _in_fence(text, m.start()):
+            return m[0]
         body = block_text(m["argv"])
         if body != m["body"]:
             stale.append(m["argv"])

@@ -144,14 +144,16 @@ def test_doc_blocks_update_then_check(tmp_path, fake_trainer, capsys, monkeypatc
     path = write_sweep(tmp_path, baseline="a", results="res.jsonl")
     assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
     doc = tmp_path / "doc.md"
+    fenced = "```\n<!-- credo report none.jsonl -->\nan example, not a table\n<!-- /credo report -->\n```\n"
     doc.write_text("# Title\n\n<!-- credo report res.jsonl --metric eval/accuracy:final --baseline a --no-overview -->\n"
-                   "old table\n<!-- /credo report -->\n\ntext after\n")
+                   "old table\n<!-- /credo report -->\n\ntext after\n" + fenced)
     capsys.readouterr()
     code, _, err = _report(capsys, "--check", str(doc))
     assert code == 1 and "stale block in" in err
     assert _report(capsys, "--update", str(doc))[0] == 0
     text = doc.read_text()
-    assert text.startswith("# Title\n\n<!-- credo report res.jsonl") and text.endswith("<!-- /credo report -->\n\ntext after\n")
+    assert text.startswith("# Title\n\n<!-- credo report res.jsonl") and text.endswith("<!-- /credo report -->\n\ntext after\n"
+                                                                                       + fenced)
     assert "| a | 2 |" in text and "old table" not in text
     code, out, _ = _report(capsys, "--check", str(doc))
     assert code == 0 and "1/1 blocks" in out

@@ -64,3 +64,20 @@ def test_the_cpu_instruction_set_changes_the_warmup(tmp_path):
         reported, digests[cap] = p.stdout.split()[-2:]
         assert reported == cap.upper()
     assert digests["avx512"] != digests["avx2"]
+
+
+def test_the_cache_key_records_the_kernels(tmp_path, monkeypatch):
+    """A warm-up made under other kernels is another cache entry, never reused as this host's; threads are not in it."""
+    from credo.sft import sft_cache_key
+
+    monkeypatch.setenv("CREDO_CACHE", str(tmp_path))
+    r = load_recipe(REPO / "recipes" / "quickstart.yaml", SHORT)
+    key = sft_cache_key(r, "tiny")
+    torch.set_num_threads(torch.get_num_threads())  # unchanged, but set: the key must not follow it either way
+    assert sft_cache_key(load_recipe(REPO / "recipes" / "quickstart.yaml", SHORT + ["run.threads=1"]), "tiny") == key
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    assert sft_cache_key(r, "tiny") != key
+    monkeypatch.delenv("MKL_CBWR")
+    other = {"AVX512": "AVX2"}.get(torch.backends.cpu.get_cpu_capability(), "AVX512")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: other)  # as another host reports it
+    assert sft_cache_key(r, "tiny") != key
