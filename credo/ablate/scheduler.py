@@ -275,6 +275,19 @@ def _schedule(runs: list[Run], sweep: Sweep, *, jobs: int, lock_fd: int, gpus: l
         bar.close()
 
 
+def _classify_all(sweep: Sweep, runs: list[Run]) -> dict:
+    """Each run's action; a run recorded in the results file with its current config is done. Returns those records."""
+    in_results = recorded(sweep, runs)
+    for r in runs:
+        r.action = classify(r)
+        if r.action != "stale" and (r.variant, r.seed) in in_results:  # recorded with this config: no rerun
+            r.action, r.wall_s = "done", in_results[(r.variant, r.seed)].get("wall_s")
+        elif r.action == "done":
+            r.wall_s = _read_json(r.run_dir / "DONE").get("wall_s")
+        r.status = "done" if r.action == "done" else r.status
+    return in_results
+
+
 def _print_plan(runs: list[Run], sweep: Sweep, *, jobs: int, threads: int) -> None:
     todo = [r for r in runs if r.action != "done"]
     print(f"sweep {sweep.name}: {len(sweep.variants)} variants x {len(sweep.seeds)} seeds = {len(runs)} runs, "
@@ -310,14 +323,7 @@ def run_sweep(path: str | Path, *, jobs: int = 0, dry_run: bool = False, poll_s:
     procs = sweep.gpus_per_run if sweep.launcher else 1  # a launcher starts a process per GPU
     threads = max(1, cores // (jobs * procs))
     runs = plan_runs(sweep, threads=threads, build=not dry_run)
-    in_results = recorded(sweep, runs)
-    for r in runs:
-        r.action = classify(r)
-        if r.action != "stale" and (r.variant, r.seed) in in_results:  # recorded with this config: no rerun
-            r.action, r.wall_s = "done", in_results[(r.variant, r.seed)].get("wall_s")
-        elif r.action == "done":
-            r.wall_s = _read_json(r.run_dir / "DONE").get("wall_s")
-        r.status = "done" if r.action == "done" else r.status
+    in_results = _classify_all(sweep, runs)
     stale = [r for r in runs if r.action == "stale"]
     if stale:
         lines = [f"  {r.run_dir}: " + ("; ".join(r.stale_diff[:4]) or "config hash differs") for r in stale]

@@ -273,6 +273,21 @@ def _baseline(path: Path, data: dict, variants: dict[str, list[str]]) -> str | N
     return baseline
 
 
+def _check_runner_keys(path: Path, overrides: list[str], variants: dict[str, list[str]], warmup_seed) -> None:
+    """No override may set what the runner sets per run (the seed, the folder, and the warm-up seed unless
+    warmup_seed is 'recipe')."""
+    for where, ovs in [("overrides", overrides)] + [(f"variants.{v}", o) for v, o in variants.items()]:
+        for ov in ovs:
+            key = ov.split("=", 1)[0].strip()
+            if key in RUNNER_KEYS:
+                raise _fail(path, f"{where}: '{ov}' sets {key}, which credo ablate sets per run "
+                                  "(seeds: lists the seeds; output_dir: names the sweep folder)")
+            if key == WARMUP_SEED_KEY and warmup_seed != "recipe":
+                raise _fail(path, f"{where}: '{ov}' sets {key}, which the sweep's warmup_seed sets (now "
+                                  f"{warmup_seed!r}); give warmup_seed: <n> to pin one warm-up, or warmup_seed: recipe "
+                                  "to let the recipe and the variants set sft.seed")
+
+
 def load_sweep(path: str | Path) -> Sweep:
     """Read and check a sweep file strictly (unknown keys and wrong types name the key at fault).
 
@@ -312,16 +327,7 @@ def load_sweep(path: str | Path) -> Sweep:
     baseline = _baseline(path, data, variants)
     overrides = _override_list(path, "overrides", data.get("overrides"))
     results, warmup_seed, comparisons = _design_keys(path, data, variants)
-    for where, ovs in [("overrides", overrides)] + [(f"variants.{v}", o) for v, o in variants.items()]:
-        for ov in ovs:
-            key = ov.split("=", 1)[0].strip()
-            if key in RUNNER_KEYS:
-                raise _fail(path, f"{where}: '{ov}' sets {key}, which credo ablate sets per run "
-                                  "(seeds: lists the seeds; output_dir: names the sweep folder)")
-            if key == WARMUP_SEED_KEY and warmup_seed != "recipe":
-                raise _fail(path, f"{where}: '{ov}' sets {key}, which the sweep's warmup_seed sets (now "
-                                  f"{warmup_seed!r}); give warmup_seed: <n> to pin one warm-up, or warmup_seed: recipe "
-                                  "to let the recipe and the variants set sft.seed")
+    _check_runner_keys(path, overrides, variants, warmup_seed)
     metrics_spec = data.get("metrics", DEFAULT_METRICS)
     if not isinstance(metrics_spec, list) or not metrics_spec:
         raise _fail(path, "metrics must be a non-empty list of {key, reduce[, k, mode, label]}")
