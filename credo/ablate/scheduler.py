@@ -2,7 +2,8 @@
 
 `--jobs N` runs (default: one per CPU core, or one per gpus_per_run GPUs) go at once, each with run.threads
 and OMP_NUM_THREADS set to cores // jobs (divided again by gpus_per_run under a launcher), so the cores are
-not oversubscribed. Each run's output goes to `log.txt` in its folder.
+not oversubscribed. Each run's output goes to `log.txt` in its folder. Runs start seed by seed (every
+variant of the first seed, then of the next), so a sweep stopped early leaves whole seeds.
 
 Resuming: a run is finished when its process exited 0 and its metrics.jsonl holds the step run.steps;
 the runner then writes `DONE` (with the run's config hash) into its folder and the run's line into the
@@ -229,7 +230,10 @@ def _stop(jobs: list[_Job], grace_s: float = 10.0) -> None:
 def _schedule(runs: list[Run], sweep: Sweep, *, jobs: int, lock_fd: int, gpus: list[str], poll_s: float) -> None:
     from tqdm import tqdm
 
-    pending = [r for r in runs if r.action in ("new", "resume", "restart")]
+    # seed by seed: the variants of a seed (which share its warm-up) finish close together, so a sweep stopped
+    # early leaves whole seeds, the pairs of a paired comparison
+    seeds = {s: i for i, s in enumerate(sweep.seeds)}
+    pending = sorted((r for r in runs if r.action in ("new", "resume", "restart")), key=lambda r: seeds[r.seed])
     warm = {r.warmup_group for r in runs if r.action == "done"}
     running: list[_Job] = []
     bar = tqdm(total=len(runs), initial=len(runs) - len(pending), desc=f"ablate {sweep.name}", unit="run",
