@@ -22,6 +22,9 @@ One line (schema 1; keys in this order):
     curves        metric -> {step: value}, for the sweep's curves and the keys of its metrics
     values        metric label -> the number the sweep's table uses (the curve reduced as the sweep says)
 
+A finished run with no line (its folder predates the results file) is recorded when the sweep is next
+invoked: its date is its own (from DONE), its commit and host those of the recording.
+
 Rerunning a sweep skips a run whose line is present with the same config_hash (its run folder may be gone: a
 fresh checkout reruns nothing that is recorded), and replaces the line of a run it reruns. Lines of other
 runs and other sweeps are kept. Each write rewrites the file atomically under a lock on its folder, so two
@@ -120,6 +123,14 @@ def final_of(rows: list[dict]) -> dict[str, float]:
     return dict(sorted(merged.items()))
 
 
+def _finished(run) -> str:
+    """When the run finished, from its DONE file (a run recorded after the fact keeps its own date)."""
+    try:
+        return json.loads((run.run_dir / "DONE").read_text())["finished"]
+    except (OSError, ValueError, KeyError):
+        return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
 def run_record(sweep, run, *, host: dict, commit: str, values: dict[str, float | None]) -> dict:
     """The results line of one finished run (schema in this module's docstring)."""
     rows = read_metrics(run.run_dir / "metrics.jsonl")
@@ -130,7 +141,7 @@ def run_record(sweep, run, *, host: dict, commit: str, values: dict[str, float |
         "sft_seed": (run.recipe.run.seed if run.recipe.sft.seed is None else run.recipe.sft.seed) if sft_on else None,
         "warmup_key": run.warmup_group, "warmup_sha256": _warmup_sha256(run.warmup_group),
         "config_hash": run.config_hash, "overrides": sweep.variants[run.variant], "commit": commit,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": host, "wall_s": run.wall_s, "steps": run.recipe.run.steps,
+        "date": _finished(run), "host": host, "wall_s": run.wall_s, "steps": run.recipe.run.steps,
         "final": final_of(rows), "curves": curves_of(rows, keys), "values": values,
     }
 
