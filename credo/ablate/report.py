@@ -3,7 +3,7 @@
 Everything here works on results records (`credo.ablate.results`), so a table is the same whether it is
 made at the end of `credo ablate` or later from the committed results file by `credo report`.
 
-- Each run's curve of a metric becomes one number (`reduce_curve`): final, best, last_k_mean, gain (last
+- Each run's curve of a metric becomes one number (`reduce_curve`): final, first, best, last_k_mean, gain (last
   minus first), auc (the area under the curve over the steps it spans, divided by that span: the curve's
   mean level, in the metric's units) or slope (least-squares slope over the last fifth of the run, per 100
   steps; over the last two logged points when fewer than two fall in the last fifth).
@@ -38,6 +38,8 @@ def reduce_curve(points: list[tuple[int, float]], metric: Metric) -> float | Non
     vals = [v for _, v in points]
     if metric.reduce == "final":
         return vals[-1]
+    if metric.reduce == "first":  # e.g. the step-0 eval: the warm-up's level
+        return vals[0]
     if metric.reduce == "gain":  # e.g. final eval accuracy minus the step-0 eval of the warm-up
         return vals[-1] - vals[0]
     if metric.reduce == "best":

@@ -20,6 +20,9 @@ the metrics to report and, optionally, the baseline variant the others are compa
       - {key: eval/accuracy, reduce: best}             # max (mode: min for the smallest)
       - {key: train/reward_mean, reduce: last_k_mean, k: 5}   # mean of the last k logged values
       - {key: eval/accuracy, reduce: gain}             # the last logged value minus the first (gain over the start)
+      - {key: eval/accuracy, reduce: first}            # the first logged value (the step-0 eval: the warm-up's level)
+      - {key: eval/accuracy, reduce: auc}              # area under the curve / its step span (the curve's mean level)
+      - {key: eval/accuracy, reduce: slope}            # least-squares slope over the last fifth, per 100 steps
     curves: [eval/accuracy, train/reward_mean]         # optional; default: the metric keys
     output_dir: runs/ablations/tricks_or_traps         # optional; default runs/ablations/<name>
     launcher: torchrun --standalone --nproc_per_node 8 # optional; what starts `-m credo.cli run` (default: this python)
@@ -52,7 +55,7 @@ from credo.config import ConfigError
 SWEEP_KEYS = ("name", "description", "base", "overrides", "seeds", "variants", "grid", "baseline", "metrics", "curves",
               "output_dir", "launcher", "gpus_per_run", "results", "warmup_seed", "comparisons")
 METRIC_KEYS = ("key", "reduce", "k", "mode", "label")
-REDUCES = ("final", "best", "last_k_mean", "gain", "auc", "slope")
+REDUCES = ("final", "best", "last_k_mean", "gain", "auc", "slope", "first")
 RUNNER_KEYS = ("run.seed", "run.output_dir", "run.resume")  # set per run by the runner
 WARMUP_SEED_KEY = "sft.seed"  # set per run by the runner unless warmup_seed is 'recipe'
 COMPARISON_RE = re.compile(r"^\s*(\S+)\s+(>|<|vs)\s+(\S+)\s*$")
@@ -68,7 +71,7 @@ class Metric:
     key: str
     """Metric name in metrics.jsonl, e.g. eval/accuracy."""
     reduce: str
-    """How one run's curve becomes one number: final, best, last_k_mean or gain (last minus first)."""
+    """How one run's curve becomes one number: final, best, last_k_mean, gain (last minus first), auc, slope or first."""
     k: int = 1
     """Number of last logged values averaged by last_k_mean."""
     mode: str = "max"
@@ -212,7 +215,7 @@ def default_label(key: str, reduce: str, k: int = 1, mode: str = "max") -> str:
     """A metric's column name when the sweep gives none, e.g. 'eval/accuracy final'."""
     return {"final": f"{key} final", "best": f"{key} {'best' if mode == 'max' else 'min'}",
             "last_k_mean": f"{key} last-{k} mean", "gain": f"{key} gain", "auc": f"{key} mean over the run (AUC)",
-            "slope": f"{key} slope, last fifth (per 100 steps)"}[reduce]
+            "slope": f"{key} slope, last fifth (per 100 steps)", "first": f"{key} first"}[reduce]
 
 
 def parse_comparison(text, variants, where: str) -> Comparison:

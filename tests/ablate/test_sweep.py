@@ -86,7 +86,7 @@ def test_bad_value_and_bad_metric_are_named(tmp_path):
     with pytest.raises(ConfigError, match=r"variant 'a' \(seed 0\): config key 'algo.agg_mode' = 'sum'"):
         ablate.plan_runs(ablate.load_sweep(write_sweep(tmp_path, variants={"a": ["algo.agg_mode=sum"]})), threads=1)
     with pytest.raises(ConfigError, match=r"metrics\[0\].reduce = 'median', expected one of final, best, last_k_mean, gain, "
-                                          r"auc, slope"):
+                                          r"auc, slope, first"):
         ablate.load_sweep(write_sweep(tmp_path, metrics=[{"key": "eval/accuracy", "reduce": "median"}]))
     with pytest.raises(ConfigError, match=r"unknown key 'metrics\[0\].kk'"):
         ablate.load_sweep(write_sweep(tmp_path, metrics=[{"key": "eval/accuracy", "reduce": "last_k_mean", "kk": 3}]))
@@ -140,6 +140,7 @@ def test_reduce_metric_by_hand():
     assert ablate.reduce_metric(rows, M("train/loss", "final")) is None
     # gain: the last logged accuracy (step 4) minus the first (step 0, the warm-up's start)
     assert ablate.reduce_metric(rows, M("eval/accuracy", "gain")) == pytest.approx(0.3 - 0.1)
+    assert ablate.reduce_metric(rows, M("eval/accuracy", "first")) == 0.1
 
 
 def test_baseline_must_name_a_variant(tmp_path):
