@@ -6,6 +6,7 @@ The tables are made from the results records (credo.ablate.results), never from 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -39,8 +40,16 @@ def record_runs(sweep: Sweep, runs: list[Run]) -> None:
     for run in runs:
         rows = read_metrics(run.run_dir / "metrics.jsonl")
         values = {m.label: reduce_metric(rows, m) for m in sweep.metrics}
-        records.append(run_record(sweep, run, host=host, commit=commit, values=values))
+        records.append(run_record(sweep, run, host={**host, "threads": _threads_used(run)}, commit=commit, values=values))
     upsert_results(sweep.results, records)
+
+
+def _threads_used(run: Run) -> int:
+    """run.threads of the invocation that started the run (a run recorded after the fact may differ from today's plan)."""
+    try:
+        return int(json.loads((run.run_dir / "sweep_run.json").read_text())["config"]["run"]["threads"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return run.recipe.run.threads
 
 
 def sweep_summary(sweep: Sweep, runs: list[Run]) -> Summary:
