@@ -222,9 +222,9 @@ def warmup_design(records: list[dict]) -> str:
         return (f"Warm-up pinned (warm-up seed {', '.join(map(str, sft_seeds))}): every seed of a variant starts from "
                 "one warm-up, so the intervals leave warm-up variance out.")
     if all(len(set(k)) == len(k) for k in keys.values()):
-        return ("Each seed trains its own warm-up: the intervals include warm-up variance"
-                + ("; the variants of a seed share its warm-up, so differences are paired by seed." if shared else
-                   "; comparisons between variants whose seeds share a warm-up are paired, the others Welch."))
+        return ("Each seed trains its own warm-up: the intervals include warm-up variance" + (
+            "." if len(variants) == 1 else "; the variants of a seed share its warm-up, so differences are paired by seed."
+            if shared else "; comparisons between variants whose seeds share a warm-up are paired, the others Welch."))
     return "Warm-ups are mixed (some seeds share one, some not): see warmup_key in the results file."
 
 

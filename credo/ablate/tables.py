@@ -93,7 +93,7 @@ def _metric_table(summary: Summary, label: str) -> list[str]:
     head = ["variant", "n", "mean ± std", f"{pct} CI"]
     if summary.baseline:
         head += [f"Δ vs {summary.baseline} [{pct} CI]", "test", "p", "p (Holm)", f"Hedges' g [{pct} CI]", "verdict"]
-    lines = [f"### {label}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [f"**{label}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for res in summary.variants:
         s = res.stats[label]
         cells = [res.variant, str(s.n), _mean_std(s), interval(s.low, s.high)]
@@ -108,7 +108,7 @@ def _metric_table(summary: Summary, label: str) -> list[str]:
 
 def _named_table(summary: Summary) -> list[str]:
     pct = f"{CONFIDENCE:.0%}"
-    lines = [f"### Comparisons named in advance: {summary.metrics[0].label}", "",
+    lines = [f"**Comparisons named in advance: {summary.metrics[0].label}**", "",
              f"| comparison | Δ [{pct} CI] | test | p | p (Holm, {len(summary.named)}) | Hedges' g [{pct} CI] | verdict |",
              "|---|---|---|---|---|---|---|"]
     for c in summary.named:

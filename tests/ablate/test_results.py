@@ -109,7 +109,7 @@ def test_report_remakes_the_sweeps_table_from_the_results_file(tmp_path, fake_tr
     capsys.readouterr()
     code, out, _ = _report(capsys, str(path), "--notes")
     assert code == 0 and out in table  # the sweep's table.md is this output plus its title and variant list
-    assert "### Comparisons named in advance: eval/accuracy final" in out and "| b > a |" in out and "as named" in out
+    assert "**Comparisons named in advance: eval/accuracy final**" in out and "| b > a |" in out and "as named" in out
     # the same from the results file alone, naming the design with flags
     code, out2, _ = _report(capsys, str(tmp_path / "sweep" / "results.jsonl"), "--metric", "eval/accuracy:final",
                             "--metric", "eval/accuracy:best", "--metric", "train/reward_mean:last_k_mean:2",

@@ -226,7 +226,7 @@ def test_sweep_runs_tabulates_and_second_invocation_starts_nothing(tmp_path, fak
     assert float(c["eval/accuracy final hedges g"]) == pytest.approx(j2 * diff / std_a)
     table = (out / "table.md").read_text()
     assert f"| a | 2 | {mean_a:.3f} ± {std_a:.3f} |" in table
-    final_section = table.split("### eval/accuracy final")[1].split("###")[0]
+    final_section = table.split("**eval/accuracy final**")[1].split("**")[0]
     assert ("| variant | n | mean ± std | 95% CI | Δ vs a [95% CI] | test | p | p (Holm) | Hedges' g [95% CI] | verdict |"
             in final_section)
     assert "| a | 2 |" in final_section and "| baseline |" in final_section
