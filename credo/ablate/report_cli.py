@@ -1,6 +1,6 @@
 """`credo report SWEEP_OR_RESULTS`: a table (markdown) and its curves, remade from a sweep's results file.
 
-    credo report recipes/testbed/selection/separation.yaml               # metrics, baseline, comparisons: the sweep's
+    credo report recipes/testbed/separation.yaml               # metrics, baseline, comparisons: the sweep's
     credo report docs/results/x.jsonl --metric eval/accuracy:final --baseline grpo --compare "grpo > reinforce"
     credo report docs/results/x.jsonl --plot docs/img/x.png              # also the curves
     credo report --update docs/reproductions.md                          # rewrite every table block of a doc
