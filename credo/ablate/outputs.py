@@ -40,16 +40,22 @@ def record_runs(sweep: Sweep, runs: list[Run]) -> None:
     for run in runs:
         rows = read_metrics(run.run_dir / "metrics.jsonl")
         values = {m.label: reduce_metric(rows, m) for m in sweep.metrics}
-        records.append(run_record(sweep, run, host={**host, "threads": _threads_used(run)}, commit=commit, values=values))
+        started = _started_with(run)
+        records.append(run_record(sweep, run, host={**host, "threads": started.get("threads", run.recipe.run.threads)},
+                                  commit=started.get("commit", commit), values=values))
     upsert_results(sweep.results, records)
 
 
-def _threads_used(run: Run) -> int:
-    """run.threads of the invocation that started the run (a run recorded after the fact may differ from today's plan)."""
+def _started_with(run: Run) -> dict:
+    """The commit and run.threads the run was started with (sweep_run.json), where known: a run's code is its
+    start's, and a run recorded after the fact may have run with other threads than today's plan gives."""
     try:
-        return int(json.loads((run.run_dir / "sweep_run.json").read_text())["config"]["run"]["threads"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return run.recipe.run.threads
+        started = json.loads((run.run_dir / "sweep_run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    out = {"commit": started["commit"]} if isinstance(started.get("commit"), str) else {}
+    threads = (started.get("config") or {}).get("run", {}).get("threads")
+    return out | ({"threads": int(threads)} if isinstance(threads, int) else {})
 
 
 def sweep_summary(sweep: Sweep, runs: list[Run]) -> Summary:

@@ -13,7 +13,7 @@ One line (schema 1; keys in this order):
     warmup_sha256 sha256 of the warm-up's weights file: equal on two hosts only if the warm-ups are bitwise equal
     config_hash   hash of the run's resolved recipe (credo.ablate.plan.config_hash)
     overrides     the variant's overrides
-    commit        git commit of the working tree the sweep ran from (+dirty when tracked files differ from it)
+    commit        git commit of the working tree when the run started (+dirty when tracked files differed from it)
     date          when the run finished (ISO 8601, local time)
     host          {cpu, cpu_capability, cores, threads, torch, python, platform}: what may change results bitwise
     wall_s        the run's wall time in seconds

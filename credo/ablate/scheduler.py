@@ -34,6 +34,7 @@ from pathlib import Path
 
 from credo.ablate.outputs import atomic_write, record_runs, recorded, write_outputs
 from credo.ablate.plan import RESULT_NEUTRAL, Run, plan_runs
+from credo.ablate.results import git_commit
 from credo.ablate.spec import Sweep, _fail, load_sweep
 from credo.config import recipe_to_dict
 from credo.tracking import read_metrics
@@ -177,7 +178,7 @@ def _start(run: Run, slot: int, sweep: Sweep, lock_fd: int, gpus: list[str]) -> 
     run.run_dir.mkdir(parents=True, exist_ok=True)
     argv = _train_argv(sweep.base, _invocation_overrides(run), sweep.launcher)
     atomic_write(run.run_dir / "sweep_run.json", json.dumps(
-        {"variant": run.variant, "seed": run.seed, "config_hash": run.config_hash, "argv": argv,
+        {"variant": run.variant, "seed": run.seed, "config_hash": run.config_hash, "argv": argv, "commit": git_commit(),
          "config": recipe_to_dict(run.recipe)}, indent=1) + "\n")
     log = open(run.run_dir / "log.txt", "a")
     log.write(f"{ATTEMPT_MARK}{time.strftime('%Y-%m-%d %H:%M:%S')} ({run.action}): {' '.join(argv)}\n")
