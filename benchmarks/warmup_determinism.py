@@ -50,7 +50,7 @@ def _child_warmup(threads: int, steps: int) -> None:
 
     from credo.config import load_recipe
     from credo.models import resolve_model_path
-    from credo.rewards.tasks import make_task
+    from credo.tasks import make_task
     from credo.sft import run_sft
 
     torch.set_num_threads(threads)
@@ -70,7 +70,7 @@ def _child_ops(model_dir: str, out: str) -> None:
     from credo.config import load_recipe
     from credo.models import load_causal_lm, load_tokenizer
     from credo.rewards.chat import prompt_renderer
-    from credo.rewards.tasks import make_task
+    from credo.tasks import make_task
     from credo.sft import encode_pair
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))

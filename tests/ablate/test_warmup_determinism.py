@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from credo.config import load_recipe
-from credo.rewards.tasks import make_task
+from credo.tasks import make_task
 
 REPO = Path(__file__).resolve().parents[2]
 SHORT = ["sft.steps=4", "sft.batch_size=16", "model.tiny.num_layers=1", "model.tiny.hidden_size=64", "model.tiny.num_heads=2",
@@ -51,7 +51,7 @@ def test_the_cpu_instruction_set_changes_the_warmup(tmp_path):
     """The cross-host difference reproduced on one host: the same recipe under torch's AVX2 kernels
     (ATEN_CPU_CAPABILITY=avx2, what an AVX2-only CPU runs) warms up to other weights than under AVX-512."""
     code = ("import hashlib, sys; from pathlib import Path; from credo.config import load_recipe; "
-            "from credo.models import resolve_model_path; from credo.rewards.tasks import make_task; "
+            "from credo.models import resolve_model_path; from credo.tasks import make_task; "
             "from credo.sft import run_sft; import torch; torch.set_num_threads(1); "
             f"r = load_recipe({str(REPO / 'recipes' / 'quickstart.yaml')!r}, {SHORT!r}); "
             "out, _ = run_sft(r, resolve_model_path('tiny', r.model.tiny), make_task(r.task), log=lambda m: None); "
