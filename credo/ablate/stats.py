@@ -118,8 +118,13 @@ def welch_diff(a: list[float], b: list[float], confidence: float = 0.95) -> Welc
         b: one number per seed of the baseline.
         confidence: the interval's coverage, 0.95 for a 95% interval.
     """
-    n_a, mean_a, var_a = _mean_var(a)
-    n_b, mean_b, var_b = _mean_var(b)
+    return welch_from_moments(*_mean_var(a), *_mean_var(b), confidence=confidence)
+
+
+def welch_from_moments(n_a: int, mean_a: float, var_a: float, n_b: int, mean_b: float, var_b: float,
+                       confidence: float = 0.95) -> WelchDiff:
+    """`welch_diff` from each group's size, mean and sample variance (divisor n - 1) instead of its values:
+    for a published table that kept only those (benchmarks/legacy_table_stats.py)."""
     diff = mean_a - mean_b
     if n_a < 2 or n_b < 2:
         return WelchDiff(diff=diff, low=NAN, high=NAN, df=NAN, t=NAN, p=NAN)
@@ -226,8 +231,12 @@ def hedges_g(a: list[float], b: list[float], confidence: float = 0.95) -> Effect
     (Steiger & Fouladi 1997) and is scaled by J like g. At n = 5 per group it is wide (g = 3 gives about
     [1.1, 4.8]): a separation of 3 std is a point estimate, its lower end the guaranteed part.
     """
-    n_a, mean_a, var_a = _mean_var(a)
-    n_b, mean_b, var_b = _mean_var(b)
+    return hedges_g_from_moments(*_mean_var(a), *_mean_var(b), confidence=confidence)
+
+
+def hedges_g_from_moments(n_a: int, mean_a: float, var_a: float, n_b: int, mean_b: float, var_b: float,
+                          confidence: float = 0.95) -> EffectSize:
+    """`hedges_g` from each group's size, mean and sample variance (divisor n - 1) instead of its values."""
     if n_a < 2 or n_b < 2:
         return EffectSize(g=NAN, low=NAN, high=NAN)
     df = n_a + n_b - 2
