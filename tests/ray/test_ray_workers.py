@@ -50,7 +50,7 @@ def test_the_reward_pool_scores_like_the_local_worker_and_grows_with_its_queue(r
     t0 = time.monotonic()
     got = pool(GROUPS, step=0)
     assert as_tuple(got) == want
-    assert time.monotonic() - t0 < 30  # the hung call cost its timeout, not its 120 s
+    assert time.monotonic() - t0 < 90  # the hung call cost its timeout, not its 120 s (33.8 s seen at load 50)
     m = pool.metrics()
     assert m["cluster/reward_workers"] == 3 and m["cluster/reward_queue_depth"] == 3  # 6 calls, at most 3 at once
     assert m["cluster/reward_restarts"] == 0
