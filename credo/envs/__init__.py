@@ -17,8 +17,10 @@ from typing import Any, Callable
 from credo.config import ConfigError
 from credo.envs.guess import GuessNumberEnv
 from credo.envs.mastermind import MastermindEnv
+from credo.families.multiturn.envs.shop import SHOP_ENVS
 
-BUILTIN_ENVS: dict[str, Callable[..., Any]] = {"credo:GuessNumber-v0": GuessNumberEnv, "credo:Mastermind-v0": MastermindEnv}
+BUILTIN_ENVS: dict[str, Callable[..., Any]] = {"credo:GuessNumber-v0": GuessNumberEnv, "credo:Mastermind-v0": MastermindEnv,
+                                               **SHOP_ENVS}
 
 
 def gem_ids() -> list[str]:
@@ -37,6 +39,8 @@ def gem_ids() -> list[str]:
 
 def check_env_id(env_id: str) -> None:
     """`env_id` is a built-in or registered GEM id, else a ConfigError naming close ids."""
+    if env_id in BUILTIN_ENVS:  # built-in ids outside credo: (shopsim:) never reach gem
+        return
     known = list(BUILTIN_ENVS) if env_id.startswith("credo:") else gem_ids()
     if env_id not in known:
         close = difflib.get_close_matches(env_id, known + list(BUILTIN_ENVS), n=5, cutoff=0.5)

@@ -1,0 +1,79 @@
+"""The shop env inside the multi-turn rollout source: token layout, rewards, the episode metrics the evaluator reads,
+episodes the source cuts, the registry and the ShopSimulator adapter's error."""
+
+import re
+
+import pytest
+
+from credo.config import ConfigError
+from credo.envs import check_env_id, make_env
+from credo.families.multiturn.envs.shop import SHOP_ENVS
+from credo.families.multiturn.envs.shop.evaluate import evaluate_episodes
+from tests.multiturn.common import env_cfg, source
+
+
+def reference_agent(context: str) -> str:
+    """A shopper written from the transcript alone: ask the size, search with the request + brand + size, buy the
+    first product listed."""
+    request = context.split("\n")[1] if context.startswith("\n") else context.split("\n")[0]
+    turns = context.count("<eos>")
+    if turns == 0:
+        return "<ask>size</ask>"
+    if turns == 1:
+        want = re.search(r"want: ([a-z ]+);", request).group(1).split()
+        brand = re.search(r"past: (\w+) ", request).group(1)
+        size = re.search(r"size: (\w+)", context).group(1)
+        return f"<search>{want[0]} {brand} {' '.join(want[1:])} {size}</search>"
+    first_listed = re.search(r"<eos>\n(\d+) ", context.split("</search>")[-1]).group(1)
+    return f"\\boxed{{{first_listed}}}"
+
+
+def shop_cfg(**kw):
+    return env_cfg(**{**dict(id="credo:Shop-v0-tiny", kwargs={}, max_turns=4, max_total_tokens=448,
+                             max_new_tokens_per_turn=40), **kw})
+
+
+def test_episodes_through_the_source_layout_rewards_and_metrics():
+    src, backend, tok = source(shop_cfg(), reference_agent, envs=lambda: make_env("credo:Shop-v0-tiny"), P=3, G=2)
+    eps, stats = src.run_episodes([11, 12, 13], temperature=1.0, top_p=1.0, sample_seeds=None)
+    assert backend.calls == [3, 3, 3]  # one generate call per turn for every live episode
+    for e in eps:
+        assert e.end == "terminated" and e.turn_rewards == [0.0, 0.0, 1.0]
+        assert len(e.turn_spans) == 3 and e.observations[-1] == f"bought {e.env.user.target}"
+        for k, (start, end) in enumerate(e.turn_spans):  # turns: mask 1, their index as chunk id
+            assert e.response_mask[start:end] == [1] * (end - start) and set(e.chunk_ids[start:end]) == {k}
+            if k < 2:  # then the observation: mask 0, chunk -1, the env's reply rendered as '\n{obs}\n'
+                nxt = e.turn_spans[k + 1][0]
+                assert e.response_mask[end:nxt] == [0] * (nxt - end) and set(e.chunk_ids[end:nxt]) == {-1}
+                assert tok.decode(e.response_ids[end:nxt]) == f"\n{e.observations[k]}\n"
+        assert tok.decode(e.response_ids[e.turn_spans[1][0]:e.turn_spans[1][1]], skip_special_tokens=True) \
+            .startswith("<search>")
+    m = evaluate_episodes(eps)
+    assert (m["shop/success"], m["shop/attr_match"], m["shop/turns"], m["shop/episodes"]) == (1.0, 1.0, 3.0, 3.0)
+
+
+def test_episodes_the_source_cuts_still_report_metrics():
+    # 160 tokens: the result page does not fit, so the source ends the episode before the env does
+    src, _, _ = source(shop_cfg(max_total_tokens=160), reference_agent, envs=lambda: make_env("credo:Shop-v0-tiny"),
+                       P=2, G=1)
+    eps, _ = src.run_episodes([21, 22], temperature=1.0, top_p=1.0, sample_seeds=None)
+    assert [e.end for e in eps] == ["max_total_tokens"] * 2
+    m = evaluate_episodes(eps)
+    assert m["shop/bought"] == 0.0 and m["shop/fail_search_depth"] == 1.0 and m["shop/searches"] == 1.0
+
+
+def test_registry_ids_and_the_shopsim_adapter_error():
+    for env_id in SHOP_ENVS:
+        check_env_id(env_id)  # built in: never sent to gem
+    assert {"credo:Shop-v0", "credo:Shop-v0-tiny", "credo:Shop-v0-easy", "credo:Shop-v0-hard"} <= set(SHOP_ENVS)
+    assert make_env("credo:Shop-v0-easy", max_turns=9).max_turns == 9
+    with pytest.raises(ConfigError, match=r"'credo:Shop-v0-tiny'.*unexpected keyword argument 'colours'"):
+        make_env("credo:Shop-v0-tiny", colours=3)
+    with pytest.raises(ConfigError, match=r"close ids: credo:Shop-v0"):
+        check_env_id("credo:Shop-v1")
+    try:  # the adapter needs ShopSimulator's package, which CI does not install
+        import web_agent_site  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match=r"'shopsim:WebAgentTextEnv-v0' needs the ShopSimulator package "
+                                              r"\(module 'web_agent_site.envs' not importable"):
+            make_env("shopsim:WebAgentTextEnv-v0")
