@@ -8,7 +8,8 @@ import pytest
 from credo.config import ConfigError
 from credo.envs import check_env_id, make_env
 from credo.families.multiturn.envs.shop import SHOP_ENVS
-from credo.families.multiturn.envs.shop.evaluate import evaluate_episodes
+from credo.families.multiturn.envs.shop.evaluate import EVAL_SEED_BASE, evaluate_episodes
+from credo.train import multiturn
 from tests.multiturn.common import env_cfg, source
 
 
@@ -50,6 +51,7 @@ def test_episodes_through_the_source_layout_rewards_and_metrics():
             .startswith("<search>")
     m = evaluate_episodes(eps)
     assert (m["shop/success"], m["shop/attr_match"], m["shop/turns"], m["shop/episodes"]) == (1.0, 1.0, 3.0, 3.0)
+    assert EVAL_SEED_BASE == multiturn.EVAL_SEED_BASE  # held-out users are the source evaluator's seeds
 
 
 def test_episodes_the_source_cuts_still_report_metrics():
