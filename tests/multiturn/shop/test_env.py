@@ -169,3 +169,21 @@ def test_bad_kwargs_name_the_key():
         ShopEnv(**{**LEVELS["tiny"], "n_products": 100000})
     with pytest.raises(ValueError, match="distractors = 1 of n_history = 2"):
         ShopEnv(**{**LEVELS["tiny"], "distractors": 1})
+
+
+def test_pickled_mid_episode_env_plays_on_identically():
+    """What a process-based env worker (Ray) does: ship the env, not its catalogue, and go on from there."""
+    import pickle
+    import random
+
+    env = make_env("credo:Shop-v0-hard")
+    env.reset(seed=9)
+    rng = random.Random(9)
+    env.step(env.expert_action(rng))
+    blob = pickle.dumps(env)
+    assert len(blob) < 4000  # the 20k-product catalogue and its index stay behind (rebuilt from the cache)
+    twin = pickle.loads(blob)
+    assert twin.cat is env.cat
+    for _ in range(4):
+        action = env.expert_action(rng)
+        assert twin.step(action) == env.step(action)
