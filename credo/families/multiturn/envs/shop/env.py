@@ -1,10 +1,10 @@
 """A ShopSimulator-style shopping env (arXiv 2601.18225) with GEM's protocol (arXiv 2510.01051), synthetic and offline.
 
-    env = ShopEnv(**LEVELS["tiny"])
-    env.reset(seed=3)  -> ("want: mug red wool; budget $60; past: acme hat, acme bag", {"tool": None})
-    env.step("<ask>size</ask>")                   -> ("size: m", 0.0, False, False, info)
-    env.step("<search>mug acme red wool m</search>") -> ("17 mug acme red wool m $55\\n...", 0.0, False, False, info)
-    env.step("\\\\boxed{17}")                      -> ("bought 17", 1.0, True, False, info)   the target
+    env = ShopEnv(**LEVELS["tiny"])           # = make_env("credo:Shop-v0-tiny")
+    env.reset(seed=4)  -> ("want: mug blue jute; budget $140; past: acme hat, acme shoe", {"tool": None})
+    env.step("<ask>size</ask>")                      -> ("size: l", 0.0, False, False, info)
+    env.step("<search>mug acme blue jute l</search>") -> ("60 mug acme blue jute l $137\\n10 mug orca ...", 0.0, ...)
+    env.step("\\\\boxed{60}")                         -> ("bought 60", 1.0, True, False, info)   the target
 
 Tools and their format: tools.py. Rewards: buying the target 1.0; buying another product `partial_scale` x its
 attribute match (six checks, metrics.py; the paper's loose, additive reward; partial_scale 0 is its strict one,
