@@ -15,7 +15,7 @@ def product_line(env, pid, fields=("category", "brand", "colour", "material", "s
     """A product line rebuilt from the raw arrays (vocabulary lookups by hand, not Catalogue.line)."""
     cat = env.cat
     words = [cat.vocab[f][int(cat.attrs[pid][ATTRIBUTES.index(f)])] for f in fields]
-    return f"{pid} " + " ".join(words) + f" ${int(cat.price[pid])}"
+    return f"#{pid} " + " ".join(words) + f" ${int(cat.price[pid])}"
 
 
 def sibling(env, differs: set):
@@ -157,7 +157,7 @@ def test_search_filters_keep_only_matching_products():
     w = env.user.words
     obs = env.step(f"<search>{w['category']} brand={w['brand']} <=80</search>")[0]
     for line in obs.split("\n"):
-        pid = int(line.split()[0])
+        pid = int(line.split()[0].lstrip("#"))
         assert env.cat.words(pid)["brand"] == w["brand"] and int(env.cat.price[pid]) <= 80
     assert env.step("<search>brand=nosuchbrand</search>")[0] == "no results"
 

@@ -25,7 +25,7 @@ def reference_agent(context: str) -> str:
         brand = re.search(r"past: (\w+) ", request).group(1)
         size = re.search(r"size: (\w+)", context).group(1)
         return f"<search>{want[0]} {brand} {' '.join(want[1:])} {size}</search>"
-    first_listed = re.search(r"<eos>\n(\d+) ", context.split("</search>")[-1]).group(1)
+    first_listed = re.search(r"<eos>\n#(\d+) ", context.split("</search>")[-1]).group(1)
     return f"\\boxed{{{first_listed}}}"
 
 

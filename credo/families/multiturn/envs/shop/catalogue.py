@@ -10,7 +10,7 @@ sizes set how dense the near-duplicates are here.
 
     cat = build_catalogue(n_products=200, seed=0, family_size=3, vocab=(4, 4, 4, 3, 3))
     cat.attrs[i]      # [5] value indices of product i, one per ATTRIBUTES field
-    cat.word(i, "colour") -> "red";  cat.line(i, ("brand", "colour", "price")) -> "17 acme red $55"
+    cat.word(i, "colour") -> "red";  cat.line(i, ("brand", "colour", "price")) -> "#17 acme red $55"
 
 Catalogues are cached by their arguments (`build_catalogue` is an lru_cache): the rollout source makes a fresh
 env per episode, and they all share one read-only catalogue and its search index.
@@ -66,8 +66,9 @@ class Catalogue:
         return {f: self.vocab[f][int(v)] for f, v in zip(ATTRIBUTES, self.attrs[i])}
 
     def line(self, i: int, fields: tuple[str, ...]) -> str:
-        """One product as a terse line: its id, then `fields` in order ('price' -> '$55', 'rating' -> '4.2*')."""
-        parts = [str(i)]
+        """One product as a terse line: '#' and its id (an anchor a tiny model can copy the id from), then `fields` in
+        order ('price' -> '$55', 'rating' -> '4.2*')."""
+        parts = [f"#{i}"]
         for f in fields:
             if f == "price":
                 parts.append(f"${int(self.price[i])}")

@@ -3,7 +3,7 @@
     env = ShopEnv(**LEVELS["tiny"])           # = make_env("credo:Shop-v0-tiny")
     env.reset(seed=4)  -> ("want: mug blue jute; budget $140; past: acme hat, acme shoe", {"tool": None})
     env.step("<ask>size</ask>")                      -> ("size: l", 0.0, False, False, info)
-    env.step("<search>mug acme blue jute l</search>") -> ("60 mug acme blue jute l $137\\n10 mug orca ...", 0.0, ...)
+    env.step("<search>mug acme blue jute l</search>") -> ("#60 mug acme blue jute l $137\\n#10 mug orca ...", 0.0, ...)
     env.step("\\\\boxed{60}")                         -> ("bought 60", 1.0, True, False, info)   the target
 
 Tools and their format: tools.py. Rewards: buying the target 1.0; buying another product `partial_scale` x its
@@ -29,7 +29,7 @@ from credo.families.multiturn.envs.shop.user import answer, request_text, sample
 ALL_FIELDS = ATTRIBUTES + ("price",)
 
 LEVELS = {
-    "tiny": dict(n_products=200, family_size=3, vocab=(4, 4, 4, 3, 3), stated=("category", "colour", "material"),
+    "tiny": dict(n_products=100, family_size=3, vocab=(4, 4, 4, 3, 3), stated=("category", "colour", "material"),
                  implicit=("brand",), n_history=2, distractors=0, page_size=3, page_fields=ALL_FIELDS, max_turns=4),
     "easy": dict(n_products=1000, family_size=4, vocab=(8, 8, 8, 6, 4), stated=("category", "colour"),
                  implicit=("brand",), n_history=2, distractors=0, page_size=4, page_fields=ALL_FIELDS, max_turns=6),
