@@ -1,13 +1,12 @@
 # Set-up-and-go targets. Each creates .venv if missing and installs credo with the CPU constraints.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export CREDO_CACHE ?= $(CURDIR)/.cache/credo
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: quickstart test test-heavy test-fast install mutation
+.PHONY: quickstart test test-heavy test-fast test-verl install mutation
 
 install: $(VENV)/.installed
 
@@ -38,3 +37,11 @@ test-fast: install
 mutation: install
 	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[mutation]'
 	PYTHON=$(abspath $(PY)) benchmarks/mutation.sh $(ARGS)
+
+# credo's losses inside verl (tests/byo/test_verl.py, skipped by `make test`): verl 0.9.1 pins transformers below
+# 5.11, under credo's pin, so it gets a venv of its own with the CPU torch, verl and this checkout of credo
+VERL_VENV ?= .venv-verl
+test-verl:
+	test -x $(VERL_VENV)/bin/python || python3 -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install -q -c constraints-cpu.txt 'verl==0.9.1' pytest -e .
+	$(VERL_VENV)/bin/python -m pytest -q -p no:randomly tests/byo/test_verl.py $(ARGS)

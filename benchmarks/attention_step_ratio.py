@@ -35,7 +35,7 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     from credo.config import load_recipe
-    from credo.train.attention_probe import AttentionCreditProbe
+    from credo.families.attention.probe import AttentionCreditProbe
     from credo.trainer import Trainer
 
     out = Path(tempfile.mkdtemp(prefix="credo-attn-ratio-"))

@@ -47,8 +47,8 @@ def main() -> None:
     from credo.ablate.stats import mean_ci
     from credo.cli import _quiet_libraries
     from credo.config import load_recipe
-    from credo.rewards.best_of_n import run_best_of_n
-    from credo.rewards.tasks import make_task
+    from credo.families.judges.best_of_n import run_best_of_n
+    from credo.tasks import make_task
 
     _quiet_libraries()
     out = Path(args.out_dir)

@@ -101,7 +101,7 @@ def build_job(r, steps: int, threads: int, out_dir: Path) -> dict:
 
     from credo import algos
     from credo.models import resolve_model_path
-    from credo.rewards.tasks import ArithmeticTask, make_task
+    from credo.tasks import ArithmeticTask, make_task
     from credo.sft import run_sft
     from credo.train.rollout import step_problem_indices
     from credo.train.update import grad_accum_steps

@@ -14,8 +14,8 @@ import collections
 from credo.config import load_recipe
 from credo.distributed.rollout import HFBackend
 from credo.models import load_causal_lm, load_tokenizer
-from credo.rewards.judge import parse_pointwise_score
-from credo.rewards.tasks import make_task
+from credo.families.judges.parse import parse_pointwise_score
+from credo.tasks import make_task
 
 
 def kind(text: str, answer: str) -> str:

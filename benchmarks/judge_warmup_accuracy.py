@@ -15,9 +15,9 @@ import logging
 from credo.config import ModelConfig, load_recipe
 from credo.distributed.rollout import HFBackend
 from credo.models import load_causal_lm, load_tokenizer, resolve_model_path
-from credo.rewards.tasks import make_task
+from credo.tasks import make_task
 from credo.sft import run_sft
-from credo.train.judge_reward import judge_warmup_recipe
+from credo.families.judges.reward import judge_warmup_recipe
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
     python benchmarks/pgenrm_scaling.py --seeds 0 1 2 3 4 --out-dir runs/pgenrm [recipe overrides ...]
 
 Each seed s warms up `recipes/pgenrm.yaml run.seed=s sft.seed=s` in this process (PSI, the `sft:` section,
-cached) and runs `credo.rewards.pgenrm_scaling.run_scaling` on it with sampling seed s (key "sft"); with
+cached) and runs `credo.families.judges.pgenrm.scaling.run_scaling` on it with sampling seed s (key "sft"); with
 `--model final` it first trains the whole recipe (PSI then CRE GRPO) and evaluates the run's final/ too (key
 "final"). It keeps the JSON as seed<s>.json (a seed whose JSON exists is not rerun). Then table.md: per
 setting the mean over seeds of per-user accuracy with its 95% Student-t interval, and the paired per-seed
@@ -29,8 +29,8 @@ def fmt(ci) -> str:
 
 
 def evaluate(path: str, recipe, args, seed: int) -> dict:
-    from credo.rewards.pgenrm_scaling import load_judge_model, run_scaling
-    from credo.rewards.tasks import make_task
+    from credo.families.judges.pgenrm.scaling import load_judge_model, run_scaling
+    from credo.tasks import make_task
 
     backend, tok = load_judge_model(path)
     return run_scaling(backend, tok, make_task(recipe.task), n_self=args.n, m_nb=args.m, k_protos=args.k,
@@ -58,7 +58,7 @@ def main() -> None:
     from credo.cli import _quiet_libraries
     from credo.config import load_recipe
     from credo.models import resolve_model_path
-    from credo.rewards.tasks import make_task
+    from credo.tasks import make_task
     from credo.sft import run_sft
     from credo.trainer import train
 

@@ -4,7 +4,7 @@
    rollout source makes them, on catalogues of 1k and 100k products (the 'medium' level's other settings), and
    the one-time catalogue + search-index build. Baseline in the same run: the built-in guess-the-number env
    (credo:GuessNumber-v0, the same harness and expert), as a ratio.
-2. Inside today's multi-turn source (credo.train.multiturn.MultiTurnRollout.run_episodes, hf backend, sampling at
+2. Inside today's multi-turn source (credo.families.multiturn.source.MultiTurnRollout.run_episodes, hf backend, sampling at
    temperature 1): episodes per second of the recipe's tiny char-level Qwen2 (recipes/shop.yaml's model; a
    random init unless `--model` names a trained folder, e.g. a cached warm-up) on credo:Shop-v0-tiny, against the
    guess game with the same model and settings as the baseline (ratio). Each is the median of `--rounds` rounds,
@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from credo.envs import make_env  # noqa: E402
+from credo.families.multiturn.envs import make_env  # noqa: E402
 from credo.families.multiturn.envs.shop.catalogue import build_catalogue  # noqa: E402
 from credo.families.multiturn.envs.shop.search import index_for  # noqa: E402
 
@@ -68,10 +68,10 @@ def bench_env(episodes: int, noise: float, rounds: int) -> None:
 
 
 def source_for(env_id: str, kwargs: dict, model, tok, max_turns: int, max_total: int, per_turn: int):
-    from credo.config import EnvConfig
+    from credo.families.multiturn.config import EnvConfig
     from credo.distributed.rollout import HFBackend
-    from credo.rewards.chat import plain_prompt
-    from credo.train.multiturn import MultiTurnRollout
+    from credo.tasks.render import plain_prompt
+    from credo.families.multiturn.source import MultiTurnRollout
 
     cfg = EnvConfig(id=env_id, kwargs=kwargs, max_turns=max_turns, max_total_tokens=max_total,
                     max_new_tokens_per_turn=per_turn, step_timeout_s=30.0)

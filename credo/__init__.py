@@ -4,3 +4,7 @@
 """
 
 __version__ = "0.1.0"
+
+from credo import _moved
+
+_moved.install()  # old import paths (credo.envs, credo.train.critic, ...) keep working for one release

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from credo.distributed.engine import all_reduce_sum, barrier
+from credo.distributed.engine import all_reduce_sum, barrier, reapply_optimizer_settings
 
 log = logging.getLogger("credo.checkpoint")
 TAG = "state"
@@ -180,6 +180,7 @@ def load_checkpoint(engine, path: Path, *, verify: bool = True) -> dict:
     load_path, _ = engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
     if load_path is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint in {path}")
+    reapply_optimizer_settings(engine)  # the recipe's lr, betas, weight decay (a resume may change them)
     rng_file = path / f"rng_rank{dist.get_rank()}.pt"
     if rng_file.exists():
         set_rng_state(torch.load(rng_file, weights_only=False))

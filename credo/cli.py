@@ -83,7 +83,7 @@ def list_names() -> str:
     from credo import algos
     from credo.algos.advantages import GROUP_ESTIMATORS
     from credo.credit.attention import RHYTHM_STRATEGIES
-    from credo.rewards.tasks import TASKS
+    from credo.tasks import task_names
 
     runnable = sorted(n for n, kind in algos.ADVANTAGE_INPUTS.items() if kind == "outcome")
     library = sorted(set(algos.ADVANTAGE_ESTIMATORS) - set(runnable) - {"gae"})
@@ -93,17 +93,31 @@ def list_names() -> str:
         rg = _names(f"  rg:<name>, {len(DATASETS)} reasoning-gym datasets", sorted(DATASETS), indent="    ")
     except ImportError:
         rg = "  rg:<name>: reasoning-gym datasets (pip install 'credo[envs]' to list them)"
+    from credo.config import AGG_MODES
+    from credo.family import builtin_families, stage_names
+    from credo.train.registry import KINDS, STAGES
+
+    fams = builtin_families()
+    stages = "\n".join(_names(f"  {kind} (stages.{kind if kind != 'probe' else 'probes'})",
+                               ["default"] * (kind != "probe") + sorted(set(stage_names(fams, kind)) | set(STAGES[kind])),
+                               indent="    ") for kind in KINDS)
     sections = [
         _names("policy losses (algo.policy_loss)", sorted(algos.POLICY_LOSSES)),
+        _names("loss aggregation (algo.agg_mode)", list(AGG_MODES)),
         _names("advantage estimators (algo.advantage; * needs rollout.group_size >= 2)",
                [n + ("*" if n in GROUP_ESTIMATORS else "") for n in runnable]),
         _names("advantage estimators with value models (algo.advantage + critic.num_critics >= 1; docs/critics.md)",
                ["gae"]),
         _names("advantage estimators in credo.algos only (per-token rewards, values or turns)", library),
         _names("KL estimators (algo.kl_estimator)", sorted(algos.KL_ESTIMATORS)),
-        _names("tasks (task.name)", sorted(TASKS)) + "\n"
+        _names("tasks (task.name)", task_names()) + "\n"
         "  file: your JSONL / JSON / Parquet / CSV (task.kwargs: train, eval, prompt_field, answer_field)\n"
         "  hf:<name-or-folder>: a Hugging Face data set (save_to_disk folder or load_dataset name)\n" + rg,
+        "stages (or 'package.module:factory'):\n" + stages,
+        _names("families (credo/families/; a recipe adds its own with families: ['pkg.mod:attr'])",
+               [f"{f.name}" + (f" (section {f.section}:)" if f.section else "") for f in fams]),
+        _env_ids(),
+        _recipes(),
         "credit strategies (credo.credit, see docs/credit.md):\n"
         "  ipa: chunk-level policy loss (algo.policy_loss=ipa; arXiv 2512.24873)\n"
         f"  rhythm_gamma / attention_rhythm_gamma strategy: {', '.join(RHYTHM_STRATEGIES)} (arXiv 2510.13554)\n"
@@ -112,105 +126,168 @@ def list_names() -> str:
     return "\n\n".join(sections)
 
 
-def _best_of_n(recipe, ns: list[int], out: str | None) -> int:
+def _env_ids() -> str:
+    from credo.families.multiturn.envs import ADAPTERS, BUILTIN_ENVS
+
+    try:
+        from credo.families.multiturn.envs import gem_ids
+
+        gem = _names(f"  GEM ids ({len(gem_ids())}, gem.make)", gem_ids(), indent="    ")
+    except Exception:  # noqa: BLE001 - gem not installed
+        gem = "  GEM ids: pip install 'credo[envs]' to list them"
+    return _names("environments (env.id, with stages.rollout: multiturn)", sorted(BUILTIN_ENVS)
+                  + [f"{prefix}<id>" for prefix in ADAPTERS]) + "\n" + gem
+
+
+def _recipes() -> str:
+    """The recipes shipped beside the package (a source checkout), as `credo run` takes them."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "recipes"
+    found = sorted(str(p.relative_to(root.parent)) for p in root.glob("*.yaml")) if root.is_dir() else []
+    gpu = sorted(str(p.relative_to(root.parent)) for p in root.glob("gpu/*.yaml")) if root.is_dir() else []
+    if not found:
+        return "recipes: none found beside the package (they ship with the source checkout, recipes/)"
+    return _names("recipes (credo run RECIPE)", found) + "\n" + _names("  paper-scale GPU configs", gpu, indent="    ")
+
+
+def _bon(args) -> int:
     """`credo bon`: the checks first (a ConfigError before any model loads), then the table on stdout."""
     import json
 
-    from credo.rewards.best_of_n import check_bon, run_best_of_n
+    from credo.config import load_recipe
+    from credo.families.judges.best_of_n import check_bon, run_best_of_n
 
-    check_bon(recipe, ns)
-    res = run_best_of_n(recipe, ns, log=lambda m: logging.getLogger("credo").info(m))
+    recipe = load_recipe(args.recipe, args.overrides)
+    _library_verbosity(recipe.run.verbose)
+    check_bon(recipe, args.n)
+    res = run_best_of_n(recipe, args.n, log=lambda m: logging.getLogger("credo").info(m))
     print("N\tjudge\trandom\toracle")
     for n, row in res["table"].items():
         print(f"{n}\t{row['judge']:.3f}\t{row['random']:.3f}\t{row['oracle']:.3f}")
-    if out:
-        with open(out, "w") as f:
+    if args.out:
+        with open(args.out, "w") as f:
             json.dump(res, f)
-        print(f"credo: wrote {out}")
+        print(f"credo: wrote {args.out}")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # the deepspeed launcher appends --local_rank=N; LOCAL_RANK in the environment carries the same
-    argv = [a for a in argv if not a.startswith("--local_rank")]
+def _list(args) -> int:
+    print(list_names())
+    return 0
+
+
+def _export(args) -> int:
+    from credo.export import export_checkpoint
+
+    try:
+        out = export_checkpoint(args.checkpoint, args.out_dir, base_model=args.base_model)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"credo: error: {e}", file=sys.stderr)
+        return 1
+    print(f"credo: exported {args.checkpoint} to {out}")
+    return 0
+
+
+def _ablate(args) -> int:
+    from credo.ablate import run_sweep
+
+    return run_sweep(args.sweep, jobs=args.jobs, dry_run=args.dry_run)
+
+
+def _check(args) -> int:
+    """`credo check`: load the recipe and run every check `credo run` makes before its first step; one OK line
+    (the resolved config too with --show)."""
+    from credo.config import load_recipe, recipe_to_yaml
+    from credo.train.build import check_run
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    _library_verbosity(recipe.run.verbose)
+    notes = check_run(recipe)
+    if args.show:
+        print(recipe_to_yaml(recipe), end="")
+    for note in notes:
+        print(f"credo: note: {note}")
+    print(f"credo check: OK ({args.recipe}{', ' + str(len(args.overrides)) + ' overrides' if args.overrides else ''})")
+    return 0
+
+
+def _run(args) -> int:
+    from credo.config import load_recipe
+    from credo.errors import RewardFunctionError, TrainingError
+    from credo.train.interrupt import RunInterrupted
+    from credo.trainer import train
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    _library_verbosity(recipe.run.verbose)
+    try:
+        run_dir = train(recipe)  # checks what the recipe names (credo.preflight) before any warm-up
+    except (TrainingError, RewardFunctionError) as e:  # the message says what to fix; a traceback would bury it
+        print(f"credo: error: {e}", file=sys.stderr)  # every rank: it may have happened on one only
+        return 1
+    except RunInterrupted as e:
+        _error(interrupted_line(e, args.recipe, args.overrides))
+        return 130
+    if _rank() == 0:
+        print(f"credo: run finished: {run_dir}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="credo", description="RL losses and credit assignment for LLM post-training")
     parser.add_argument("--version", action="version", version=f"credo {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_run = sub.add_parser("run", help="train from a recipe")
     p_run.add_argument("recipe", help="path to a YAML recipe")
     p_run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. run.steps=10 algo.policy_loss=cispo")
+    p_run.set_defaults(handler=_run, needs_logging=True)
     p_check = sub.add_parser("check", help="load and validate a recipe without running it")
-    p_check.add_argument("recipe")
-    p_check.add_argument("overrides", nargs="*")
+    p_check.add_argument("recipe", help="path to a YAML recipe")
+    p_check.add_argument("overrides", nargs="*", help="key=value overrides, as for `credo run`")
+    p_check.add_argument("--show", action="store_true", help="also print the resolved config (every key's value)")
+    p_check.set_defaults(handler=_check, needs_logging=True)
     p_ablate = sub.add_parser("ablate", help="run a sweep of recipe variants over seeds and tabulate")
-    p_ablate.add_argument("sweep")
-    p_ablate.add_argument("--jobs", type=int, default=0)
-    p_ablate.add_argument("--dry-run", action="store_true")
+    p_ablate.add_argument("sweep", help="path to a sweep YAML (recipes/ablations/*.yaml)")
+    p_ablate.add_argument("--jobs", type=int, default=0, help="runs at once (0: as many as the cores allow)")
+    p_ablate.add_argument("--dry-run", action="store_true", help="print the planned runs and write nothing")
+    p_ablate.set_defaults(handler=_ablate, needs_logging=True)
     p_bon = sub.add_parser("bon", help="best-of-N accuracy of the policy's samples picked by the recipe's judge "
-                           "(CE-RM pointwise, credo.rewards.best_of_n) vs a random and the verifier's pick")
-    p_bon.add_argument("recipe")
-    p_bon.add_argument("overrides", nargs="*")
+                           "(CE-RM pointwise, credo.families.judges.best_of_n) vs a random and the verifier's pick")
+    p_bon.add_argument("recipe", help="path to a YAML recipe with a CE-RM judge (recipes/ce_rm_bon.yaml)")
+    p_bon.add_argument("overrides", nargs="*", help="key=value overrides, as for `credo run`")
     p_bon.add_argument("--n", type=int, nargs="+", default=[1, 4, 16], help="the N, prefixes of max(N) samples")
     p_bon.add_argument("--out", default=None, help="write the result (table, scores, verdicts) as JSON here")
-    sub.add_parser("list", help="print the policy losses, advantage and KL estimators, tasks and credit strategies")
+    p_bon.set_defaults(handler=_bon, needs_logging=True)
+    p_list = sub.add_parser("list", help="print the policy losses, advantage and KL estimators, tasks and credit strategies")
+    p_list.set_defaults(handler=_list, needs_logging=False)
     p_export = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model folder")
     p_export.add_argument("checkpoint", help="a checkpoint folder, e.g. runs/NAME/checkpoints/step_00000010")
     p_export.add_argument("out_dir", help="the model folder to write (config, safetensors weights, tokenizer)")
     p_export.add_argument("--base-model", default=None,
                           help="the model folder the run started from (default: the checkpoint's policy_path)")
-    args = parser.parse_args(argv)
-    if args.cmd == "list":
-        print(list_names())
-        return 0
-    if args.cmd == "export":
-        _quiet_libraries()
-        from credo.export import export_checkpoint
+    p_export.set_defaults(handler=_export, needs_logging=False)
+    # `credo simulate` has its own parser (credo.simulate.cli); listed here so `credo --help` shows it
+    sub.add_parser("simulate", help="cluster simulator of rollout/training schedules (`credo simulate --help`)")
+    return parser
 
-        try:
-            out = export_checkpoint(args.checkpoint, args.out_dir, base_model=args.base_model)
-        except (FileNotFoundError, ValueError) as e:
-            print(f"credo: error: {e}", file=sys.stderr)
-            return 1
-        print(f"credo: exported {args.checkpoint} to {out}")
-        return 0
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # the deepspeed launcher appends --local_rank=N; LOCAL_RANK in the environment carries the same
+    argv = [a for a in argv if not a.startswith("--local_rank")]
+    if argv[:1] == ["simulate"]:  # its own parser, --help included (credo.simulate.cli)
+        from credo.simulate.cli import main as simulate_main
+
+        return simulate_main(argv[1:])
+    args = _parser().parse_args(argv)
+    if args.needs_logging:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                            datefmt="%H:%M:%S")
     _quiet_libraries()
-    from credo.config import ConfigError, load_recipe
+    from credo.errors import ConfigError
 
     try:
-        if args.cmd == "ablate":
-            from credo.ablate import run_sweep
-
-            return run_sweep(args.sweep, jobs=args.jobs, dry_run=args.dry_run)
-        recipe = load_recipe(args.recipe, args.overrides)
-        _library_verbosity(recipe.run.verbose)
-        if args.cmd == "bon":
-            return _best_of_n(recipe, args.n, args.out)
-        if args.cmd == "check":
-            from credo.config import recipe_to_yaml
-            from credo.preflight import preflight
-
-            notes = preflight(recipe)
-            print(recipe_to_yaml(recipe) + "".join(f"# credo: {note}\n" for note in notes), end="")
-            return 0
-        from credo.rewards.worker import RewardFunctionError
-        from credo.train.interrupt import RunInterrupted
-        from credo.train.state import TrainingError
-        from credo.trainer import train
-
-        try:
-            run_dir = train(recipe)  # checks what the recipe names (credo.preflight) before any warm-up
-        except (TrainingError, RewardFunctionError) as e:  # the message says what to fix; a traceback would bury it
-            print(f"credo: error: {e}", file=sys.stderr)  # every rank: it may have happened on one only
-            return 1
-        except RunInterrupted as e:
-            _error(interrupted_line(e, args.recipe, args.overrides))
-            return 130
-        if _rank() == 0:
-            print(f"credo: run finished: {run_dir}")
-        return 0
+        return args.handler(args)
     except ConfigError as e:
         if _rank() != 0:
             # every rank meets the same config error; once rank 0 has printed it and exited, the launcher stops

@@ -93,7 +93,10 @@ def resolve_model_path(path: str, tiny: TinyModelConfig) -> str:
         if not (p / "config.json").is_file():
             raise ConfigError(f"model.path '{path}' exists but has no config.json: expected a Hugging Face model directory")
         return str(p.resolve())
-    if path.startswith((".", "/", "~")) or os.sep in path.strip("/") and path.count("/") != 1:
+    parent = p.parent
+    if path.startswith((".", "/", "~")) or os.sep in path.strip("/") and path.count("/") != 1 or (
+            str(parent) not in ("", ".") and parent.is_dir()):
+        # 'models/nope' next to a models/ folder is a missing folder, not the hub id of an org 'models'
         raise ConfigError(f"model.path '{path}' does not exist (expected 'tiny', a local Hugging Face model directory or a hub id)")
     return path  # a hub id; loading reports if there is no network
 

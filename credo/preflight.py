@@ -1,6 +1,8 @@
 """Checks of what a recipe points at, done in seconds before anything heavy runs (`credo check`, `credo run`).
 
-`credo.config` checks the recipe's own values; `preflight` checks what they name outside it:
+`credo.config` checks the recipe's own values; this module is the one place that resolves the names a recipe
+uses (`check_names`: losses, estimators, stages and their settings, reward functions, each active family's
+names such as env ids) and checks what they point at (`preflight`):
 
     model.path        the folder exists, has config.json, and its tokenizer loads with an EOS and a PAD
                       (a hub id not in the local cache on an offline machine is 'not checked (offline)')
@@ -22,11 +24,19 @@ import inspect
 import os
 from pathlib import Path
 
-from credo.config import ConfigError, Recipe
+from credo.config import Recipe
+from credo.errors import ConfigError
+from credo.family import active_families, families_of, stage_defaults
+
+LOSS_RESERVED = {"log_probs", "old_log_probs", "advantages", "mask", "global_tokens", "global_seqs", "agg_mode", "weights",
+                 "rollout_log_probs", "norm_len"}
+"""Keywords of a policy loss the trainer sets (algo.loss_kwargs may not)."""
+ADV_RESERVED = {"rewards", "group_ids", "mask", "token_rewards", "values"}
+"""Keywords of an advantage estimator the trainer sets (algo.advantage_kwargs may not)."""
 
 
 def preflight(r: Recipe) -> list[str]:
-    """Check the model, reward function, task and optional dependencies a recipe names.
+    """Resolve every name the recipe uses, then check the model, task, files and optional dependencies it names.
 
     Returns:
         Notes, one line each, on what was not checked (e.g. a hub model id on an offline machine).
@@ -38,14 +48,81 @@ def preflight(r: Recipe) -> list[str]:
     _check_output_dir(r.run.output_dir)
     _check_resume(r.run.resume)
     _check_dependencies(r)
-    _check_reward(r.reward.function, "reward.function")
-    for i, spec in enumerate(r.reward.functions):
-        _check_reward(spec, f"reward.functions[{i}]")
+    check_names(r)
     notes += _check_task(r)
-    notes += _check_model(r.model.path)
-    if r.stages.reward == "judge" and r.judge.path:
-        notes += _check_model(r.judge.path, key="judge.path")
+    notes += check_model(r.model.path)
+    for fam in active_families(r):
+        parts = fam.parts()
+        if parts is not None and hasattr(parts, "preflight"):
+            notes += parts.preflight(r)
     return notes
+
+
+def check_names(r: Recipe) -> dict:
+    """Names against credo.algos' registries and their kwargs against the functions' signatures, the stages and
+    their settings, the reward functions (imported and their signature checked), and each active family's names.
+
+    Returns:
+        The stages' checked settings, by recipe key (`credo.train.registry.check_stages`).
+    """
+    from credo.train.registry import check_stages
+
+    _check_algo_names(r)
+    settings = check_stages(r.stages, families_of(r))
+    for fam in active_families(r):
+        parts = fam.parts()
+        if parts is not None and hasattr(parts, "check_names"):
+            parts.check_names(r)
+    _check_reward(r.reward.function, "reward.function")
+    for i, spec in enumerate(r.reward.functions):  # importable now, not at step 1 after the model has loaded
+        _check_reward(spec, f"reward.functions[{i}]")
+    return settings
+
+
+def _check_algo_names(r: Recipe) -> None:
+    from credo import algos
+    from credo.algos.advantages import GROUP_ESTIMATORS
+
+    a = r.algo
+    _check_name(a.policy_loss, algos.POLICY_LOSSES, "algo.policy_loss")
+    _check_name(a.advantage, algos.ADVANTAGE_ESTIMATORS, "algo.advantage")
+    _check_name(a.kl_estimator, algos.KL_ESTIMATORS, "algo.kl_estimator")
+    _check_kwargs(algos.POLICY_LOSSES[a.policy_loss], a.loss_kwargs, "algo.loss_kwargs", LOSS_RESERVED)
+    _check_kwargs(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs, "algo.advantage_kwargs", ADV_RESERVED)
+    # an active family may replace the advantage stage (the critic stage runs GAE); otherwise the trainer's outcome
+    # stage needs an outcome estimator
+    if algos.ADVANTAGE_INPUTS.get(a.advantage) != "outcome" and "advantage" not in stage_defaults(r):
+        raise ConfigError(f"config key 'algo.advantage' = '{a.advantage}' needs per-token rewards or a value "
+                          "model; this trainer takes outcome estimators (e.g. grpo, rloo, lite_ppo), or gae with a critic: section")
+    if a.advantage in GROUP_ESTIMATORS and r.rollout.group_size < 2:
+        raise ConfigError(f"config key 'rollout.group_size' = {r.rollout.group_size} is out of range: expected >= 2 with "
+                          f"algo.advantage = '{a.advantage}', whose baseline is the group mean (a group of one gets "
+                          "advantage 0 and no gradient); use more samples per prompt or a batch estimator (reinforce_pp)")
+
+
+def _check_kwargs(fn, kwargs: dict, key: str, reserved: set[str]) -> None:
+    """Every key must be a keyword the function (or the kernel a decorator wraps) accepts."""
+    inner = inspect.signature(fn)  # follows functools.wraps to the kernel
+    outer = inspect.signature(fn, follow_wrapped=False)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inner.parameters.values()):
+        return
+    names = [n for sig in (outer, inner) for n, p in sig.parameters.items()
+             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    valid = sorted(set(n for n in names if n not in reserved))
+    for k in kwargs:
+        if k in reserved:
+            raise ConfigError(f"config key '{key}.{k}' is set by the trainer and cannot be given here")
+        if k not in valid:
+            close = difflib.get_close_matches(k, valid, n=1, cutoff=0.5)
+            hint = f"; did you mean '{key}.{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown config key '{key}.{k}'{hint} (valid: {', '.join(valid)})")
+
+
+def _check_name(name: str, registry: dict, key: str) -> None:
+    if name not in registry:
+        close = difflib.get_close_matches(name, list(registry), n=1, cutoff=0.5)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"config key '{key}' = '{name}' is not a known name{hint} (known: {', '.join(sorted(registry))})")
 
 
 def _check_output_dir(out: str | None) -> None:
@@ -100,13 +177,14 @@ def _check_reward(spec: str | None, key: str) -> None:
 
 
 def _check_task(r: Recipe) -> list[str]:
-    from credo.rewards.tasks import TASKS, check_rg_name, make_task
+    from credo.tasks import check_rg_name, make_task, task_names
 
     name = r.task.name
+    families = families_of(r)
     if name == "file" or name.startswith("hf:"):
         if name.startswith("hf:") and not Path(name[3:]).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
             return [f"task.name '{name}': not checked (offline)"]
-        make_task(r.task)  # reads the files and checks the fields the recipe maps (credo.rewards.data)
+        make_task(r.task, families)  # reads the files and checks the fields the recipe maps (credo.tasks.data)
         return []
     if name.startswith("rg:"):
         check_rg_name(name[3:])
@@ -117,16 +195,17 @@ def _check_task(r: Recipe) -> list[str]:
         except (TypeError, AssertionError, ValueError) as e:
             raise ConfigError(f"config key 'task.kwargs' for 'rg:{name[3:]}' rejected by reasoning-gym: {e}") from None
         return []
-    if name not in TASKS:
-        close = difflib.get_close_matches(name, list(TASKS), n=1, cutoff=0.5)
+    known = task_names(families)
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise ConfigError(f"config key 'task.name' = '{name}' is not a known task{hint} "
-                          f"(known: {', '.join(sorted(TASKS))}, rg:<dataset>, file or hf:<name-or-folder>)")
-    make_task(r.task)  # the built-in tasks build in milliseconds and check their own kwargs
+                          f"(known: {', '.join(known)}, rg:<dataset>, file or hf:<name-or-folder>)")
+    make_task(r.task, families)  # the built-in tasks build in milliseconds and check their own kwargs
     return []
 
 
-def _check_model(path: str, key: str = "model.path") -> list[str]:
+def check_model(path: str, key: str = "model.path") -> list[str]:
     """The model folder and its tokenizer; a hub id only when it is in the local cache."""
     if path == "tiny":
         return []

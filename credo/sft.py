@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from credo.config import Recipe
-from credo.rewards.chat import prompt_renderer
+from credo.family import warmup_digest
+from credo.tasks.render import prompt_renderer
 from credo.models import cache_root, check_vocab, load_causal_lm, load_tokenizer, resolve_model_path
 
 
@@ -83,8 +84,7 @@ def data_digest(r: Recipe) -> dict:
     for k, default in (("system_prompt", None), ("chat_template", "auto")):
         if d.get(k) == default:
             d.pop(k)
-    if r.env.id:  # a multi-turn run warms up on the env's expert episodes
-        d["env"] = asdict(r.env)
+    d.update(warmup_digest(r))  # what an active family's demonstrations depend on (the env's expert episodes)
     if r.task.name == "file":
         d["files"] = {k: file_digest(Path(v)) for k, v in sorted(r.task.kwargs.items())
                       if k in ("train", "eval") and v and Path(v).is_file()}

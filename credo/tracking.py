@@ -1,4 +1,5 @@
-"""The run directory's records: metrics.jsonl (one JSON object per step), curves.png, optional wandb.
+"""The run directory's records: metrics.jsonl (one JSON object per step), curves.png, optional wandb and
+TensorBoard, and sample completions of each evaluation (samples/step_<N>.jsonl).
 
 Only rank 0 writes. On resume, `metrics.jsonl` is cut back to the checkpoint's step first, so the
 finished file has every step exactly once.
@@ -7,15 +8,20 @@ finished file has every step exactly once.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
 
+log = logging.getLogger("credo")
+
 PLOT_EVERY = 10
-CURVES = [("train/reward_mean", "reward"), ("eval/accuracy", "eval accuracy"), ("train/loss", "loss"),
-          ("train/kl", "KL to reference"), ("train/entropy", "entropy"), ("train/grad_norm", "grad norm"),
-          ("train/response_len", "response length")]
-OPTIONAL_CURVES = {"train/kl"}  # drawn only when some row has it (runs with a reference model)
+PANELS = [("reward", ("train/reward_mean",), "train/rewards/"), ("eval", (), "eval/"), ("loss", ("train/loss",), None),
+          ("KL to reference", ("train/kl",), None), ("entropy", ("train/entropy",), None),
+          ("grad norm", ("train/grad_norm",), None), ("response length", ("train/response_len",), None)]
+"""curves.png: (title, keys always drawn, prefix whose every key is drawn too). The eval panel draws what the run
+logs under eval/ (accuracy, reward_mean, return, ...); the reward panel adds each reward function's mean."""
+OPTIONAL_PANELS = {"KL to reference"}  # drawn only when some row has it (runs with a reference model)
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -43,27 +49,46 @@ def truncate_metrics(path: str | Path, last_step: int) -> None:
     os.replace(tmp, p)
 
 
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def panel_keys(rows: list[dict], keys: tuple, prefix: str | None) -> list[str]:
+    """`keys`, then every key of `rows` that starts with `prefix` and holds a number somewhere, sorted."""
+    found = list(keys)
+    if prefix:
+        found += sorted({k for r in rows for k, v in r.items() if k.startswith(prefix) and k not in found
+                         and _is_number(v)})
+    return found
+
+
 def curves_figure(rows: list[dict]):
-    """One panel per entry of `CURVES` against step (KL only when a row has it), two rows of panels."""
+    """One panel per entry of `PANELS` against step (KL only when a row has it), two rows of panels; a panel
+    with several keys draws a labelled line per key."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = [(k, t) for k, t in CURVES if k not in OPTIONAL_CURVES or any(r.get(k) is not None for r in rows)]
-    cols = (len(curves) + 1) // 2
+    panels = [(title, panel_keys(rows, keys, prefix)) for title, keys, prefix in PANELS]
+    panels = [(t, ks) for t, ks in panels if t not in OPTIONAL_PANELS or any(_is_number(r.get(k)) for r in rows for k in ks)]
+    cols = (len(panels) + 1) // 2
     fig, axes = plt.subplots(2, cols, figsize=(3.6 * cols, 5.6), constrained_layout=True, squeeze=False)
     flat = list(axes.flat)
-    for ax, (key, title) in zip(flat, curves):
-        pts = [(r["step"], r[key]) for r in rows
-               if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
-        if pts:
-            xs, ys = zip(*pts)
-            ax.plot(xs, ys, marker="o" if key.startswith("eval") else None, ms=3)
+    for ax, (title, keys) in zip(flat, panels):
+        drawn = 0
+        for key in keys:
+            pts = [(r["step"], r[key]) for r in rows if _is_number(r.get(key))]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, marker="o" if key.startswith("eval") else None, ms=3, label=key.split("/")[-1])
+                drawn += 1
+        if drawn > 1:
+            ax.legend(fontsize=7)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    for ax in flat[len(curves):]:
+    for ax in flat[len(panels):]:
         ax.set_visible(False)
     return fig
 
@@ -79,17 +104,56 @@ def plot_curves(rows: list[dict], out: str | Path) -> None:
     os.replace(tmp, out)
 
 
+def eval_value(row: dict) -> tuple[str, float] | None:
+    """The row's evaluation score as (short name, value): the first numeric eval/* key (a step logs one)."""
+    return next(((k[len("eval/"):], v) for k, v in row.items() if k.startswith("eval/") and _is_number(v)), None)
+
+
+def _short(text, limit: int = 160) -> str:
+    text = text if isinstance(text, str) else json.dumps(text)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def write_samples(run_dir: str | Path, step: int, prompts: list, completions: list[str], rewards: list,
+                  *, keep: int = 16, show: int = 2) -> Path:
+    """Write the first `keep` (prompt, completion, reward) of an evaluation to `samples/step_<step>.jsonl` and
+    log the first `show` of them (shortened) on the `credo` logger.
+
+    Args:
+        prompts: the prompts as the task holds them (a string, or a list of chat messages), one per completion.
+        completions: the decoded completions. rewards: one score per completion (float, or None when unscored).
+    Returns:
+        The file written.
+    """
+    if not len(prompts) == len(completions) == len(rewards):
+        raise ValueError(f"write_samples: {len(prompts)} prompts, {len(completions)} completions and {len(rewards)} "
+                         "rewards; expected one of each per sample")
+    out = Path(run_dir) / "samples" / f"step_{step}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"step": step, "prompt": p, "completion": c, "reward": None if r is None else float(r)}
+            for p, c, r in list(zip(prompts, completions, rewards))[:keep]]
+    tmp = out.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, out)
+    for r in rows[:show]:
+        log.info("eval sample at step %d (reward %s): %s -> %s", step, r["reward"], _short(r["prompt"]),
+                 _short(r["completion"]))
+    return out
+
+
 class Tracker:
-    """Appends metrics, redraws curves, mirrors to wandb and drives the progress bar (rank 0 only)."""
+    """Appends metrics, redraws curves, mirrors to wandb and TensorBoard, writes evaluation samples and drives
+    the progress bar (rank 0 only)."""
 
     def __init__(self, run_dir: Path, *, total_steps: int, start_step: int, enabled: bool, progress: bool, plot: bool,
-                 wandb_cfg: dict | None, config: dict):
+                 wandb_cfg: dict | None, config: dict, tensorboard_dir: str | Path | None = None):
         self.run_dir = run_dir
         self.enabled = enabled
         self.plot = plot
         self.metrics_path = run_dir / "metrics.jsonl"
         self.rows = read_metrics(self.metrics_path) if enabled else []
-        self.last_eval = next((r["eval/accuracy"] for r in reversed(self.rows) if "eval/accuracy" in r), None)
+        self.last_eval = next((e for e in map(eval_value, reversed(self.rows)) if e is not None), None)
         self.bar = None
         if enabled and progress:
             from tqdm import tqdm
@@ -102,6 +166,14 @@ class Tracker:
             os.environ.setdefault("WANDB_DIR", str(run_dir))
             self.wandb = wandb.init(project=wandb_cfg["project"], mode=wandb_cfg["mode"], name=run_dir.name,
                                     dir=str(run_dir), config=config, resume="allow")
+        self.tensorboard = None
+        if enabled and tensorboard_dir is not None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ImportError("run.tensorboard needs the tensorboard package: pip install 'credo[tensorboard]'") from None
+            # purge_step: on resume, TensorBoard hides the events past the checkpoint's step (the rerun rewrites them)
+            self.tensorboard = SummaryWriter(str(tensorboard_dir), purge_step=start_step + 1 if start_step else None)
 
     def log(self, row: dict) -> None:
         if not self.enabled:
@@ -111,19 +183,36 @@ class Tracker:
             f.flush()
             os.fsync(f.fileno())
         self.rows.append(row)
-        if "eval/accuracy" in row:
-            self.last_eval = row["eval/accuracy"]
+        evaluated = eval_value(row)
+        if evaluated is not None:
+            self.last_eval = evaluated
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+        if self.tensorboard is not None:
+            for k, v in row.items():
+                if k != "step" and _is_number(v):
+                    self.tensorboard.add_scalar(k, v, global_step=row["step"])
+            self.tensorboard.flush()
         # a redraw costs ~0.15 s, as much as a tiny model's whole RL step: redraw at evals and every 10 steps
-        if self.plot and ("eval/accuracy" in row or row["step"] % PLOT_EVERY == 0):
+        if self.plot and (evaluated is not None or row["step"] % PLOT_EVERY == 0):
             plot_curves(self.rows, self.run_dir / "curves.png")
         if self.bar is not None and row["step"] > 0:  # step 0 is the evaluation before training
             post = {"reward": f"{row.get('train/reward_mean', float('nan')):.3f}"}
             if self.last_eval is not None:
-                post["eval_acc"] = f"{self.last_eval:.3f}"
+                post[f"eval_{self.last_eval[0]}"] = f"{self.last_eval[1]:.3f}"
             self.bar.set_postfix(post, refresh=False)
             self.bar.update(1)
+
+    def log_samples(self, step: int, prompts: list, completions: list[str], rewards: list) -> None:
+        """An evaluation's sample completions: samples/step_<step>.jsonl, the log, and TensorBoard's text tab."""
+        if not self.enabled:
+            return
+        path = write_samples(self.run_dir, step, prompts, completions, rewards)
+        if self.tensorboard is not None:
+            table = "\n\n".join(f"**reward {r['reward']}**  \n{_short(r['prompt'], 400)}  \n→ {_short(r['completion'], 400)}"
+                                 for r in read_metrics(path)[:4])
+            self.tensorboard.add_text("eval/samples", table, global_step=step)
+            self.tensorboard.flush()
 
     def close(self) -> None:
         if self.enabled and self.plot and self.rows:
@@ -132,3 +221,5 @@ class Tracker:
             self.bar.close()
         if self.wandb is not None:
             self.wandb.finish()
+        if self.tensorboard is not None:
+            self.tensorboard.close()

@@ -1,7 +1,10 @@
 """The RL trainer: `fit` is the loop, `train_step` a page of plain calls over one `Batch`.
 
-    rollout -> reward -> pack -> advantage -> recompute (old/ref log-probs, probes) -> update -> sync
-    (-> with MIPU step 2: validate the synced candidate, accept it or roll back to the step's snapshot)
+    [hooks before the step] -> rollout -> reward -> pack -> advantage -> recompute (old/ref log-probs, probes)
+    -> update -> sync -> [hooks after the sync]
+
+A family's step hooks (`credo.train.hooks`) run around the step: MIPU snapshots the state before it and, after
+the sync, accepts the update or rolls back.
 
 Each call is a stage built once from the recipe by `credo.train.build`; the trainer reads no recipe
 key. The same code runs as one process or data-parallel under `torchrun` / the `deepspeed` launcher:
@@ -19,15 +22,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from credo.config import ConfigError, Recipe
+from credo.config import Recipe
+from credo.errors import ConfigError, TrainingError
 from credo.distributed.engine import all_gather_cat, all_reduce_sum, barrier, device, param_digests
 from credo.export import export_model
 from credo.tracking import Tracker
 from credo.train.batch import pack_batch
 from credo.train.build import build
 from credo.train.dump import dump_rollouts
+from credo.train import hooks as step_hooks
 from credo.train.interrupt import DeferredInterrupt, RunInterrupted
-from credo.train.state import TrainingError
 
 
 class Trainer:
@@ -52,29 +56,30 @@ class Trainer:
 
     def train_step(self, step: int) -> dict:
         c = self.c
-        t_snap = time.perf_counter()
-        snap = c.gate.snapshot()  # MIPU step 2 / random rollback: the state to return to (None: no gate)
+        hook_s: dict[str, float] = {}
+        step_hooks.before_step(c.hooks, step, hook_s)  # MIPU: the state to return to
         t0 = time.perf_counter()
         batch = self.source.rollout(step)
         t_roll = time.perf_counter()
         self.reward(batch)
         t_rew = time.perf_counter()
         pack_batch(batch, c.tokenizer.pad_token_id, overlong_filter=c.overlong_filter)
-        self.advantage(batch)
-        batch.to(device())
-        self.scorer.recompute(self.engine.module, batch)
+        empty = nothing_to_train(batch)  # None, or why no sample of any rank has a loss token
+        if empty is None:
+            self.advantage(batch)
+            batch.to(device())
+            self.scorer.recompute(self.engine.module, batch)
         t_lp = time.perf_counter()
-        metrics, skipped = self.updater.update(batch) if batch.train_policy else ({}, 0)
+        metrics, skipped = self.updater.update(batch) if batch.train_policy and empty is None else ({}, 0)
         t_upd = time.perf_counter()
         self.source.sync(self.engine.module, step)
         t_sync = time.perf_counter()
-        metrics.update(c.gate.decide(step, snap))  # accept the synced candidate, or roll back and re-sync
-        if c.gate.mode is not None:  # the snapshot, the validation, the decision and any restore + re-sync
-            metrics["perf/mipu_s"] = time.perf_counter() - t_sync + t0 - t_snap
+        metrics.update(step_hooks.after_sync(c.hooks, step, batch, hook_s))  # MIPU: accept, or roll back + re-sync
+        metrics.update({f"perf/{name}_s": s for name, s in hook_s.items()})
         if c.dump_every and step % c.dump_every == 0:
             dump_rollouts(batch, c.tokenizer, c.run_dir / "rollouts", rank=c.rank)
         row = self.step_metrics(batch, metrics, times=(t0, t_roll, t_rew, t_lp, t_upd, t_sync))
-        self.state.record_step(skipped, row["train/reward_failures"], step)
+        self.state.record_step(skipped, row["train/reward_failures"], step, empty=empty)
         row["train/skipped_total"] = self.state.counters.skipped_total
         return row
 
@@ -116,6 +121,12 @@ class Trainer:
     def evaluate(self) -> float:
         return self.c.evaluate()
 
+    def log_samples(self, step: int) -> None:
+        """The evaluation's sample completions (samples/step_<step>.jsonl, the log), when the evaluator keeps them."""
+        samples = getattr(self.c.evaluate, "last_samples", None)
+        if samples and samples[0]:
+            self.tracker.log_samples(step, *samples)
+
     def checkpoint(self, step: int) -> None:
         self.state.save(self.run_dir / "checkpoints", step, keep_last=self.c.keep_last,
                         param_digests=param_digests(self.engine.module))
@@ -129,6 +140,7 @@ class Trainer:
             try:
                 if self.start_step == 0 and c.eval_every:
                     self.tracker.log({"step": 0, c.evaluate.metric: self.evaluate()})
+                    self.log_samples(0)
                 for step in range(self.start_step + 1, c.steps + 1):
                     if _any_rank(stop.requested):  # between steps: the state in memory is that step `done` left
                         if done > saved:
@@ -138,6 +150,7 @@ class Trainer:
                     row = self.train_step(step)
                     if c.eval_every and (step % c.eval_every == 0 or step == c.steps):
                         row[c.evaluate.metric] = self.evaluate()
+                        self.log_samples(step)
                     self.tracker.log(row)
                     done = step
                     if step == c.steps or (c.save_every and step % c.save_every == 0):
@@ -163,6 +176,20 @@ class Trainer:
         self.source.close()
         self.reward.close()
         gc.unfreeze()  # let a process that goes on (tests, notebooks) collect this trainer
+
+
+def nothing_to_train(batch) -> str | None:
+    """None when some rank's batch has a loss token; otherwise why none has (the step trains nothing, and a run of
+    such steps is stopped by `TrainState.record_step` instead of exiting 0 having learnt nothing)."""
+    counts = all_reduce_sum(torch.tensor([float(batch.loss_mask.sum()), float(len(batch)), float(batch.valid.sum()),
+                                          float((batch.response_mask.sum(-1) > 0).sum()),
+                                          float(batch.finished.sum())], dtype=torch.float64)).tolist()
+    tokens, n, valid, with_tokens, finished = (int(x) for x in counts)
+    if tokens:
+        return None
+    saturated = sorted(k for k, v in batch.metrics.items() if k.endswith("_frac") and v == 1.0)
+    return (f"no sample has a token to train on: {valid} of {n} have a valid reward, {with_tokens} have a response "
+            f"token, {finished} ended before the length cap" + (f"; {', '.join(saturated)} = 1.0" if saturated else ""))
 
 
 def _any_rank(flag: bool) -> bool:

@@ -1,8 +1,9 @@
 """DeepSpeed on CPU or GPU: process-group setup, the policy engine, and small collective helpers.
 
 One process by default; the same code runs data-parallel under `torchrun` or the `deepspeed` launcher
-(gloo on CPU). On CPU, DeepSpeed compiles a communication op once; it is cached in the project's
-ignored cache folder (TORCH_EXTENSIONS_DIR), so runs after the first skip the compile.
+(gloo on CPU). On CPU, DeepSpeed compiles a communication op once (about 1-2 minutes) into TORCH_EXTENSIONS_DIR,
+by default a per-user cache (`torch_extensions_dir`), so runs after the first, in any folder, skip the compile;
+the first says so before it starts.
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ import io
 import math
 import os
 import socket
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
-from credo.models import cache_root
-
 
 DIST_ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 """Process-group variables a launcher (or an in-process trainer, see setup_distributed) sets; a child run
@@ -33,6 +33,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+SHM_COMM_OP = "deepspeed_shm_comm"
+"""The op DeepSpeed builds with g++ the first time it initialises on CPU."""
+
+
+def torch_extensions_dir() -> Path:
+    """Where torch builds and finds C++ ops: $TORCH_EXTENSIONS_DIR, else `credo/torch_extensions` in the user's
+    cache ($XDG_CACHE_HOME or ~/.cache), one build per user whatever folder a run starts in."""
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "credo" / "torch_extensions"
+
+
+def op_build_notice(extensions_dir: Path, op: str = SHM_COMM_OP) -> str | None:
+    """The line to show before DeepSpeed loads `op`: None when its build is already in `extensions_dir`."""
+    if (extensions_dir / op / f"{op}.so").is_file():
+        return None
+    return (f"credo: DeepSpeed is compiling its CPU op '{op}' into {extensions_dir} (once per user, about 1-2 "
+            "minutes with no other output; later runs reuse it)")
+
+
 def setup_distributed(*, verbose: bool = False) -> tuple[int, int]:
     """Initialise the process group (a world of one when not launched); return (rank, world_size).
 
@@ -41,13 +61,16 @@ def setup_distributed(*, verbose: bool = False) -> tuple[int, int]:
     """
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_root().parent / "torch_extensions"))
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir())
     if "RANK" not in os.environ:  # plain `credo run`: a world of one
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     import deepspeed
 
     if not dist.is_initialized():
+        notice = op_build_notice(torch_extensions_dir()) if os.environ.get("DS_ACCELERATOR") == "cpu" else None
+        if notice and os.environ.get("LOCAL_RANK", "0") == "0":  # one line per machine, not per process
+            print(notice, file=sys.stderr, flush=True)
         quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
         with quiet:
             deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", verbose=False)
@@ -99,7 +122,26 @@ def build_engine(model: torch.nn.Module, *, lr: float, betas, weight_decay: floa
         "wall_clock_breakdown": False,
     }
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config)
+    engine.credo_optimizer_settings = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay)
     return engine
+
+
+def reapply_optimizer_settings(engine) -> None:
+    """After a checkpoint load: the optimizer hyperparameters this engine was built with (the recipe's), not the
+    checkpoint's. DeepSpeed restores the param groups' lr, betas and weight decay and the scheduler's base lr from
+    the checkpoint, so a resume with an allowed change of optim.lr would otherwise train on at the old rate.
+    Unchanged settings give back the same values (a plain resume stays bit-exact)."""
+    settings = getattr(engine, "credo_optimizer_settings", None)
+    if settings is None:
+        return
+    groups, sched = engine.optimizer.param_groups, engine.lr_scheduler
+    for g in groups:
+        g["initial_lr"], g["betas"], g["weight_decay"] = settings["lr"], settings["betas"], settings["weight_decay"]
+    if sched is not None:
+        sched.base_lrs = [settings["lr"]] * len(groups)
+        for g, fn in zip(groups, sched.lr_lambdas):
+            g["lr"] = settings["lr"] * fn(sched.last_epoch)
+        sched._last_lr = [g["lr"] for g in groups]
 
 
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:

@@ -25,10 +25,37 @@ Tested with TRL 1.16 (`_compute_loss(model, inputs)` and `_get_per_token_logps_a
 
 from __future__ import annotations
 
+import warnings
+
 import torch
-from trl import GRPOTrainer
 
 from credo import algos
+
+
+def _import_grpo_trainer():
+    """`trl.GRPOTrainer`, showing each distinct warning of its import once.
+
+    TRL 1.16 warns about an untested vLLM version from each of the 5 modules that ask whether vLLM is there, and
+    Python shows a warning once per place it comes from, so the same line came 5 times. A "once" filter does not
+    hold: any filter change during the import (transformers makes some) clears Python's once-registry.
+    """
+    shown, previous = set(), warnings.showwarning
+
+    def show_once(message, category, filename, lineno, file=None, line=None):
+        if (str(message), category) not in shown:
+            shown.add((str(message), category))
+            previous(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show_once
+    try:
+        from trl import GRPOTrainer
+    finally:
+        if warnings.showwarning is show_once:
+            warnings.showwarning = previous
+    return GRPOTrainer
+
+
+GRPOTrainer = _import_grpo_trainer()
 
 
 def credo_grpo_loss(per_token_logps: torch.Tensor, inputs: dict, *, policy_loss: str = "ppo",
@@ -65,7 +92,7 @@ def credo_grpo_loss(per_token_logps: torch.Tensor, inputs: dict, *, policy_loss:
                norm_len=norm_len or per_token_logps.shape[1])
     loss, metrics = algos.POLICY_LOSSES[policy_loss](per_token_logps, old, adv.detach(), mask, **agg, **extra,
                                                      **(loss_kwargs or {}))
-    out = {k: float(v) for k, v in metrics.items()}
+    out = {k: float(v.detach()) if isinstance(v, torch.Tensor) else float(v) for k, v in metrics.items()}
     if beta != 0.0:
         kl = algos.aggregate(algos.KL_ESTIMATORS["k3"](per_token_logps, inputs["ref_per_token_logps"]), mask,
                              agg_mode, global_tokens=agg["global_tokens"], global_seqs=agg["global_seqs"],
@@ -106,7 +133,8 @@ class CredoGRPOTrainer(GRPOTrainer):
         if mode == "train":  # TRL turns off the Trainer's own accumulation scaling for this loss
             loss = loss / self.current_gradient_accumulation_steps
         mask = completion_mask.bool()
-        self._metrics[mode]["entropy"].append(float((entropies * mask).sum() / mask.sum().clamp(min=1)))
+        entropy = (entropies.detach() * mask).sum() / mask.sum().clamp(min=1)  # a metric: no grad to carry
+        self._metrics[mode]["entropy"].append(float(entropy))
         for k, v in metrics.items():
             self._metrics[mode][f"credo/{k}"].append(v)
         return loss

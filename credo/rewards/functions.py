@@ -11,7 +11,9 @@ arguments (one list entry per response of the group):
 
 Keywords the function does not take are left out unless it has `**kwargs`. Any other function is a
 credo group function `fn(responses, problems) -> list[float]`. A TRL-style function may return None for
-a sample it does not apply to; the weighted sum skips it (TRL's nansum) and its mean ignores it.
+a sample it does not apply to; the weighted sum skips it (TRL's nansum) and its mean ignores it. A function
+that raises fails the group's call, which the reward worker then retries sample by sample
+(`credo.rewards.worker`): only the samples it cannot score are masked.
 """
 
 from __future__ import annotations
@@ -36,6 +38,31 @@ def _accepted(fn: Callable) -> set[str] | None:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
     return {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+
+TRL_INPUTS = ("prompts", "completions", "completion_ids")
+"""The keywords every TRL-style call gets; any other keyword a function requires must be a data set column."""
+
+
+def check_columns(fns: list[Callable], keys: list[str], problems: list, where: str) -> None:
+    """Each TRL-style function's required keywords (no default) are among TRL's inputs and the task's columns, so
+    a missing column is an error before any model loads, not a failed call after the first rollout.
+
+    Args:
+        fns: the reward functions; keys: their recipe keys (reward.functions[i]); problems: sample problems of the
+            task (their `meta['columns']`); where: the task, for the message.
+    """
+    from credo.errors import ConfigError
+
+    columns = sorted({k for p in problems for k in p.meta.get("columns", {})})
+    for fn, key in zip(fns, keys):
+        if not is_trl_style(fn):
+            continue
+        for name, p in inspect.signature(fn).parameters.items():
+            required = p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            if required and name not in TRL_INPUTS and name not in columns:
+                raise ConfigError(f"config key '{key}' needs the data set column '{name}', which {where} lacks "
+                                  f"(columns: {', '.join(columns) or 'none'}; TRL's inputs: {', '.join(TRL_INPUTS)})")
 
 
 def trl_kwargs(responses: list[str], problems: list, completion_ids: list[list[int]] | None) -> dict[str, list]:

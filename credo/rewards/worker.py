@@ -2,10 +2,13 @@
 
 A reward function is called once per group (the responses to one prompt) as
 `fn(responses: list[str], problems: list[Problem]) -> list[float]`, so an LLM judge that compares a
-group's responses drops in as is. A call that raises or times out marks its samples invalid: the trainer
-masks them from the loss and counts them in `train/reward_failures`. Returning the wrong length or a
-non-number is a bug in the reward function, not a transient failure, and stops the run with an error
-naming the function.
+group's responses drops in as is. A group call that raises is retried sample by sample (a list of one
+in, a list of one out: TRL's contract), so one bad sample does not void its group: only the samples
+whose own call raises are invalid. A call that times out is not retried and marks its samples invalid.
+The trainer masks invalid samples from the loss and counts them in `train/reward_failures` (samples, not
+calls); more than `max_failure_frac` of a step's samples failing stops the run. Returning the wrong length
+or a non-number is a bug in the reward function, not a transient failure, and stops the run with an
+error naming the function.
 """
 
 from __future__ import annotations
@@ -22,15 +25,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from credo.config import ConfigError
+from credo.errors import ConfigError, RewardFunctionError
 
 log = logging.getLogger("credo.rewards")
 
 GroupRewardFn = Callable[[list, list], Sequence[float]]
-
-
-class RewardFunctionError(RuntimeError):
-    """The reward function broke its contract (wrong length, a non-number) or failed too often."""
 
 
 @dataclass
@@ -40,9 +39,9 @@ class RewardResult:
     valid: list[bool]
     """False for samples whose reward call raised or timed out."""
     failures: int
-    """Calls that raised."""
+    """Samples whose reward call raised (after the per-sample retry)."""
     timeouts: int
-    """Calls that timed out."""
+    """Samples whose reward call timed out."""
     parts: dict[str, list[float]] | None = None
     """Per reward function (`reward.functions`), one value per sample; NaN where it returned None or the call failed."""
 
@@ -192,47 +191,66 @@ class RewardWorker:
             return value.finish(n)
         return check_rewards(value, n, self.name)
 
+    def _submit(self, args: tuple) -> _Call:
+        call = _Call(args)
+        self._queue.put(call)
+        return call
+
+    def _log_first(self, status: str, value, step: int) -> None:
+        """Log the first failure of each kind (with its traceback); later ones are only counted."""
+        kind = "timeout" if status == "timeout" else type(value).__name__
+        if kind in self._seen_kinds:
+            return
+        self._seen_kinds.add(kind)
+        detail = f"a call exceeded reward.timeout_s={self.timeout_s}" if status == "timeout" else f"{kind}: {value}"
+        log.warning("reward function '%s' failed at step %d (%s); its samples are masked (a group that raises is "
+                    "retried sample by sample). Further failures of this kind are counted, not logged.", self.name,
+                    step, detail, exc_info=value if status == "error" else None)
+
+    def _score_group(self, group: tuple, call: _Call, step: int) -> list[tuple[str, object]]:
+        """One (status, value-for-one-sample-or-None) per sample of `group`: the group call's result, or, when it
+        raised, the outcome of a call per sample. 'ok' values are (reward, parts) pairs."""
+        n = len(group[0])
+        status, value = self._wait(call)
+        if status == "ok":
+            rewards = self._check(value, n)
+            parts = getattr(value, "parts", {})
+            return [("ok", (rewards[i], {k: v[i] for k, v in parts.items()})) for i in range(n)]
+        self._log_first(status, value, step)
+        if status == "timeout" or n == 1:
+            return [(status, None)] * n
+        singles = [self._submit(tuple(a[i:i + 1] if a is not None else None for a in group)) for i in range(n)]
+        out = []
+        for single in singles:
+            s_status, s_value = self._wait(single)
+            if s_status == "ok":
+                out.append(("ok", (self._check(s_value, 1)[0], {k: v[0] for k, v in getattr(s_value, "parts", {}).items()})))
+            else:
+                out.append((s_status, None))
+        return out
+
     def __call__(self, groups: list[tuple], *, step: int) -> RewardResult:
         """Score `groups`, a list of (responses, problems) pairs (or (responses, problems, completion_ids) for a
         `WeightedRewards`); results are flattened in order."""
-        calls = [_Call(g) for g in groups]
-        for call in calls:
-            self._queue.put(call)
+        calls = [self._submit(g) for g in groups]
         rewards: list[float] = []
         valid: list[bool] = []
         parts: dict[str, list[float]] = {name: [] for name in getattr(self.fn, "names", ())}
         failures = timeouts = 0
-        for (responses, *_), call in zip(groups, calls):
-            status, value = self._wait(call)
-            n = len(responses)
-            if status == "ok":
-                rewards += self._check(value, n)
-                valid += [True] * n
+        for group, call in zip(groups, calls):
+            for status, value in self._score_group(group, call, step):
+                ok = status == "ok"
+                rewards.append(value[0] if ok else 0.0)
+                valid.append(ok)
                 for name, values in parts.items():
-                    values += value.parts[name]
-                continue
-            for values in parts.values():
-                values += [math.nan] * n
-            if status == "timeout":
-                timeouts += 1
-                kind = "timeout"
-                detail = f"a call exceeded reward.timeout_s={self.timeout_s}"
-            else:
-                failures += 1
-                kind = type(value).__name__
-                detail = f"{kind}: {value}"
-            if kind not in self._seen_kinds:  # log each kind once (with its traceback), not once per call
-                self._seen_kinds.add(kind)
-                log.warning("reward function '%s' failed at step %d (%s); its samples are masked. "
-                            "Further failures of this kind are counted, not logged.", self.name, step, detail,
-                            exc_info=value if status == "error" else None)
-            rewards += [0.0] * n
-            valid += [False] * n
+                    values.append(value[1][name] if ok else math.nan)
+                failures += status == "error"
+                timeouts += status == "timeout"
         bad = failures + timeouts
-        if groups and bad / len(groups) > self.max_failure_frac:
+        if rewards and bad / len(rewards) > self.max_failure_frac:
             raise RewardFunctionError(
-                f"{bad} of {len(groups)} reward calls failed at step {step}, above reward.max_failure_frac="
-                f"{self.max_failure_frac}; the reward function '{self.name}' is broken"
+                f"{bad} of {len(rewards)} samples failed their reward call at step {step}, above "
+                f"reward.max_failure_frac={self.max_failure_frac}; the reward function '{self.name}' is broken"
             )
         return RewardResult(rewards, valid, failures, timeouts, parts or None)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from credo.distributed.engine import all_reduce_sum
-from credo.rewards.chat import encode_prompts, plain_prompt
+from credo.tasks.render import encode_prompts, plain_prompt
 from credo.train.rollout import step_seed
 
 
@@ -34,6 +34,8 @@ class Evaluator:
         self.reward_fn = reward_fn if getattr(task, "score", None) is None else None
         self.metric = "eval/accuracy" if self.reward_fn is None else "eval/reward_mean"
         """The key the score is logged under."""
+        self.last_samples: tuple = ([], [], [])
+        """This rank's (prompts, completions, scores) of the last evaluation, for `Tracker.log_samples`."""
 
     def __call__(self) -> float:
         every = self.task.eval_problems()
@@ -47,24 +49,28 @@ class Evaluator:
         seeds = None if greedy else [step_seed(self.seed, -1, j * k + s) for j in index for s in range(k)]
         samples = self.source.generate(prompts, temperature=1.0 if greedy else self.temperature, seeds=seeds)
         texts = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
+        prompts = [problems[i // k].prompt for i in range(len(texts))]
         if self.reward_fn is not None:
             return self._reward_mean(texts, [list(s.response_ids) for s in samples], [p for p in problems for _ in range(k)])
-        correct = 0.0
+        scores = []
         for i, text in enumerate(texts):
             try:
-                correct += self.task.score(text, problems[i // k])
+                scores.append(float(self.task.score(text, problems[i // k])))
             except Exception:  # noqa: BLE001 - a verifier crash on one answer scores it 0
-                pass
-        tot = all_reduce_sum(torch.tensor([correct, float(len(samples))], dtype=torch.float64))
+                scores.append(0.0)
+        self.last_samples = (prompts, texts, scores)
+        tot = all_reduce_sum(torch.tensor([sum(scores), float(len(samples))], dtype=torch.float64))
         return float(tot[0] / tot[1])
 
     def _reward_mean(self, texts: list[str], ids: list[list[int]], problems: list) -> float:
         """Mean weighted reward over all ranks' samples; a call that raises scores its sample 0, as above."""
-        total = 0.0
+        scores = []
         for i in range(len(texts)):  # one call per sample: a failure costs that sample only
             try:
-                total += self.reward_fn(texts[i:i + 1], problems[i:i + 1], ids[i:i + 1]).finish(1)[0]
+                scores.append(self.reward_fn(texts[i:i + 1], problems[i:i + 1], ids[i:i + 1]).finish(1)[0])
             except Exception:  # noqa: BLE001
-                pass
+                scores.append(0.0)
+        self.last_samples = ([p.prompt for p in problems], texts, scores)
+        total = sum(scores)
         tot = all_reduce_sum(torch.tensor([total, float(len(texts))], dtype=torch.float64))
         return float(tot[0] / tot[1])

@@ -1,30 +1,32 @@
-"""Stage registry: the names a recipe's `stages:` section may use, read by the builder and `credo check` only.
+"""Stage resolution: the names a recipe's `stages:` section may use, read by the builder and `credo check` only.
 
-`default` names the built-in stage of each kind (the task's single-turn prompts, the function reward,
-the outcome estimator `algo.advantage`); families that add stages register them here.
+A stage is named by
+- `default`: the builder's built-in of that kind (the task's single-turn prompts, the function reward, the
+  outcome estimator `algo.advantage`), or the stage an active family puts in its place (`credo.family`);
+- a name a family declares in its table (`multiturn`, `judge`, `turn_credit`, `attention_credit`, ...);
+- a name registered in code with `register_stage(kind, name)`;
+- an import spec `package.module:factory`, so a researcher adds a stage in their own file without editing credo.
 
-A stage is named either by a registered name or by an import spec `package.module:factory`, so a
-researcher adds a rollout source, reward model, advantage stage or probe in their own file and names it
-in a recipe without editing credo. A factory is called as
-
-    factory(ctx: StageContext, **kwargs) -> stage
-
-where `kwargs` are the recipe's `stages.<kind>_kwargs` and `ctx` holds what the builder has already
-built (tokenizer, task, engines, the default stage of that kind, ...). Built-in stages register here
-with `register_stage`; this module imports nothing heavy, so `credo check` can resolve names quickly.
+A factory is called as `factory(ctx, settings)` when its family declares a settings dataclass for it (the
+recipe's `stages.<kind>_kwargs`, checked field by field at `credo check`, before any warm-up), else as
+`factory(ctx, **kwargs)` with the kwargs checked against its signature. `ctx` is a `StageContext`: what the
+builder has already built. This module imports nothing heavy, so `credo check` resolves names quickly.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from credo.config import ConfigError
+from credo.errors import ConfigError
+from credo.family import KINDS, Family, StageEntry, import_spec, stage_entry, stage_names
 
-KINDS = ("rollout", "reward", "advantage", "probe")
 STAGES: dict[str, dict[str, Callable]] = {kind: {} for kind in KINDS}
+"""Stages registered in code (`register_stage`); families declare theirs in their tables instead."""
+
+DEFAULT = "default"
 
 
 def register_stage(kind: str, name: str):
@@ -33,7 +35,7 @@ def register_stage(kind: str, name: str):
         raise ValueError(f"unknown stage kind '{kind}' (known: {', '.join(KINDS)})")
 
     def deco(factory: Callable) -> Callable:
-        if name in STAGES[kind]:
+        if name in STAGES[kind] and STAGES[kind][name] is not factory:
             raise ValueError(f"{kind} stage '{name}' is already registered")
         STAGES[kind][name] = factory
         return factory
@@ -59,80 +61,140 @@ class StageContext:
     render: Any = None
     """`render(problem) -> str`: the recipe's prompt rendering (chat template, system prompt), as the default stages use."""
     default: Any = None
-    """The built-in stage of the kind being built (a plug-in may wrap it)."""
-    env: Any = None
-    """The recipe's env: section (`credo.config.EnvConfig`), for multi-turn sources."""
-    judge: Any = None
-    """The recipe's `judge:` section (JudgeConfig), for judge reward stages."""
+    """The built-in stage of the kind being built (a plug-in may wrap it); None where there is none."""
+    section: Any = None
+    """The recipe section of the family whose stage is being built (e.g. `env:` for `multiturn`); None otherwise."""
     task_config: Any = None
     """The recipe's `task:` section (what a judge warm-up builds its judging task from)."""
     reward_isolation: dict = field(default_factory=dict)
     """reward.timeout_s, reward.workers and reward.max_failure_frac."""
+    policy_path: str | None = None
+    """The folder the policy was loaded from (the warm-up's output, or model.path)."""
+    dtype: str = "float32"
+    """model.dtype."""
+    zero_stage: int = 0
+    """optim.zero_stage (a stage with engines of its own uses the same)."""
+    advantage_kwargs: dict = field(default_factory=dict)
+    """algo.advantage_kwargs (GAE's gamma and lam for the critic stage)."""
+    ref_model: Any = None
+    """The frozen reference policy (model.ref_model), or None."""
+    scorer: Any = None
+    """The PolicyScorer (built before the advantage stage)."""
+    source: Any = None
+    """The rollout source (built before every other stage)."""
 
 
-DEFAULT = "default"
+@dataclass(frozen=True)
+class Resolved:
+    """A stage name resolved: its factory, its settings dataclass (or None) and the family that declares it."""
 
-LAZY_BUILTINS: dict[str, dict[str, str]] = {
-    "probe": {"attention_credit": "credo.train.attention_probe"},
-    "rollout": {"multiturn": "credo.train.multiturn", "ce_rm_two_stage": "credo.train.ce_rm"},
-    "reward": {"env": "credo.train.multiturn", "judge": "credo.train.judge_reward", "rm_nlhf": "credo.train.rm_nlhf",
-               "ce_rm": "credo.train.ce_rm"},
-    "advantage": {"turn_credit": "credo.train.turn_credit"},
-}
-"""Built-in stages whose module registers them on import; imported on first lookup so this one stays light."""
+    factory: Callable
+    settings: type | None = None
+    family: Family | None = None
 
 
-def resolve(kind: str, spec: str, key: str) -> Callable | None:
-    """The factory `spec` names: None for 'default' (the builder's built-in), a registered name, or
-    'package.module:attr'. Errors name the recipe key."""
+def resolve(kind: str, spec: str, key: str, families: tuple[Family, ...] = ()) -> Resolved | None:
+    """What `spec` names: None for 'default', else the factory (a family's, a registered one, or
+    'package.module:attr'). Errors name the recipe key."""
     if spec == DEFAULT:
         return None
     if ":" in spec:
         module, _, attr = spec.partition(":")
+        obj = None
         try:
-            obj = importlib.import_module(module)
-        except ImportError as e:
-            raise ConfigError(f"config key '{key}' = '{spec}': cannot import module '{module}' ({e})") from None
-        if not hasattr(obj, attr) or not callable(getattr(obj, attr)):
+            obj = import_spec(spec, key)
+        except ConfigError as e:
+            if "has no attribute" not in str(e):
+                raise
+        if not callable(obj):
             raise ConfigError(f"config key '{key}' = '{spec}': module '{module}' has no callable '{attr}'")
-        return getattr(obj, attr)
-    known = STAGES[kind]
-    if spec not in known and spec in LAZY_BUILTINS.get(kind, {}):
-        importlib.import_module(LAZY_BUILTINS[kind][spec])
-    if spec not in known:
-        names = sorted(set(known) | set(LAZY_BUILTINS.get(kind, {})))
-        close = difflib.get_close_matches(spec, names, n=1, cutoff=0.5)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"config key '{key}' = '{spec}' is not a known {kind} stage{hint} "
-                          f"(known: {', '.join(names) or 'none'}; or give 'package.module:factory')")
-    return known[spec]
+        return Resolved(obj)
+    found = stage_entry(families, kind, spec)
+    if found is not None:
+        fam, entry = found
+        return Resolved(import_spec(entry.factory, key), entry.settings, fam)
+    if spec in STAGES[kind]:
+        return Resolved(STAGES[kind][spec])
+    names = sorted(set(STAGES[kind]) | set(stage_names(families, kind)))
+    close = difflib.get_close_matches(spec, names, n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    raise ConfigError(f"config key '{key}' = '{spec}' is not a known {kind} stage{hint} "
+                      f"(known: {', '.join(names) or 'none'}; or give 'package.module:factory')")
 
 
+def settings_of(resolved: Resolved, kwargs: dict, key: str) -> Any:
+    """The stage's settings from the recipe's kwargs: a dataclass instance built strictly (unknown keys, types,
+    ranges, its own `check`), or the kwargs themselves checked against the factory's signature."""
+    if resolved.settings is None:
+        _check_factory_kwargs(resolved.factory, kwargs, key)
+        return dict(kwargs)
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-def check_stages(stages) -> None:
-    """Resolve every stage a recipe names (`credo check` time): unknown names and failed imports are errors."""
+    from credo.config import check_fields
+
+    cls = resolved.settings
+    try:
+        settings = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), OmegaConf.create(dict(kwargs))))
+    except ConfigKeyError as e:
+        valid = sorted(f for f in cls.__dataclass_fields__)
+        bad = str(e.full_key)
+        close = difflib.get_close_matches(bad, valid, n=1, cutoff=0.5)
+        hint = f"; did you mean '{key}.{close[0]}'?" if close else ""
+        raise ConfigError(f"unknown config key '{key}.{bad}'{hint} (valid: {', '.join(valid)})") from None
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"config key '{key}.{e.full_key}': {str(e).splitlines()[0]}") from None
+    check_fields(settings, key)
+    if hasattr(settings, "check"):
+        settings.check(key)
+    return settings
+
+
+def stage_settings(cls: type, given: Any, kwargs: dict, key: str) -> Any:
+    """For a factory called directly: its settings object `given`, or one built strictly from `kwargs` (the way a
+    recipe's `stages.<kind>_kwargs` are), so `factory(ctx, gamma=0.9)` and `factory(ctx, settings)` agree."""
+    if given is not None:
+        if kwargs:
+            raise TypeError(f"pass either a {cls.__name__} or keyword settings, not both")
+        return given
+    return settings_of(Resolved(lambda ctx: None, cls), kwargs, key)
+
+
+def build_stage(resolved: Resolved, ctx: StageContext, settings: Any):
+    """Call the factory the way its declaration asks (a settings object, or keyword arguments)."""
+    if resolved.settings is None:
+        return resolved.factory(ctx, **settings)
+    return resolved.factory(ctx, settings)
+
+
+def check_stages(stages, families: tuple[Family, ...] = ()) -> dict[str, Any]:
+    """Resolve every stage a recipe names and check its settings (`credo check` time); returns the settings by
+    recipe key. Unknown names, failed imports and bad settings are errors naming the key."""
+    out: dict[str, Any] = {}
     for kind in ("rollout", "reward", "advantage"):
-        factory = resolve(kind, getattr(stages, kind), f"stages.{kind}")
+        resolved = resolve(kind, getattr(stages, kind), f"stages.{kind}", families)
         kwargs = getattr(stages, f"{kind}_kwargs")
-        if factory is None and kwargs:
+        if resolved is None and kwargs:
             raise ConfigError(f"config key 'stages.{kind}_kwargs' is set but stages.{kind} is 'default', whose settings "
                               "live in their own sections; name the stage they are for")
-        if factory is not None and kwargs:
-            _check_factory_kwargs(factory, kwargs, f"stages.{kind}_kwargs")
+        if resolved is not None:
+            out[f"stages.{kind}_kwargs"] = settings_of(resolved, kwargs, f"stages.{kind}_kwargs")
     for i, spec in enumerate(stages.probes):
         if not isinstance(spec, str):
             raise ConfigError(f"config key 'stages.probes[{i}]' = {spec!r}: expected a name or 'package.module:factory'")
-        if resolve("probe", spec, f"stages.probes[{i}]") is None:
+        resolved = resolve("probe", spec, f"stages.probes[{i}]", families)
+        if resolved is None:
             raise ConfigError(f"config key 'stages.probes[{i}]': there is no default probe; name one")
+        key = f"stages.probe_kwargs.{spec}"
+        out[key] = settings_of(resolved, stages.probe_kwargs.get(spec, {}), key)
     for spec in stages.probe_kwargs:
         if spec not in stages.probes:
             raise ConfigError(f"config key 'stages.probe_kwargs.{spec}' names no entry of stages.probes ({stages.probes})")
+    return out
 
 
 def _check_factory_kwargs(factory: Callable, kwargs: dict, key: str) -> None:
     """Each key of `kwargs` is a keyword `factory(ctx, ...)` takes (a factory with **kwargs takes any)."""
-    import inspect
-
     params = list(inspect.signature(factory).parameters.values())[1:]  # the first is ctx
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return
@@ -142,3 +204,7 @@ def _check_factory_kwargs(factory: Callable, kwargs: dict, key: str) -> None:
             close = difflib.get_close_matches(str(k), valid, n=1, cutoff=0.5)
             hint = f"; did you mean '{key}.{close[0]}'?" if close else ""
             raise ConfigError(f"unknown config key '{key}.{k}'{hint} (valid: {', '.join(valid) or 'none'})")
+
+
+__all__ = ["DEFAULT", "KINDS", "STAGES", "Resolved", "StageContext", "StageEntry", "build_stage", "check_stages",
+           "register_stage", "resolve", "settings_of", "stage_settings"]

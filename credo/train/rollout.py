@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from credo.rewards.chat import encode_prompts, plain_prompt
+from credo.tasks.render import encode_prompts, plain_prompt
 from credo.train.batch import Batch
 
 
@@ -52,7 +52,7 @@ class PromptRollout:
     Temperature and top-p are bound here once; the scorer that recomputes log-probs is built with the
     same temperature by the builder. `holdout` > 0 keeps the last `holdout` training problems out of the
     draw (held-out training prompts for MIPU's validation). `render(problem) -> str` is the recipe's prompt rendering
-    (`credo.rewards.chat.prompt_renderer`: the chat template, if any), shared with warm-up and evaluation.
+    (`credo.tasks.render.prompt_renderer`: the chat template, if any), shared with warm-up and evaluation.
     """
 
     def __init__(self, task, tokenizer, backend, *, seed: int, prompts_per_step: int, group_size: int,

@@ -16,28 +16,33 @@ One dict serves three uses:
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
+import torch
 import torch.distributed as dist
 
+from credo.errors import ConfigError, TrainingError
 from credo.checkpoint import (find_resume_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state,
                               verify_checkpoint)
-from credo.config import ConfigError
-from credo.distributed.engine import engine_state_dict, load_engine_state_dict
+from credo.distributed.engine import engine_state_dict, load_engine_state_dict, rank_and_world
 from credo.tracking import truncate_metrics
 
 log = logging.getLogger("credo")
 
-# keys that may differ between the segments of a resumed run without run.allow_config_change
-RESUME_FREE_KEYS = ("run.steps", "run.resume", "run.output_dir", "run.allow_config_change", "run.verbose")
-
-
-class TrainingError(RuntimeError):
-    """The run cannot continue (repeated non-finite steps, broken reward function, bad input)."""
+# keys that may differ between the segments of a resumed run without run.allow_config_change: the run's length and
+# place, and what is only logged (eval_every only spaces evaluations, which draw no RNG training uses: the hf sampler
+# forks the RNG, vLLM and the env seed each request; eval_temperature/eval_samples change the metric, so they stay)
+RESUME_FREE_KEYS = ("run.steps", "run.resume", "run.output_dir", "run.allow_config_change", "run.verbose", "run.progress",
+                    "run.plot", "run.wandb", "run.wandb_mode", "run.wandb_project", "run.tensorboard",
+                    "run.dump_rollouts_every", "run.eval_every")
+# keys a resume cannot honour even with run.allow_config_change: the checkpoint's weights and optimizer partitions
+# are shaped by them (a family adds its own, `Family.fixed_on_resume`)
+RESUME_FIXED_KEYS = ("model.path", "model.tiny", "model.dtype", "optim.zero_stage")
 
 
 class Stateful(Protocol):
@@ -53,6 +58,7 @@ class Counters:
     consecutive_skips: int = 0
     skipped_total: int = 0
     reward_failures_total: int = 0
+    consecutive_empty: int = 0
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -66,13 +72,16 @@ class TrainState:
     """The engine, RNG, counters and the stages' own states, saved, restored and rolled back as one."""
 
     def __init__(self, engine, components: dict[str, Stateful], *, config: dict, sft_key: str | None,
-                 policy_path: str, max_consecutive_skips: int):
+                 policy_path: str, max_consecutive_skips: int, defaults: dict | None = None,
+                 fixed_keys: tuple[str, ...] = RESUME_FIXED_KEYS):
         self.engine = engine
         self.counters = Counters()
         self.components = {"counters": self.counters, **components}
         self.config, self.sft_key, self.policy_path = config, sft_key, policy_path
         self.max_consecutive_skips = max_consecutive_skips
         self.config_changed: dict = {}  # keys a resume accepted with run.allow_config_change
+        self.defaults = defaults  # the recipe type's defaults: a key a checkpoint lacks is no change at its default
+        self.fixed_keys = fixed_keys  # refused on resume even with run.allow_config_change
 
     # ---- one dict
     def state_dict(self) -> dict:
@@ -89,16 +98,27 @@ class TrainState:
     snapshot, restore = state_dict, load_state_dict  # the names a rollback reads best with
 
     def _file_components(self) -> dict:
-        """Components that save themselves as files in the checkpoint folder (`save_files` / `load_files`)
-        instead of as JSON in meta.json: their state holds tensors."""
-        return {k: c for k, c in self.components.items() if hasattr(c, "save_files")}
+        """Components saved as files in the checkpoint folder instead of as JSON in meta.json: those with their own
+        `save_files` / `load_files` (the critics' DeepSpeed engines), and any whose state holds tensors (a reward
+        stage's model and optimizer, e.g. RM-NLHF's MetaRM), which `torch.save` writes, one file per rank."""
+        return {k: c if hasattr(c, "save_files") else _TorchFiles(c) for k, c in self.components.items()
+                if hasattr(c, "save_files") or _holds_tensors(c.state_dict())}
 
     # ---- per step
-    def record_step(self, skipped: int, reward_failures: int, step: int) -> None:
+    def record_step(self, skipped: int, reward_failures: int, step: int, empty: str | None = None) -> None:
+        """Count the step's skips; stop the run after run.max_consecutive_skips steps in a row that were skipped for
+        non-finite values, or that had nothing to train on (`empty` says why)."""
         c = self.counters
         c.consecutive_skips = c.consecutive_skips + 1 if skipped else 0
         c.skipped_total += skipped
         c.reward_failures_total += reward_failures
+        c.consecutive_empty = c.consecutive_empty + 1 if empty else 0
+        if empty:
+            log.error("step %d trained nothing: %s", step, empty)
+        if c.consecutive_empty >= self.max_consecutive_skips:
+            raise TrainingError(f"{c.consecutive_empty} consecutive steps had nothing to train on "
+                                f"(run.max_consecutive_skips={self.max_consecutive_skips}); stopping at step {step}. "
+                                f"Step {step}: {empty}")
         if c.consecutive_skips >= self.max_consecutive_skips:
             raise TrainingError(f"{c.consecutive_skips} consecutive optimizer steps skipped for non-finite values "
                                 f"(run.max_consecutive_skips={self.max_consecutive_skips}); stopping at step {step}")
@@ -149,25 +169,63 @@ class TrainState:
             else:
                 log.warning("run.resume=auto: no usable checkpoint in %s; starting from step 0", ckpt_root)
             return 0
-        meta = load_checkpoint(self.engine, path, verify=False)
+        # the settings are compared before anything loads: a checkpoint of another shape would fail inside DeepSpeed
+        meta = json.loads((path / "meta.json").read_text())
+        self.config_changed = changed = config_changes(meta.get("config"), self.config, self.defaults)
+        fixed = {k: v for k, v in changed.items() if any(k == f or k.startswith(f + ".") for f in self.fixed_keys)}
+        if fixed:
+            lines = "\n".join(f"  {k}: {old!r} -> {new!r}" for k, (old, new) in fixed.items())
+            raise ConfigError(f"resuming {path} with settings the checkpoint's weights and optimizer are shaped by:\n"
+                              f"{lines}\nthey cannot change on resume (not even with run.allow_config_change); "
+                              "start a new run instead")
         if meta.get("sft_key") != self.sft_key:
             raise ConfigError(f"checkpoint {path} was trained from a different warm-up (sft_key {meta.get('sft_key')} "
                               f"!= {self.sft_key}); resume with the recipe it was made with")
-        self.config_changed = changed = config_changes(meta.get("config"), self.config)
         if changed and not allow_config_change:
             lines = "\n".join(f"  {k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
             raise ConfigError(f"resuming {path} with settings that differ from the checkpoint's:\n{lines}\n"
                               "resume with the recipe it was made with, or set run.allow_config_change=true")
+        meta = load_checkpoint(self.engine, path, verify=False)
         self.counters.load_state_dict(meta.get("counters", {}))
         for k, state in meta.get("components", {}).items():
             if k in self.components:
                 self.components[k].load_state_dict(state)
+        saved_files = meta.get("component_files", {})
         for k, c in self._file_components().items():
-            c.load_files(path / k)
+            if k in saved_files:
+                c.load_files(path / k)
+            else:  # a checkpoint written before this component kept state (an older credo)
+                log.warning("checkpoint %s holds no state for '%s'; it starts from its initial state", path, k)
         if rank == 0:
             truncate_metrics(run_dir / "metrics.jsonl", meta["step"])
         log.info("resumed from %s (step %d)", path, meta["step"])
         return meta["step"]
+
+
+def _holds_tensors(state) -> bool:
+    if isinstance(state, torch.Tensor):
+        return True
+    if isinstance(state, dict):
+        return any(_holds_tensors(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return any(_holds_tensors(v) for v in state)
+    return False
+
+
+class _TorchFiles:
+    """`save_files` / `load_files` of a component whose `state_dict` holds tensors: one torch file per rank (each
+    rank's stage may hold its own state, e.g. a model trained on that rank's samples)."""
+
+    def __init__(self, component):
+        self.component = component
+
+    def save_files(self, folder: Path) -> dict:
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(self.component.state_dict(), folder / f"rank{rank_and_world()[0]}.pt")
+        return {"format": "torch"}
+
+    def load_files(self, folder: Path) -> None:
+        self.component.load_state_dict(torch.load(folder / f"rank{rank_and_world()[0]}.pt", weights_only=False))
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -181,22 +239,24 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def config_changes(old: dict | None, new: dict) -> dict[str, tuple]:
+def config_changes(old: dict | None, new: dict, defaults: dict | None = None) -> dict[str, tuple]:
     """Recipe keys whose value differs between a checkpoint's config and this run's, `key -> (old, new)`.
 
     Sections are compared key by key (dict-valued keys such as `algo.loss_kwargs` as a whole); the keys in
     `RESUME_FREE_KEYS` may change freely. A key only this run's config has (added to credo since) counts
     only when it is not at its default; a key only the checkpoint's has (removed since) counts as a change,
     since its setting can no longer be honoured. A checkpoint without a config (written before configs were
-    kept) is not compared.
+    kept) is not compared. `defaults` is the run's recipe type's defaults (default: the built-in families').
     """
     if old is None:
         return {}
-    from credo.config import Recipe
+    if defaults is None:
+        from credo.config import recipe_class
 
+        defaults = asdict(recipe_class()())
     a, b = _flatten(old), _flatten(new)
     # a key the checkpoint's config lacks (a section added to credo since) is no change while at its default
-    defaults = _flatten(asdict(Recipe()))
+    defaults = _flatten(defaults)
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
             if k not in RESUME_FREE_KEYS and a.get(k) != b.get(k) and not (k not in a and b.get(k) == defaults.get(k))}
 

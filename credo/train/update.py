@@ -15,7 +15,7 @@ import torch
 
 from credo.distributed.engine import all_reduce_sum, backward, nan_loss, optimizer_step, reported_grad_norm
 from credo.train.batch import Batch
-from credo.train.mipu import step_mismatch_metrics
+from credo.train.mismatch import step_mismatch_metrics
 from credo.train.objective import Objective
 from credo.train.scoring import PolicyScorer
 

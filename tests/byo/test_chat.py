@@ -6,8 +6,8 @@ import torch
 from credo.config import ConfigError, load_recipe
 from credo.distributed.rollout import Sample
 from credo.models import build_char_tokenizer
-from credo.rewards.chat import encode_prompts, prompt_renderer, render_prompt
-from credo.rewards.tasks import Problem
+from credo.tasks.render import encode_prompts, prompt_renderer, render_prompt
+from credo.tasks import Problem
 from tests.byo.common import build_bpe_tokenizer
 
 USER = "<|im_start|>user\nwhat is 2+3<|im_end|>\n"
@@ -118,7 +118,7 @@ def test_warm_up_demonstrations_use_the_same_rendering(tmp_path, monkeypatch):
     seen = []
     real = sft.encode_pair
     monkeypatch.setattr(sft, "encode_pair", lambda t, p, a: seen.append(p) or real(t, p, a))
-    from credo.rewards.tasks import make_task
+    from credo.tasks import make_task
 
     task = make_task(r.task)
     sft.run_sft(r, str(model), task, log=lambda m: None)

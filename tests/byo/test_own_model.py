@@ -60,11 +60,11 @@ def test_relative_existing_folder_is_local_even_when_it_looks_like_a_hub_id(mode
 
 
 def test_file_task_without_reward_functions_is_an_error(tmp_path, model_dir):
-    from credo.rewards.tasks import make_task
-    from credo.train.build import _reward_fn
+    from credo.tasks import make_task
+    from credo.train.setup import reward_function
     from tests.byo.common import qa_rows, write_jsonl
 
     data = write_jsonl(tmp_path / "d.jsonl", qa_rows(6, seed=0))
     r = load_recipe(None, ["run.name=x", "task.name=file", f"task.kwargs={{train: {data}}}", "task.eval_size=2"])
     with pytest.raises(ConfigError, match="task 'file' has no verifier: expected reward.functions"):
-        _reward_fn(r, make_task(r.task))
+        reward_function(r, make_task(r.task))

@@ -36,7 +36,7 @@ def byo_overrides(tmp_path, model_dir, *, chat: bool = False, **extra) -> list[s
 def test_jsonl_chat_model_two_trl_rewards_train_log_and_export(tmp_path, caplog):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from credo.rewards.chat import encode_prompts
+    from credo.tasks.render import encode_prompts
     from credo.trainer import Trainer
     from tests.byo import rewards
 

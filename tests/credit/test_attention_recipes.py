@@ -39,8 +39,9 @@ def test_gpu_configs_pass_credo_check(name, strategy, tokens, monkeypatch, capsy
     path = REPO / "recipes" / "gpu" / f"{name}.yaml"
     # `credo check` in this process (a subprocess re-imports torch and transformers: minutes on a busy CPU)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert cli.main(["check", str(path)]) == 0
-    assert f"name: {name}" in capsys.readouterr().out
+    assert cli.main(["check", str(path), "--show"]) == 0
+    out = capsys.readouterr().out
+    assert f"name: {name}" in out and out.strip().splitlines()[-1] == f"credo check: OK ({path})"
     r = load_recipe(path)
     assert r.model.path == "Qwen/Qwen3-4B-Base" and r.rollout.max_new_tokens == tokens
     # the papers' recipe: batch 512, 16 gradient steps, lr 1e-6, no KL, no entropy loss

@@ -138,7 +138,7 @@ def test_resuming_a_checkpoint_from_before_the_critic_section_is_no_config_chang
 
 
 def test_explained_variance_matches_its_definition_with_a_biased_critic():
-    from credo.train.critic import explained_variance
+    from credo.families.critic.stage import explained_variance
 
     g = torch.Generator().manual_seed(0)
     returns = torch.randn(3, 5, generator=g) + 2.0
@@ -166,21 +166,30 @@ def test_unfiltered_entropy_is_normalised_by_the_global_counts():
 
 
 def test_critic_stage_builds_one_engine_per_critic_with_its_own_head_seed(monkeypatch):
-    """`_critic_stage` without DeepSpeed: each critic's value model gets a distinct, run-seeded head, the critic's
-    own model (critic.path with critic.tiny) and the policy dtype's bf16 flag."""
-    import credo.distributed.value_model as vm
-    import credo.train.build as b
-    from credo.config import Recipe
+    """The critic family's stage without DeepSpeed: each critic's value model gets a distinct, run-seeded head, the
+    critic's own model (critic.path with critic.tiny) and the policy dtype's bf16 flag."""
+    import credo.distributed.engine as eng
+    import credo.families.critic.value_model as vm
+    import credo.models as models
+    from credo.config import recipe_class
+    from credo.families.critic.stage import critic_stage
+    from credo.train.registry import StageContext
 
     loaded, built = [], []
-    monkeypatch.setattr(b, "resolve_model_path", lambda path, tiny: f"/resolved/{path}/{tiny.hidden_size}")
+    monkeypatch.setattr(models, "resolve_model_path", lambda path, tiny: f"/resolved/{path}/{tiny.hidden_size}")
     monkeypatch.setattr(vm, "load_value_model", lambda path, **kw: loaded.append((path, kw)) or object())
-    monkeypatch.setattr(b, "build_engine", lambda model, **kw: built.append(kw) or model)
-    r = Recipe()
+    monkeypatch.setattr(eng, "build_engine", lambda model, **kw: built.append(kw) or model)
+    r = recipe_class()()
     r.run.seed, r.model.dtype = 3, "bfloat16"
     r.critic.num_critics, r.critic.path, r.critic.tiny.hidden_size = 2, "tiny", 48
     r.rollout.prompts_per_step, r.rollout.group_size = 4, 4
-    stage = b._critic_stage(r, tokenizer="tok", policy_path="/policy", engine=None, scorer=None, ref=None, world=1)
+
+    def ctx():  # what the builder hands the stage
+        return StageContext(rank=0, world=1, seed=r.run.seed, tokenizer="tok", policy_path="/policy", dtype=r.model.dtype,
+                            zero_stage=r.optim.zero_stage, section=r.critic,
+                            rollout=dict(prompts_per_step=4, group_size=4))
+
+    stage = critic_stage(ctx())
     assert len(stage.engines) == 2
     assert [p for p, _ in loaded] == ["/resolved/tiny/48"] * 2
     seeds = [kw["head_seed"] for _, kw in loaded]
@@ -196,5 +205,5 @@ def test_critic_stage_builds_one_engine_per_critic_with_its_own_head_seed(monkey
                           grad_accum=grad_accum_steps(4 * 2, c.mini_batches, c.micro_batch_size), bf16=True)] * 2
     r.run.seed = 4  # another run seed, other heads
     loaded.clear()
-    b._critic_stage(r, tokenizer="tok", policy_path="/policy", engine=None, scorer=None, ref=None, world=1)
+    critic_stage(ctx())
     assert not set(seeds) & {kw["head_seed"] for _, kw in loaded}

@@ -11,7 +11,7 @@ import torch
 
 from credo.distributed.rollout import Sample
 from credo.train.batch import Batch
-from credo.train.critic import CriticAdvantage, outcome_token_rewards, whiten
+from credo.families.critic.stage import CriticAdvantage, outcome_token_rewards, whiten
 
 
 class TableCritic(torch.nn.Module):

@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from credo.train.critic import (CKPT_TAG, CriticAdvantage, PolicyKL, explained_variance, masked_global_mean,
+from credo.families.critic.stage import (CKPT_TAG, CriticAdvantage, PolicyKL, explained_variance, masked_global_mean,
                                 outcome_token_rewards, whiten)
 from tests.critic.test_stage import FakeEngine, TableCritic, make_batch, make_stage, naive_gae
 

@@ -10,7 +10,7 @@ import torch
 
 from credo.config import ConfigError, TinyModelConfig
 from credo.distributed.engine import build_engine, setup_distributed
-from credo.distributed.value_model import ValueModel, load_value_model
+from credo.families.critic.value_model import ValueModel, load_value_model
 from credo.models import build_tiny_model, load_causal_lm, load_tokenizer
 from tests.critic.test_stage import make_batch
 
@@ -64,7 +64,7 @@ def test_a_critic_with_another_tokenizer_is_an_error_naming_both(tiny_path, tmp_
 
 
 def _stage(tiny_path, num_critics=2, **kw):
-    from credo.train.critic import CriticAdvantage
+    from credo.families.critic.stage import CriticAdvantage
 
     setup_distributed()
     tok = load_tokenizer(tiny_path)

@@ -1,4 +1,4 @@
-"""MIPU step 2's decision logic (credo.train.mipu.StepGate) with stand-in state, source and T_post: the
+"""MIPU step 2's decision logic (credo.families.mipu.gate.StepGate) with stand-in state, source and T_post: the
 threshold schedule reaches the decision, a rejection restores the snapshot and re-syncs, the rollback window,
 and the random-rollback control. No model: milliseconds."""
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from credo.train.mipu import WINDOW, StepGate
+from credo.families.mipu.gate import WINDOW, StepGate
 
 
 class FakeState:
@@ -103,7 +103,7 @@ def test_gather_ragged_concatenates_ranks_of_different_lengths(monkeypatch):
     import torch
     import torch.distributed as dist
 
-    from credo.train.mipu import gather_ragged
+    from credo.train.mismatch import gather_ragged
 
     mine, other = torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([3.0, 4.0, 5.0], dtype=torch.float64)
 

@@ -78,7 +78,7 @@ def test_vllm_backend_gets_rollout_dtype_and_fp8(monkeypatch, tmp_path):
     """rollout.dtype (else model.dtype) becomes the engine's dtype; fp8_weights quantises the first weights."""
     import credo.distributed.vllm_backend as vb
     from credo.config import load_recipe
-    from credo.train import build
+    from credo.train.setup import make_backend
 
     made = []
 
@@ -95,7 +95,7 @@ def test_vllm_backend_gets_rollout_dtype_and_fp8(monkeypatch, tmp_path):
     for over, dtype, synced in (([], "float32", []), (["rollout.dtype=bfloat16", "rollout.fp8_weights=true"],
                                                       "bfloat16", [0])):
         r = load_recipe("recipes/quickstart.yaml", ["rollout.backend=vllm", *over])
-        b = build._make_backend(r, engine, None, "path")
+        b = make_backend(r, engine, None, "path")
         assert b.kw["dtype"] == dtype and b.kw["fp8_weights"] == bool(over) and b.synced == synced
 
 

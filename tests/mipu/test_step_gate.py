@@ -1,4 +1,4 @@
-"""MIPU's trainer side (credo.train.mipu) by hand: the gate's defaults and error messages, its rollback window
+"""MIPU's trainer side (credo.families.mipu.gate) by hand: the gate's defaults and error messages, its rollback window
 state, the random control's draws, T_post's validation plumbing (which prompts, seeds, groups, masks and
 advantages) with recording stand-ins for the backend, reward, scorer and tokenizer, and the step's mismatch
 metrics against a naive loop. No model: milliseconds."""
@@ -15,7 +15,8 @@ import torch
 
 from credo.distributed.rollout import Sample
 from credo.train.batch import Batch
-from credo.train.mipu import VAL_SALT, WINDOW, StepGate, gather_ragged, step_mismatch_metrics
+from credo.families.mipu.gate import VAL_SALT, WINDOW, StepGate
+from credo.train.mismatch import gather_ragged, step_mismatch_metrics
 from credo.train.rollout import step_seed
 from tests.mipu.test_gate_unit import FakeSource, FakeState
 

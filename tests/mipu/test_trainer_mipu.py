@@ -71,7 +71,7 @@ def gated(tmp_path_factory):
     state before each step, the candidate (inside the validation), and the state after."""
     trainer = make_trainer(tmp_path_factory.mktemp("gate") / "run", **{"mipu.enabled": True,
                                                                         "rollout.dtype": "bfloat16"})
-    gate = trainer.c.gate
+    (gate,) = trainer.c.hooks
     rec: dict = {"tokenizer": trainer.c.tokenizer}
     t_post = gate.t_post
 

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 from credo.config import EnvConfig
 from credo.distributed.rollout import Sample
-from credo.envs.guess import GuessNumberEnv
+from credo.families.multiturn.envs.guess import GuessNumberEnv
 from credo.models import build_char_tokenizer
-from credo.rewards.chat import plain_prompt
-from credo.train.multiturn import MultiTurnRollout
+from credo.tasks.render import plain_prompt
+from credo.families.multiturn.source import MultiTurnRollout
 
 
 class ScriptedBackend:

@@ -8,8 +8,8 @@ import torch
 from credo.config import ConfigError
 from credo.distributed.rollout import Sample
 from credo.train.batch import Batch, pack_batch
-from credo.train.multiturn import EnvReward
-from credo.train.turn_credit import turn_credit
+from credo.families.multiturn.source import EnvReward
+from credo.families.multiturn.turn_credit import turn_credit
 from tests.multiturn.common import ctx
 
 
@@ -78,7 +78,8 @@ def test_a_turn_count_that_disagrees_with_the_mask_is_an_error():
 
 
 def test_credit_choice_is_checked():
-    with pytest.raises(ConfigError, match="stages.advantage_kwargs.credit' = 'gae': expected one of mc_rebn, mc, grpo, ipa"):
+    with pytest.raises(ConfigError, match="stages.advantage_kwargs.credit' = 'gae' is out of range: expected mc_rebn, "
+                                          "mc, grpo or ipa"):
         turn_credit(ctx(group_size=2), credit="gae")
     with pytest.raises(ConfigError, match="rollout.group_size' must be >= 2 with credit: grpo"):
         turn_credit(ctx(group_size=1), credit="grpo")

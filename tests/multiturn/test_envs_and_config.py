@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from credo.config import ConfigError, load_recipe
-from credo.envs import check_env_id, make_env
+from credo.families.multiturn.envs import check_env_id, make_env
 from tests.multiturn.common import env_cfg, source
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,7 +89,7 @@ def test_same_step_same_episodes():
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=1, num_key_value_heads=1, pad_token_id=0,
                                          eos_token_id=tok.eos_token_id))
-    from credo.envs.guess import GuessNumberEnv
+    from credo.families.multiturn.envs.guess import GuessNumberEnv
 
     def play(step):
         src, _, _ = source(env_cfg(), None, envs=lambda: GuessNumberEnv(max_turns=3), P=2, G=1,
@@ -120,9 +120,9 @@ def test_char_tokenizer_keeps_whitespace_after_save_and_load(tmp_path):
 
 
 def _guess_recipe_on_a_64_token_model():
-    from credo.config import Recipe
+    from credo.config import recipe_class
 
-    r = Recipe()
+    r = recipe_class()()
     r.model.path, r.model.tiny.max_position_embeddings = "tiny", 64
     r.model.tiny.num_layers, r.model.tiny.hidden_size, r.model.tiny.num_heads = 1, 32, 2
     r.model.tiny.num_kv_heads, r.model.tiny.intermediate_size = 1, 64
@@ -133,22 +133,22 @@ def test_env_max_total_tokens_is_checked_against_the_tiny_models_context():
     import pytest
 
     from credo.config import ConfigError
-    from credo.train.build import _env_task
+    from credo.families.multiturn.build import task as env_task
 
     r = _guess_recipe_on_a_64_token_model()
     r.env.id, r.env.max_total_tokens = "credo:GuessNumber-v0", 100
     with pytest.raises(ConfigError, match=r"'env.max_total_tokens' = 100 is more than the model's context of 64 tokens"):
-        _env_task(r)
+        env_task(r)
 
 
 def test_env_task_renders_the_first_observation_as_every_other_without_a_chat_template():
-    from credo.envs import make_env
-    from credo.envs.task import DEMO_SEED_BASE
-    from credo.train.build import _env_task
+    from credo.families.multiturn.envs import make_env
+    from credo.families.multiturn.task import DEMO_SEED_BASE
+    from credo.families.multiturn.build import task as env_task
 
     r = _guess_recipe_on_a_64_token_model()
     r.env.id, r.env.max_total_tokens = "credo:GuessNumber-v0", 64
-    task = _env_task(r)
+    task = env_task(r)
     first = make_env(r.env.id, **dict(r.env.kwargs)).reset(seed=DEMO_SEED_BASE)[0]
     problem = task.train(0)
     # the tiny model's tokenizer has no chat template: the first observation is an observation block

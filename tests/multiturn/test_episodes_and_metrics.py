@@ -13,8 +13,8 @@ from tokenizers import processors
 from credo.config import ConfigError
 from credo.distributed.rollout import Sample
 from credo.models import build_char_tokenizer
-from credo.rewards.chat import plain_prompt
-from credo.train.multiturn import (EVAL_SEED_BASE, EnvEvaluator, EnvFailureError, EnvReward, Episode, MultiTurnRollout,
+from credo.tasks.render import plain_prompt
+from credo.families.multiturn.source import (EVAL_SEED_BASE, EnvEvaluator, EnvFailureError, EnvReward, Episode, MultiTurnRollout,
                                    call_with_deadline, env_reward, multiturn_source, observation_renderer, turn_format)
 from credo.train.rollout import step_problem_indices, step_seed
 from tests.multiturn.common import FixedTarget, ScriptedBackend, env_cfg
@@ -347,7 +347,7 @@ def test_an_explicit_template_renders_every_observation_without_a_chat_template(
 
 
 def test_a_chat_render_plays_the_observations_as_the_templates_user_turns():
-    from credo.rewards.chat import prompt_renderer
+    from credo.tasks.render import prompt_renderer
 
     tok = chat_tokenizer(ROLE_TEMPLATE)
     backend = Recording(tok, lambda context: "5" if "higher" in context else "4")
@@ -487,7 +487,7 @@ def test_the_env_reward_is_the_episode_return_and_failed_episodes_are_invalid():
 
 def test_the_multiturn_source_needs_an_env_id_and_takes_no_kwargs():
     def ctx(env):
-        return SimpleNamespace(env=env, tokenizer=TOK, backend=None, seed=0, rank=0, world=1, render=plain_prompt,
+        return SimpleNamespace(section=env, tokenizer=TOK, backend=None, seed=0, rank=0, world=1, render=plain_prompt,
                                rollout=dict(prompts_per_step=1, group_size=1, temperature=1.0, top_p=1.0))
 
     def quoted(problem):

@@ -6,9 +6,9 @@ import time
 import pytest
 import torch
 
-from credo.envs.guess import GuessNumberEnv
+from credo.families.multiturn.envs.guess import GuessNumberEnv
 from credo.train.batch import pack_batch
-from credo.train.multiturn import EnvFailureError, EnvReward
+from credo.families.multiturn.source import EnvFailureError, EnvReward
 from tests.multiturn.common import FixedTarget, HangingEnv, RaisingEnv, env_cfg, source
 
 
@@ -103,7 +103,7 @@ def test_a_turn_that_does_not_fit_ends_the_episode_as_max_total_tokens():
 
 
 def test_episode_ends_map_to_terminated_truncated_failed():
-    from credo.train.multiturn import Episode
+    from credo.families.multiturn.source import Episode
 
     flags = {end: [Episode(env=None, env_seed=0, end=end).sample([1]).meta[k] for k in ("terminated", "truncated",
                                                                                         "failed")]
@@ -116,7 +116,7 @@ def test_episode_ends_map_to_terminated_truncated_failed():
 def test_a_replayed_prefix_fails_on_a_timeout_or_an_ended_game():
     import threading
 
-    from credo.train.multiturn import Episode
+    from credo.families.multiturn.episodes import Episode, replay_prefix
 
     release = threading.Event()
 
@@ -136,12 +136,12 @@ def test_a_replayed_prefix_fails_on_a_timeout_or_an_ended_game():
                               (TruncatesAtOnce(5, low=1, high=7, max_turns=3), 0)):
             env.reset(seed=0)
             e = Episode(env=env, env_seed=0, prefix_actions=["4"])
-            assert src._replay(e) == (False, timeouts)
+            assert replay_prefix(e, src.tokenizer, src.observation, 0.2) == (False, timeouts)
             assert e.end == "failed" and e.error.startswith("prefix step 0: ")
         env = FixedTarget(5, low=1, high=7, max_turns=3)
         env.reset(seed=0)
         ok = Episode(env=env, env_seed=0, prefix_actions=["4"])
-        assert src._replay(ok) == (True, 0) and ok.end is None
+        assert replay_prefix(ok, src.tokenizer, src.observation, 0.2) == (True, 0) and ok.end is None
     finally:
         release.set()
 
@@ -160,7 +160,7 @@ def test_evaluation_generate_samples_without_nucleus_truncation():
 
 
 def test_call_with_deadline_reports_ok_error_and_timeout():
-    from credo.train.multiturn import call_with_deadline
+    from credo.families.multiturn.source import call_with_deadline
 
     release = __import__("threading").Event()
     boom = ZeroDivisionError("no")
@@ -185,7 +185,7 @@ def test_rollout_rate_is_over_the_rollouts_own_time():
 
 
 def test_evaluation_is_greedy_at_temperature_0_and_seeded_otherwise(monkeypatch):
-    from credo.train.multiturn import EVAL_SEED_BASE, step_seed
+    from credo.families.multiturn.source import EVAL_SEED_BASE, step_seed
 
     src, _, _ = source(env_cfg(), policy)
     calls = []
@@ -207,13 +207,13 @@ def test_multiturn_source_takes_the_ranks_share_and_syncs_the_backend():
     from types import SimpleNamespace
 
     from credo.models import build_char_tokenizer
-    from credo.rewards.chat import plain_prompt
-    from credo.train.multiturn import multiturn_source
+    from credo.tasks.render import plain_prompt
+    from credo.families.multiturn.source import multiturn_source
     from tests.multiturn.common import FixedTarget, ScriptedBackend
 
     tok = build_char_tokenizer()
     backend = ScriptedBackend(tok, policy)
-    ctx = SimpleNamespace(env=env_cfg(), tokenizer=tok, backend=backend, seed=0, rank=1, world=2, render=plain_prompt,
+    ctx = SimpleNamespace(section=env_cfg(), tokenizer=tok, backend=backend, seed=0, rank=1, world=2, render=plain_prompt,
                           rollout=dict(prompts_per_step=4, group_size=2, temperature=1.0, top_p=1.0,
                                        env_factory=lambda: FixedTarget(5, low=1, high=7, max_turns=3)))
     src = multiturn_source(ctx)

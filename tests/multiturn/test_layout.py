@@ -4,8 +4,8 @@ import torch
 
 from credo.credit import chunk_ids, chunk_returns_from_rewards
 from credo.train.batch import pack_batch
-from credo.train.multiturn import EnvReward, observation_renderer
-from credo.train.turn_credit import turn_credit
+from credo.families.multiturn.source import EnvReward, observation_renderer
+from credo.families.multiturn.turn_credit import turn_credit
 from tests.multiturn.common import ctx, env_cfg, source
 
 SCRIPT = ["4", "6", "x"]  # target 5: higher, lower, then no number: GEM's format penalty -0.1 and termination
@@ -124,8 +124,8 @@ def test_observation_template_from_a_chat_template():
 
 
 def test_turn_format_with_and_without_a_chat_template():
-    from credo.rewards.chat import plain_prompt, prompt_renderer
-    from credo.train.multiturn import turn_format
+    from credo.tasks.render import plain_prompt, prompt_renderer
+    from credo.families.multiturn.source import turn_format
     from tests.byo.common import build_bpe_tokenizer
     from tests.multiturn.common import build_char_tokenizer
 

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from credo.envs import make_env
-from credo.envs.mastermind import MastermindEnv, pegs
+from credo.families.multiturn.envs import make_env
+from credo.families.multiturn.envs.mastermind import MastermindEnv, pegs
 
 
 def naive_pegs(guess, code):
@@ -89,10 +89,10 @@ def test_expert_solves_every_code_and_noise_hurts(shape):
 
 def test_recipe_and_warm_up_demos():
     from credo.config import load_recipe
-    from credo.envs.task import EnvTask
+    from credo.families.multiturn.task import EnvTask
     from credo.models import build_char_tokenizer
-    from credo.rewards.chat import plain_prompt
-    from credo.train.multiturn import turn_format
+    from credo.tasks.render import plain_prompt
+    from credo.families.multiturn.source import turn_format
     from tests.e2e.common import REPO
 
     r = load_recipe(REPO / "recipes" / "multiturn_mastermind.yaml")

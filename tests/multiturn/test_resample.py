@@ -3,7 +3,7 @@
 import pytest
 
 from credo.config import ConfigError
-from credo.train.resample import choose_prefixes, expert_actions
+from credo.families.multiturn.resample import choose_prefixes, expert_actions
 from tests.multiturn.common import FixedTarget, env_cfg, source
 
 

@@ -1,4 +1,4 @@
-"""credo.train.resample with a recording env: how the expert is played (seed, noise, stop conditions), the
+"""credo.families.multiturn.resample with a recording env: how the expert is played (seed, noise, stop conditions), the
 anchor draw's range and the error of an env without an expert."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from credo.config import ConfigError
-from credo.train.resample import choose_prefixes, expert_actions
+from credo.families.multiturn.resample import choose_prefixes, expert_actions
 
 
 class ScriptedEnv:

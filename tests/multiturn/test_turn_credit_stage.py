@@ -9,8 +9,8 @@ from credo.config import ConfigError
 from credo.credit import chunk_ids
 from credo.distributed.rollout import Sample
 from credo.train.batch import Batch, pack_batch
-from credo.train.multiturn import EnvReward
-from credo.train.turn_credit import turn_credit, turn_reward_matrix
+from credo.families.multiturn.source import EnvReward
+from credo.families.multiturn.turn_credit import turn_credit, turn_reward_matrix
 from tests.multiturn.common import ctx
 
 
@@ -146,6 +146,6 @@ def test_grpo_needs_groups_and_the_group_size_defaults_to_two():
     with pytest.raises(ConfigError, match=r"^config key 'rollout.group_size' must be >= 2 with credit: grpo "
                                           r"\(the group baseline\)$"):
         turn_credit(ctx(group_size=1), credit="grpo")
-    with pytest.raises(ConfigError, match=r"^config key 'stages.advantage_kwargs.credit' = 'gae': expected one of "
-                                          r"mc_rebn, mc, grpo, ipa$"):
+    with pytest.raises(ConfigError, match=r"^config key 'stages.advantage_kwargs.credit' = 'gae' is out of range: "
+                                          r"expected mc_rebn, mc, grpo or ipa$"):
         turn_credit(ctx(), credit="gae")

@@ -114,7 +114,7 @@ def test_model_folder_whose_tokenizer_has_no_eos_fails_and_no_pad_passes(tmp_pat
 def test_hub_id_offline_is_a_note_not_an_error():
     p = cli(["check", "recipes/ablations/tricks_or_traps_qwen3_4b.yaml"], HF_HUB_OFFLINE="1")
     assert p.returncode == 0, p.stderr
-    assert "# credo: model.path 'Qwen/Qwen3-4B-Base': not checked (offline)" in p.stdout.splitlines()
+    assert "credo: note: model.path 'Qwen/Qwen3-4B-Base': not checked (offline)" in p.stdout.splitlines()
 
 
 def test_reasoning_gym_typo_gets_a_suggestion(tmp_path):
@@ -147,14 +147,14 @@ def test_resume_path_checked_before_the_run(tmp_path):
 
 def test_unwritable_output_folder_is_a_config_error(tmp_path):
     """Root can write anywhere chmod forbids, so the folder sits below a regular file: mkdir fails for anyone."""
-    from credo.train.build import _run_dir
+    from credo.train.setup import make_run_dir
 
     blocker = tmp_path / "file.txt"
     blocker.write_text("")
     r = recipe(tmp_path, **{"run.output_dir": str(blocker / "run")})
     with pytest.raises(ConfigError, match=rf"config key 'run.output_dir' = '{blocker}/run' cannot be written "
                                           r"\(Not a directory\); expected a folder this user can create and write"):
-        _run_dir(r, world=1)
+        make_run_dir(r, world=1)
     with pytest.raises(ConfigError, match=rf"config key 'run.output_dir' = '{blocker}/run' cannot be written "
                                           rf"\('{blocker}' is a file, not a folder\)"):
         preflight(r)

@@ -15,7 +15,7 @@ import pytest
 
 from credo.config import ConfigError, TaskConfig, TinyModelConfig, load_recipe
 from credo.models import build_char_tokenizer, check_vocab, load_tokenizer, resolve_model_path
-from credo.rewards.tasks import ArithmeticTask, make_task
+from credo.tasks import ArithmeticTask, make_task
 from tests.e2e.common import tiny_overrides
 from tests.reliability.common import run_cli_expecting_error
 

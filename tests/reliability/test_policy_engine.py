@@ -131,8 +131,6 @@ def test_setup_distributed_makes_a_world_of_one_when_not_launched(monkeypatch, c
     import deepspeed
     import torch.distributed as dist
 
-    from credo.models import cache_root
-
     calls = []
     monkeypatch.setattr(deepspeed, "init_distributed", lambda **kw: calls.append(kw))
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
@@ -147,7 +145,7 @@ def test_setup_distributed_makes_a_world_of_one_when_not_launched(monkeypatch, c
     assert env == {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
     assert 0 < int(os.environ["MASTER_PORT"]) < 65536
     assert os.environ.get("DS_ACCELERATOR") == (None if cuda else "cpu")
-    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(cache_root().parent / "torch_extensions")
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(eng.torch_extensions_dir())
 
 
 def test_setup_distributed_keeps_a_launchers_world_and_an_initialised_group(monkeypatch):

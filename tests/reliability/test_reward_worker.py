@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
 import pytest
 
 from credo.config import ConfigError
+from credo.rewards.tasks import Problem
 from credo.rewards.worker import RewardFunctionError, RewardWorker, import_reward_fn
 
 
@@ -36,14 +38,14 @@ def test_failed_and_timed_out_calls_mask_their_samples():
     # group by group: ok -> [0, 1]; raise -> masked; sleep -> masked; ok2 -> [0, 1]
     assert res.rewards == [0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
     assert res.valid == [True, True, False, False, False, False, True, True]
-    assert (res.failures, res.timeouts) == (1, 1)
+    assert (res.failures, res.timeouts) == (2, 2)  # samples: both of 'raise' fail again one by one
 
 
 def test_timeout_does_not_wait_for_the_call():
     t0 = time.perf_counter()
     res = worker(max_failure_frac=1.0)(groups_of(["sleep", "sleep2"]), step=1)
     assert time.perf_counter() - t0 < 0.9  # each call sleeps 1.0 s; the worker gives up after 0.2 s
-    assert res.timeouts == 2 and not any(res.valid)
+    assert res.timeouts == 4 and not any(res.valid)  # 2 groups of 2 samples; a timed-out group is not retried
 
 
 def test_each_failure_kind_logged_once(caplog):
@@ -60,8 +62,8 @@ def test_each_failure_kind_logged_once(caplog):
 
 def test_failure_fraction_above_cap_stops():
     w = worker(max_failure_frac=0.5)
-    w(groups_of(["raise", "ok"]), step=1)  # exactly 0.5: allowed
-    with pytest.raises(RewardFunctionError, match=r"2 of 3 reward calls failed at step 2, above "
+    w(groups_of(["raise", "ok"]), step=1)  # exactly 0.5 of the samples: allowed
+    with pytest.raises(RewardFunctionError, match=r"4 of 6 samples failed their reward call at step 2, above "
                                                   r"reward.max_failure_frac=0.5; the reward function 'score_by_prompt'"):
         w(groups_of(["raise", "sleep", "ok"]), step=2)
 
@@ -120,7 +122,7 @@ def test_calls_run_concurrently():
     ("tests.e2e.rewards", "expected 'module:function'"),
     ("tests.e2e.nope:f", "cannot be imported"),
     ("tests.e2e.rewards:nope", "cannot be imported"),
-    ("tests.e2e.rewards:_calls", "is not callable"),
+    ("tests.e2e.rewards:FLAGGED", "is not callable"),
 ])
 def test_reward_function_spec_errors(spec, expected):
     with pytest.raises(ConfigError, match=f"reward.function = '{spec}'.*{expected}"):
@@ -136,7 +138,7 @@ def test_hung_calls_cost_no_capacity_and_threads_stay_bounded():
     once the stuck calls return their threads leave, back to the configured two."""
     w = worker(workers=2, max_failure_frac=1.0)
     res = w(groups_of(["sleep", "sleep2"]), step=1)  # each sleeps 1.0 s, timeout 0.2 s
-    assert res.timeouts == 2
+    assert res.timeouts == 4
     t0 = time.perf_counter()
     res = w(groups_of(["ok", "ok2", "ok3"]), step=2)
     assert time.perf_counter() - t0 < 0.5 and all(res.valid)  # replacements took the calls at once
@@ -155,7 +157,40 @@ def test_hung_calls_cost_no_capacity_and_threads_stay_bounded():
 def test_late_result_of_a_timed_out_call_is_not_used():
     w = worker(workers=1, max_failure_frac=1.0)
     res = w(groups_of(["sleep"]), step=1)
-    assert res.timeouts == 1 and res.rewards == [0.0, 0.0] and res.valid == [False, False]
+    assert res.timeouts == 2 and res.rewards == [0.0, 0.0] and res.valid == [False, False]
     time.sleep(1.0)  # the call has returned [0, 1] by now, too late
     res = w(groups_of(["ok"]), step=2)
     assert res.rewards == [0.0, 1.0] and res.valid == [True, True] and res.timeouts == 0
+
+
+def parse_reward(completions, **kwargs):
+    """A TRL-style function that breaks on bad input: one unparseable completion raises for its whole list."""
+    return [float(int(c)) / 10 for c in completions]
+
+
+def test_one_failing_sample_fails_alone_not_its_group():
+    """10% of the samples raise (TRL's list-in, list-out contract; the group call raises for all of them):
+    exactly those are masked and counted, every other sample of their groups keeps its score."""
+    from credo.rewards.functions import WeightedRewards
+
+    responses = [str(i) if i % 10 != 3 else "three" for i in range(40)]  # samples 3, 13, 23, 33 cannot parse
+    problems = [Problem(prompt=f"p{i // 8}", answer="") for i in range(40)]
+    groups = [(responses[i:i + 8], problems[i:i + 8], [[0]] * 8) for i in range(0, 40, 8)]
+    w = worker(WeightedRewards([parse_reward, length_reward]), max_failure_frac=0.2, timeout_s=5.0)
+    res = w(groups, step=1)
+    bad = [i for i, r in enumerate(responses) if not r.isdigit()]
+    assert [i for i, ok in enumerate(res.valid) if not ok] == bad
+    assert (res.failures, res.timeouts) == (4, 0)  # samples, not the 4 groups that raised
+    for i, r in enumerate(responses):
+        if i in bad:
+            assert res.rewards[i] == 0.0 and math.isnan(res.parts["parse_reward"][i])
+            assert math.isnan(res.parts["length_reward"][i])
+        else:
+            assert res.rewards[i] == pytest.approx(int(r) / 10 + len(r))
+            assert res.parts["parse_reward"][i] == pytest.approx(int(r) / 10)
+            assert res.parts["length_reward"][i] == len(r)
+    w.close()
+
+
+def length_reward(completions, **kwargs):
+    return [float(len(c)) for c in completions]

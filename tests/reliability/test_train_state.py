@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from credo.checkpoint import list_checkpoints
-from credo.config import ConfigError, Recipe
+from credo.config import ConfigError, Recipe, recipe_class
 from credo.train.state import (RESUME_FREE_KEYS, Counters, TrainingError, TrainState, _flatten, _free_name,
                                config_changes)
 
@@ -100,7 +100,34 @@ def test_counters_count_skips_and_reward_failures_and_stop_at_the_cap(make_engin
     with pytest.raises(TrainingError, match=r"^3 consecutive optimizer steps skipped for non-finite values "
                                             r"\(run.max_consecutive_skips=3\); stopping at step 6$"):
         s.record_step(1, 0, 6)
-    assert Counters(1, 2, 3).state_dict() == {"consecutive_skips": 1, "skipped_total": 2, "reward_failures_total": 3}
+    assert Counters(1, 2, 3).state_dict() == {"consecutive_skips": 1, "skipped_total": 2, "reward_failures_total": 3,
+                                              "consecutive_empty": 0}
+
+
+def test_steps_with_nothing_to_train_stop_the_run_with_the_reason(make_engine):
+    s = make_state(make_engine(), max_skips=2)
+    s.record_step(0, 0, 1, empty="no sample has a token to train on: 0 of 8 have a valid reward")
+    s.record_step(0, 0, 2)  # a step that trains ends the streak
+    s.record_step(0, 0, 3, empty="why 3")
+    assert s.counters.consecutive_empty == 1 and s.counters.consecutive_skips == 0
+    with pytest.raises(TrainingError, match=r"^2 consecutive steps had nothing to train on \(run.max_consecutive_skips"
+                                            r"=2\); stopping at step 4. Step 4: env/overflow_frac = 1.0$"):
+        s.record_step(0, 0, 4, empty="env/overflow_frac = 1.0")
+
+
+def test_nothing_to_train_names_what_emptied_the_batch():
+    from credo.train.batch import Batch
+    from credo.trainer import nothing_to_train
+
+    b = Batch(samples=[None] * 3, problems=[None] * 3, group_ids=torch.arange(3))
+    b.loss_mask = torch.zeros(3, 4, dtype=torch.bool)
+    b.response_mask = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    b.valid, b.finished = torch.tensor([False, True, False]), torch.tensor([True, False, False])
+    b.metrics = {"env/overflow_frac": 1.0, "env/terminated_frac": 0.5}
+    assert nothing_to_train(b) == ("no sample has a token to train on: 1 of 3 have a valid reward, 2 have a response "
+                                   "token, 1 ended before the length cap; env/overflow_frac = 1.0")
+    b.loss_mask[2, 0] = True
+    assert nothing_to_train(b) is None
 
 
 class Log:
@@ -151,7 +178,8 @@ def test_save_writes_what_resume_and_export_read(make_engine, tmp_path):
     assert meta["config"] == CONFIG
     # JSON stages in meta.json; stages with tensors in folders of their own, what they return in component_files
     assert meta["components"] == {"source": {"pos": 7}}
-    assert meta["counters"] == {"consecutive_skips": 1, "skipped_total": 2, "reward_failures_total": 5}
+    assert meta["counters"] == {"consecutive_skips": 1, "skipped_total": 2, "reward_failures_total": 5,
+                                "consecutive_empty": 0}
     assert meta["component_files"] == {"critic": {"entries": 2}}
     assert torch.equal(torch.load(folder / "critic" / "value.pt"), torch.tensor([1.5, -2.0]))
 
@@ -316,12 +344,16 @@ def test_config_changes_compare_key_by_key():
     assert config_changes(CONFIG, new) == {"algo.loss_kwargs": ({"clip": 0.2}, {"clip": 0.3}),
                                            "optim.betas": ([0.9, 0.99], [0.9, 0.999])}
     # the keys a resumed segment may change freely
-    free = {"run": {"steps": 9, "resume": "auto", "output_dir": "/x", "allow_config_change": True, "verbose": True}}
+    free = {"run": {"steps": 9, "resume": "auto", "output_dir": "/x", "allow_config_change": True, "verbose": True,
+                    "progress": False, "plot": False, "wandb": True, "wandb_mode": "online", "wandb_project": "p",
+                    "tensorboard": True, "dump_rollouts_every": 1, "eval_every": 5}}
     assert set(RESUME_FREE_KEYS) == {f"run.{k}" for k in free["run"]}
-    old = {"run": {"steps": 3, "resume": None, "output_dir": "/y", "allow_config_change": False, "verbose": False}}
+    old = {"run": {"steps": 3, "resume": None, "output_dir": "/y", "allow_config_change": False, "verbose": False,
+                   "progress": True, "plot": True, "wandb": False, "wandb_mode": "offline", "wandb_project": "credo",
+                   "tensorboard": False, "dump_rollouts_every": 0, "eval_every": 10}}
     assert config_changes(old, free) == {}
     # a key the checkpoint lacks (one added to credo since) is no change at its default, a change otherwise
-    default_lr = asdict(Recipe())["critic"]["lr"]
+    default_lr = asdict(recipe_class()())["critic"]["lr"]
     assert config_changes({}, {"critic": {"lr": default_lr}}) == {}
     assert config_changes({}, {"critic": {"lr": default_lr * 2}}) == {"critic.lr": (None, default_lr * 2)}
 

@@ -8,9 +8,10 @@ import pytest
 
 from credo.cli import main
 from credo.config import ConfigError, load_recipe
-from credo.rewards.best_of_n import best_of_n_table, check_bon, judge_scores, pick_best
-from credo.rewards.judge_tasks import COMPACT_CRITERIA, COMPACT_CRITERIA_POINTWISE
+from credo.families.judges.best_of_n import best_of_n_table, check_bon, judge_scores, pick_best
+from credo.families.judges.tasks import COMPACT_CRITERIA, COMPACT_CRITERIA_POINTWISE
 from pathlib import Path
+from tests.fakes import CharTok
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "ce_rm_bon.yaml"
 
@@ -101,14 +102,6 @@ def test_an_informed_judge_beats_random_and_a_blind_one_does_not():
         assert good[n]["judge"] > good[n]["random"] + 0.2
         assert good[n]["judge"] <= good[n]["oracle"]
         assert abs(bad[n]["judge"] - bad[n]["random"]) < 0.08
-
-
-class CharTok:
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [ord(c) for c in text]}
-
-    def batch_decode(self, rows, skip_special_tokens=True):
-        return ["".join(chr(i) for i in r) for r in rows]
 
 
 class ScriptedJudge:

@@ -9,11 +9,12 @@ import torch
 
 from credo.algos.advantages import grpo
 from credo.distributed.rollout import Sample
-from credo.rewards.judge_tasks import CriteriaJudgeTask
+from credo.families.judges.tasks import CriteriaJudgeTask
 from credo.train.batch import Batch
-from credo.train.ce_rm import (CHOSEN, CRITERIA, REJECTED, CERMReward, TwoStageRollout, ce_rm_group_ids,
+from credo.families.judges.ce_rm import (CHOSEN, CRITERIA, REJECTED, CERMReward, TwoStageRollout, ce_rm_group_ids,
                                ce_rm_layout, discrimination_rewards)
-from credo.rewards.tasks import Problem
+from credo.tasks import Problem
+from tests.fakes import CharTok
 
 
 def test_discrimination_rewards_by_hand():
@@ -22,14 +23,6 @@ def test_discrimination_rewards_by_hand():
     assert crit == [0.25, 1.0]
     assert rc == [[0.5, 0.0], [1.0, 1.0]]
     assert rr == [[0.5, 0.0], [1.0, 1.0]]  # rejected 6 is below chosen 8 only; None beats nothing
-
-
-class Tok:
-    def batch_decode(self, rows, skip_special_tokens=True):
-        return ["".join(chr(i) for i in r) for r in rows]
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [ord(c) for c in text]}
 
 
 def fake_batch(layout, texts):
@@ -85,7 +78,7 @@ def test_grouped_advantages_at_both_stages_match_a_naive_loop(seed):
         scores[(n, kind, k, j)] = s
         texts.append("junk" if s is None else f"\\boxed{{4}} \\boxed{{{s}}}")
     batch = fake_batch(layout, texts)
-    CERMReward(Tok(), K=K, E=E)(batch)
+    CERMReward(CharTok(), K=K, E=E)(batch)
     want_r, want_a = naive_ce_rm_advantages(layout, scores, K, E)
     assert batch.rewards.tolist() == pytest.approx(want_r)
     mask = torch.ones(len(layout), 3, dtype=torch.bool)
@@ -111,7 +104,7 @@ class Backend:
 def test_two_stage_rollout_generates_criteria_from_the_query_then_evaluations_under_them():
     task = CriteriaJudgeTask(200, 10, 0, max_operand=9, fixed_width=True)
     be = Backend()
-    src = TwoStageRollout(None, task, Tok(), be, seed=0, prompts_per_step=2, n_criteria=4, evals_per_response=2,
+    src = TwoStageRollout(None, task, CharTok(), be, seed=0, prompts_per_step=2, n_criteria=4, evals_per_response=2,
                           criteria_max_new_tokens=4, eval_max_new_tokens=8, temperature=1.0, top_p=1.0)
     batch = src.rollout(1)
     assert len(be.calls) == 2 and len(be.calls[0]) == 2 * 4 and len(be.calls[1]) == 2 * 16
@@ -125,7 +118,7 @@ def test_two_stage_rollout_generates_criteria_from_the_query_then_evaluations_un
 def test_two_stage_source_samples_with_the_recipes_top_p_and_temperature():
     from types import SimpleNamespace
 
-    from credo.train.ce_rm import two_stage_source
+    from credo.families.judges.ce_rm import two_stage_source
 
     seen = []
 
@@ -135,7 +128,7 @@ def test_two_stage_source_samples_with_the_recipes_top_p_and_temperature():
             return super().generate(prompts, **kw)
 
     ctx = SimpleNamespace(default=None, task=CriteriaJudgeTask(200, 10, 0, max_operand=9, fixed_width=True),
-                          tokenizer=Tok(), backend=Recording(), seed=0, rank=0, world=1,
+                          tokenizer=CharTok(), backend=Recording(), seed=0, rank=0, world=1,
                           rollout={"prompts_per_step": 1, "group_size": 4 * 5, "temperature": 0.8, "top_p": 0.9})
     two_stage_source(ctx, n_criteria=4, evals_per_response=2).rollout(1)
     assert seen == [(0.8, 0.9), (0.8, 0.9)]
@@ -143,5 +136,5 @@ def test_two_stage_source_samples_with_the_recipes_top_p_and_temperature():
 
 def test_an_empty_shard_scores_no_criteria():
     batch = fake_batch([], [])
-    CERMReward(Tok(), K=2, E=1)(batch)
+    CERMReward(CharTok(), K=2, E=1)(batch)
     assert batch.rewards.numel() == 0 and batch.metrics["reward/criteria_accuracy"] == 0.0

@@ -1,4 +1,4 @@
-"""CE-RM's stages in detail (credo.train.ce_rm): the batch layout and group ids, the two-stage rollout's prompts,
+"""CE-RM's stages in detail (credo.families.judges.ce_rm): the batch layout and group ids, the two-stage rollout's prompts,
 seeds and sampling arguments on a scripted backend and a sharded step, the discrimination rewards and metrics of
 a hand-scored batch, and the factories' defaults and config errors."""
 
@@ -7,13 +7,13 @@ import torch
 
 from credo.config import ConfigError
 from credo.distributed.rollout import Sample
-from credo.rewards.tasks import Problem
+from credo.tasks import Problem
 from credo.train.batch import Batch
-from credo.train.ce_rm import (CHOSEN, CRITERIA, REJECTED, CERMReward, TwoStageRollout, ce_rm_group_ids, ce_rm_layout,
+from credo.families.judges.ce_rm import (CHOSEN, CRITERIA, REJECTED, CERMReward, TwoStageRollout, ce_rm_group_ids, ce_rm_layout,
                                ce_rm_reward, two_stage_source)
 from credo.train.registry import StageContext, resolve
 from credo.train.rollout import step_problem_indices, step_seed
-from tests.rewards._char_tok import CharTok
+from tests.fakes import CharTok
 
 
 class Backend:
@@ -177,10 +177,11 @@ def test_two_stage_source_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"^config key 'stages\.rollout' = 'ce_rm_two_stage' needs task\.name = "
                        r"'ce_rm_arithmetic' \(a task with \(query, chosen, rejected\) instances\)$"):
         two_stage_source(ctx_for(task=[1, 2, 3]))
-    with pytest.raises(ConfigError, match=r"^config key 'stages\.rollout_kwargs\.n_criteria' = 0: expected >= 1$"):
+    with pytest.raises(ConfigError, match=r"^config key 'stages\.rollout_kwargs\.n_criteria' = 0 is out of range: "
+                                          r"expected >= 1$"):
         two_stage_source(ctx_for(), n_criteria=0)
-    with pytest.raises(ConfigError, match=r"^config key 'stages\.rollout_kwargs\.evals_per_response' = 0: "
-                       r"expected >= 1$"):
+    with pytest.raises(ConfigError, match=r"^config key 'stages\.rollout_kwargs\.evals_per_response' = 0 is out of "
+                       r"range: expected >= 1$"):
         two_stage_source(ctx_for(), evals_per_response=0)
     with pytest.raises(ConfigError, match=r"^config key 'rollout\.group_size' = 20: expected n_criteria \* \(1 \+ 2 \* "
                        r"evals_per_response\) = 15, the trajectories of one instance \(the update's batch size counts "
@@ -207,17 +208,24 @@ def test_two_stage_source_defaults_and_the_recipes_settings():
     assert (src.K, src.E, src.crit_len, src.eval_len, src.P) == (2, 3, 1, 2, 2)
 
 
-def test_ce_rm_reward_defaults_to_four_criteria_of_two_evaluations():
+def test_ce_rm_reward_takes_its_counts_from_the_two_stage_rollout():
     ctx = ctx_for()
+    ctx.source = two_stage_source(ctx)
     r = ce_rm_reward(ctx)
-    assert (r.K, r.E) == (4, 2) and r.tok is ctx.tokenizer
-    r = ce_rm_reward(ctx, n_criteria=3, evals_per_response=1)
-    assert (r.K, r.E) == (3, 1)
+    assert (r.K, r.E) == (4, 2) and r.tok is ctx.tokenizer  # the rollout's defaults
+    ctx.source = two_stage_source(ctx_for(group_size=3 * (1 + 2 * 1)), n_criteria=3, evals_per_response=1)
+    r = ce_rm_reward(ctx)
+    assert (r.K, r.E) == (3, 1)  # set once, in stages.rollout_kwargs
 
 
 def test_the_stages_are_registered():
-    assert resolve("rollout", "ce_rm_two_stage", "stages.rollout") is two_stage_source
-    assert resolve("reward", "ce_rm", "stages.reward") is ce_rm_reward
+    from credo.families.judges.config import CERMRolloutSettings
+    from credo.family import builtin_families
+
+    fams = builtin_families()
+    got = resolve("rollout", "ce_rm_two_stage", "stages.rollout", fams)
+    assert got.factory is two_stage_source and got.settings is CERMRolloutSettings and got.family.name == "judges"
+    assert resolve("reward", "ce_rm", "stages.reward", fams).factory is ce_rm_reward
 
 
 def test_three_evaluations_per_response_keep_their_order():

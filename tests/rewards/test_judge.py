@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from credo.rewards.judge import boxed_contents, parse_pairwise_verdict, parse_pointwise_score
+from credo.families.judges.parse import boxed_contents, parse_pairwise_verdict, parse_pointwise_score
 
 LONG_PROSE = "The first response is more careful. " * 20_000  # ~720k characters
 
@@ -206,7 +206,7 @@ def test_final_box_after_plain_prose_is_read(prefix, score, half):
 
 def test_module_imports_without_heavy_packages():
     code = (
-        "import sys, credo.rewards.judge\n"
+        "import sys, credo.families.judges.parse\n"
         "heavy = [m for m in ('transformers', 'vllm', 'deepspeed', 'torch') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
         "print('ok')\n"

@@ -27,7 +27,7 @@ def test_gpu_configs_pass_credo_check(name):
                                            "eval_max_new_tokens": 8192}
         assert (r.rollout.group_size, r.algo.kl_coef, r.optim.lr) == (20, 1e-3, 2e-6)
     elif name == "pgenrm_qwen3_8b":
-        from credo.rewards.tasks import make_task
+        from credo.tasks import make_task
 
         task = make_task(r.task)  # k = 50 prototypes need >= 50 member users; 3 few-shots as the released code
         assert (r.model.path, r.task.name, task.shots, task.num_users >= 50) == ("Qwen/Qwen3-8B", "pgenrm_users", 3,

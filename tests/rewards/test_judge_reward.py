@@ -9,43 +9,14 @@ import torch
 
 from credo.config import ConfigError, load_recipe
 from credo.distributed.rollout import Sample
-from credo.rewards.judge_prompts import (COMPACT_PAIRWISE, POINTWISE_TEMPLATE, check_template, pairwise_prompt,
+from credo.families.judges.prompts import (COMPACT_PAIRWISE, POINTWISE_TEMPLATE, check_template, pairwise_prompt,
                                          pointwise_prompt, render_template)
-from credo.rewards.tasks import Problem
+from credo.tasks import Problem
 from credo.rewards.worker import RewardFunctionError
 from credo.train.batch import Batch
-from credo.train.judge_reward import JudgeReward, judge_requests, judge_rewards
+from credo.families.judges.reward import JudgeReward, judge_requests, judge_rewards
 from tests.e2e.common import REPO
-
-
-class CharTok:
-    """A stand-in tokenizer: one id per character."""
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [ord(c) for c in text]}
-
-    def batch_decode(self, rows, skip_special_tokens=True):
-        return ["".join(chr(i) for i in row) for row in rows]
-
-
-class ScriptedBackend:
-    """Answers each judge prompt with `answer(prompt)`; counts generate calls."""
-
-    def __init__(self, answer, delay=0.0):
-        self.answer, self.delay, self.calls, self.sizes = answer, delay, 0, []
-
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seeds):
-        self.calls += 1
-        self.sizes.append(len(prompts))
-        time.sleep(self.delay)
-        out = []
-        for p in prompts:
-            text = self.answer("".join(chr(i) for i in p))
-            out.append(Sample(p, [ord(c) for c in text], [1] * len(text), [0.0] * len(text), True))
-        return out
-
-    def close(self):
-        pass
+from tests.fakes import CharTok, ScriptedBackend
 
 
 def make_batch(questions, responses, G):
@@ -129,7 +100,8 @@ def test_a_hung_judge_times_out_masks_the_step_and_stops_after_consecutive_failu
     judge(batch)
     assert time.monotonic() - t0 < 2
     assert batch.valid.tolist() == [False] * 4 and batch.rewards.tolist() == [0.0] * 4
-    assert batch.metrics["reward/timeouts"] == 2 and batch.metrics["reward/failures"] == 2
+    # counted in samples (4), as FunctionReward counts them, not in groups (2)
+    assert batch.metrics["reward/timeouts"] == 4 and batch.metrics["reward/failures"] == 4
     hang["on"] = False
     judge(make_batch(["q"] * 4, list("abcd"), 2))  # a good step resets the count
     hang["on"] = True
@@ -150,7 +122,7 @@ def test_a_raising_judge_is_masked_not_fatal():
                         template="{question}{response_a}{response_b}", max_new_tokens=8, temperature=0.0)
     batch = make_batch(["q"] * 4, list("abcd"), 2)
     judge(batch)
-    assert batch.valid.tolist() == [False] * 4 and batch.metrics["reward/failures"] == 2
+    assert batch.valid.tolist() == [False] * 4 and batch.metrics["reward/failures"] == 4
     judge.close()
 
 
@@ -165,7 +137,7 @@ def test_missing_judge_path_names_the_key():
 
 
 def test_judging_task_items_are_consistent():
-    from credo.rewards.judge_tasks import CRITIQUES, ArithmeticJudgeTask
+    from credo.families.judges.tasks import CRITIQUES, ArithmeticJudgeTask
 
     pw = ArithmeticJudgeTask(300, 20, 0, mode="pairwise", critique=True, max_operand=49, fixed_width=True)
     pt = ArithmeticJudgeTask(300, 20, 0, mode="pointwise", max_operand=49, fixed_width=True)
@@ -185,8 +157,8 @@ def test_judging_task_items_are_consistent():
 def test_a_judge_context_too_short_is_an_error_at_start():
     from credo.config import JudgeConfig, TinyModelConfig
     from credo.models import build_char_tokenizer, resolve_model_path
-    from credo.rewards.tasks import ArithmeticTask
-    from credo.train.judge_reward import check_judge_context
+    from credo.tasks import ArithmeticTask
+    from credo.families.judges.reward import check_judge_context
     from credo.train.registry import StageContext
 
     tiny = TinyModelConfig(num_layers=1, hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=64,
@@ -196,10 +168,10 @@ def test_a_judge_context_too_short_is_an_error_at_start():
     tok = build_char_tokenizer()
     template = "{question}{response}?"
     ok = StageContext(rank=0, world=1, seed=0, task=task, rollout={"max_new_tokens": 8},
-                      judge=JudgeConfig(path="tiny", max_new_tokens=40, template=template))
+                      section=JudgeConfig(path="tiny", max_new_tokens=40, template=template))
     check_judge_context(tok, path, ok, template)  # "9+9=" 4 + "?" 1 + 8 + 40 = 53 <= 64
     bad = StageContext(rank=0, world=1, seed=0, task=task, rollout={"max_new_tokens": 8},
-                       judge=JudgeConfig(path="tiny", max_new_tokens=60, template=template))
+                       section=JudgeConfig(path="tiny", max_new_tokens=60, template=template))
     with pytest.raises(ConfigError, match="judge.max_new_tokens=60 = 73 > the judge's context of 64"):
         check_judge_context(tok, path, bad, template)
 
@@ -251,8 +223,8 @@ def test_judge_warm_up_trains_on_the_judging_task_and_logs_as_judge(monkeypatch,
 
     import credo.sft
     from credo.config import JudgeConfig, TaskConfig
-    from credo.rewards.judge_tasks import ArithmeticJudgeTask
-    from credo.train.judge_reward import warm_up_judge
+    from credo.families.judges.tasks import ArithmeticJudgeTask
+    from credo.families.judges.reward import warm_up_judge
     from credo.train.registry import StageContext
 
     seen = {}
@@ -264,7 +236,7 @@ def test_judge_warm_up_trains_on_the_judging_task_and_logs_as_judge(monkeypatch,
 
     monkeypatch.setattr(credo.sft, "run_sft", fake_sft)
     j = JudgeConfig(path="tiny", warmup_steps=3, warmup_lr=3e-4, warmup_batch_size=6, warmup_seed=11)
-    ctx = StageContext(rank=0, world=1, seed=0, judge=j,
+    ctx = StageContext(rank=0, world=1, seed=0, section=j,
                        task_config=TaskConfig(name="arithmetic", train_size=40, eval_size=4,
                                               kwargs={"max_operand": 9, "ops": "+", "fixed_width": True}))
     with caplog.at_level(logging.INFO, logger="credo"):
@@ -281,7 +253,7 @@ def test_judge_warm_up_trains_on_the_judging_task_and_logs_as_judge(monkeypatch,
 
 def test_judge_stage_builds_the_judge_with_the_reward_timeout(monkeypatch):
     import credo.models
-    import credo.train.judge_reward as jr
+    import credo.families.judges.reward as jr
     from credo.config import JudgeConfig
     from credo.train.registry import StageContext
 
@@ -291,7 +263,7 @@ def test_judge_stage_builds_the_judge_with_the_reward_timeout(monkeypatch):
     monkeypatch.setattr(jr, "check_judge_context", lambda *a: None)
     monkeypatch.setattr(jr, "load_judge", lambda ctx, path: (backend, CharTok(), path))
     ctx = StageContext(rank=0, world=1, seed=5, tokenizer=CharTok(), rollout={"group_size": 2},
-                       judge=JudgeConfig(path="tiny", max_new_tokens=6, temperature=0.3),
+                       section=JudgeConfig(path="tiny", max_new_tokens=6, temperature=0.3),
                        reward_isolation={"timeout_s": 2.5, "workers": 1, "max_failure_frac": 0.5})
     judge = jr.judge_stage(ctx)
     try:
@@ -302,7 +274,7 @@ def test_judge_stage_builds_the_judge_with_the_reward_timeout(monkeypatch):
 
 
 def test_solve_first_targets_start_with_the_right_sum_and_keep_the_verdict():
-    from credo.rewards.judge_tasks import ArithmeticJudgeTask
+    from credo.families.judges.tasks import ArithmeticJudgeTask
 
     plain = ArithmeticJudgeTask(50, 5, 0, mode="pointwise", max_operand=49, fixed_width=True)
     solve = ArithmeticJudgeTask(50, 5, 0, mode="pointwise", solve_first=True, max_operand=49, fixed_width=True)

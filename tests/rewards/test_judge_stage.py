@@ -1,4 +1,4 @@
-"""The judge reward stage in detail (credo.train.judge_reward): question text, request layout and reward arithmetic
+"""The judge reward stage in detail (credo.families.judges.reward): question text, request layout and reward arithmetic
 against hand counts, every metric and error message of `JudgeReward`, the arguments of the judge's generate call,
 the context check's boundaries, the warm-up recipe and the stage built from a recipe's `judge:` section on a real
 tiny judge."""
@@ -13,15 +13,15 @@ import credo.sft
 from credo.config import ConfigError, JudgeConfig, TaskConfig, TinyModelConfig
 from credo.distributed.rollout import HFBackend, Sample
 from credo.models import build_char_tokenizer, resolve_model_path
-from credo.rewards.judge_prompts import DEFAULTS, PAIRWISE_TEMPLATE, POINTWISE_TEMPLATE
-from credo.rewards.tasks import ArithmeticTask, Problem
+from credo.families.judges.prompts import DEFAULTS, PAIRWISE_TEMPLATE, POINTWISE_TEMPLATE
+from credo.tasks import ArithmeticTask, Problem
 from credo.rewards.worker import RewardFunctionError
 from credo.train import judge_reward as jr
 from credo.train.batch import Batch
-from credo.train.judge_reward import (JudgeReward, check_judge_context, judge_requests, judge_rewards,
+from credo.families.judges.reward import (JudgeReward, check_judge_context, judge_requests, judge_rewards,
                                       judge_warmup_recipe, load_judge, question_text)
 from credo.train.registry import StageContext, resolve
-from tests.rewards._char_tok import CharTok
+from tests.fakes import CharTok
 
 
 class Backend:
@@ -184,8 +184,8 @@ def test_failing_steps_mask_count_and_stop_at_the_default_limit():
             j(batch)
             assert batch.valid.tolist() == [False] * 4 and batch.rewards.tolist() == [0.0] * 4
             m = batch.metrics
-            assert (m["reward/failures"], m["reward/timeouts"], m["reward/unparseable_frac"]) == (2, 0, 0.0)
-            assert type(m["reward/failures"]) is int  # a count of groups
+            assert (m["reward/failures"], m["reward/timeouts"], m["reward/unparseable_frac"]) == (4, 0, 0.0)
+            assert type(m["reward/failures"]) is int  # a count of samples
             assert m["reward/judge_calls"] == 4
         with pytest.raises(RewardFunctionError, match=r"^the judge call failed \(error\) 3 steps in a row "
                            r"\(judge\.max_consecutive_failures=3\) at step 7; the judge is broken$"):
@@ -246,7 +246,7 @@ def tiny_path():
 
 def ctx_for(task, mode="pointwise", **judge_kw):
     return StageContext(rank=0, world=1, seed=0, task=task, rollout={"max_new_tokens": 8},
-                        judge=JudgeConfig(path="tiny", mode=mode, **judge_kw))
+                        section=JudgeConfig(path="tiny", mode=mode, **judge_kw))
 
 
 def test_the_context_check_passes_at_the_limit_and_fails_one_past_it(tiny_path):
@@ -320,7 +320,7 @@ def test_warm_up_judge_builds_the_named_task(monkeypatch, caplog):
         return "/warm", None
 
     monkeypatch.setattr(credo.sft, "run_sft", fake_sft)
-    ctx = StageContext(rank=0, world=1, seed=0, judge=JudgeConfig(path="tiny", warmup_steps=1),
+    ctx = StageContext(rank=0, world=1, seed=0, section=JudgeConfig(path="tiny", warmup_steps=1),
                        task_config=TaskConfig(name="arithmetic", train_size=20, eval_size=2, kwargs={"max_operand": 9}))
     with caplog.at_level(logging.INFO, logger="credo"):
         assert jr.warm_up_judge(ctx, "/b", "ce_rm_arithmetic") == "/warm"
@@ -329,7 +329,7 @@ def test_warm_up_judge_builds_the_named_task(monkeypatch, caplog):
 
 
 def test_load_judge_serves_a_frozen_tiny_model_with_hf(tiny_path):
-    ctx = StageContext(rank=0, world=1, seed=0, judge=JudgeConfig(path="tiny", tiny=TINY))
+    ctx = StageContext(rank=0, world=1, seed=0, section=JudgeConfig(path="tiny", tiny=TINY))
     backend, tok, path = load_judge(ctx, tiny_path)
     assert isinstance(backend, HFBackend) and path == tiny_path and tok.eos_token_id is not None
     assert not backend.model.training and not any(p.requires_grad for p in backend.model.parameters())
@@ -343,19 +343,21 @@ def test_load_judge_warms_up_first_when_asked(monkeypatch, tiny_path):
         return tiny_path, None  # the "warmed" judge
 
     monkeypatch.setattr(credo.sft, "run_sft", fake_sft)
-    ctx = StageContext(rank=0, world=1, seed=0, judge=JudgeConfig(path="tiny", tiny=TINY, warmup_steps=2),
+    ctx = StageContext(rank=0, world=1, seed=0, section=JudgeConfig(path="tiny", tiny=TINY, warmup_steps=2),
                        task_config=TaskConfig(name="arithmetic", train_size=20, eval_size=2, kwargs={"max_operand": 9}))
     _, _, path = load_judge(ctx, "/base")
     assert path == tiny_path and seen == {"base": "/base", "name": "judge_arithmetic"}
 
 
 def test_the_stage_is_registered_and_builds_from_the_judge_section(caplog):
-    assert resolve("reward", "judge", "stages.reward") is jr.judge_stage
+    from credo.family import builtin_families
+
+    assert resolve("reward", "judge", "stages.reward", builtin_families()).factory is jr.judge_stage
     big = TinyModelConfig(num_layers=1, hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=64,
                           max_position_embeddings=1024)
     ctx = StageContext(rank=0, world=1, seed=6, tokenizer=CharTok(), task=ArithmeticTask(20, 2, 0, max_operand=9),
                        rollout={"group_size": 2, "max_new_tokens": 4},
-                       judge=JudgeConfig(path="tiny", tiny=big, mode="pairwise", max_new_tokens=3, temperature=0.4,
+                       section=JudgeConfig(path="tiny", tiny=big, mode="pairwise", max_new_tokens=3, temperature=0.4,
                                          score_range=[1, 7], opponents=1, max_consecutive_failures=5),
                        reward_isolation={"timeout_s": 30.0, "workers": 1, "max_failure_frac": 0.5})
     j = jr.judge_stage(ctx)
@@ -377,7 +379,7 @@ def test_the_stage_defaults_to_the_pointwise_template_and_checks_the_context_fir
     small = TinyModelConfig(num_layers=1, hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=64,
                             max_position_embeddings=128)
     ctx = StageContext(rank=0, world=1, seed=0, tokenizer=CharTok(), task=ArithmeticTask(20, 2, 0, max_operand=9),
-                       rollout={"group_size": 2, "max_new_tokens": 4}, judge=JudgeConfig(path="tiny", tiny=small),
+                       rollout={"group_size": 2, "max_new_tokens": 4}, section=JudgeConfig(path="tiny", tiny=small),
                        reward_isolation={"timeout_s": 1.0})
     # the full pointwise template alone is longer than 128 tokens
     n = len(POINTWISE_TEMPLATE.replace("{lo}", "0").replace("{hi}", "10").replace("{question}", "9+9=")
@@ -386,7 +388,7 @@ def test_the_stage_defaults_to_the_pointwise_template_and_checks_the_context_fir
     with pytest.raises(ConfigError, match=rf"^judge context too short: a judge prompt of {n} tokens .* = {need} > the "
                        r"judge's context of 128 tokens"):
         jr.judge_stage(ctx)
-    ctx.judge.template, ctx.judge.max_new_tokens = "{question}{response}", 8  # an explicit template wins
+    ctx.section.template, ctx.section.max_new_tokens = "{question}{response}", 8  # an explicit template wins
     j = jr.judge_stage(ctx)
     try:
         assert j.template == "{question}{response}" and j.mode == "pointwise" and (j.lo, j.hi) == (0, 10)
@@ -403,13 +405,13 @@ def test_load_judge_rejects_a_tokenizer_larger_than_the_judges_vocabulary(tiny_p
     tok = AutoTokenizer.from_pretrained(tiny_path)
     tok.add_tokens([f"<extra{i}>" for i in range(300)])
     tok.save_pretrained(tmp_path / "judge")
-    ctx = StageContext(rank=0, world=1, seed=0, judge=JudgeConfig(path="tiny", tiny=TINY))
+    ctx = StageContext(rank=0, world=1, seed=0, section=JudgeConfig(path="tiny", tiny=TINY))
     with pytest.raises(ConfigError, match=rf"^vocab mismatch at '{tmp_path / 'judge'}': tokenizer has "):
         load_judge(ctx, str(tmp_path / "judge"))
 
 
 def test_judge_rewards_counts_every_unparseable_judgement():
-    from credo.train.judge_reward import judge_rewards
+    from credo.families.judges.reward import judge_rewards
 
     # three pointwise judgements of samples 0, 1, 1: two do not parse
     rewards, valid, bad = judge_rewards(["no score here", "\\boxed{5}", "\\boxed{7.3}"], [(0,), (1,), (1,)], 2,

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from credo.rewards.pgenrm import fuse_scores, kmeans_sphere, parse_evaluation_chain, prototype_neighbours
+from credo.families.judges.pgenrm.judge import fuse_scores, kmeans_sphere, parse_evaluation_chain, prototype_neighbours
 
 
 @pytest.mark.parametrize("text, want", [

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from credo.config import ConfigError, TaskConfig, load_recipe
-from credo.rewards.pgenrm import kmeans_sphere, parse_evaluation_chain
-from credo.rewards.pgenrm_scaling import (history_embedding, load_judge_model, pair_correct, per_user_accuracy,
+from credo.families.judges.pgenrm.judge import kmeans_sphere, parse_evaluation_chain
+from credo.families.judges.pgenrm.scaling import (history_embedding, load_judge_model, pair_correct, per_user_accuracy,
                                           run_scaling)
-from credo.rewards.pgenrm_task import USER_RULES, PersonalJudgeTask, compact_styles
-from credo.rewards.tasks import make_task
+from credo.families.judges.pgenrm.task import USER_RULES, PersonalJudgeTask, compact_styles
+from credo.tasks import make_task
 from tests.e2e.common import REPO
 
 # the reference: a response's style from its shape, each rule as a ranking of styles (ties = no preference)

@@ -7,11 +7,12 @@ import torch
 
 from credo.config import ConfigError, load_recipe
 from credo.distributed.rollout import Sample
-from credo.rewards.critique_similarity import lcs_length, make_similarity, rouge_l
-from credo.rewards.judge_tasks import ArithmeticJudgeTask, critique_names_error, critique_of
+from credo.families.judges.critique_similarity import lcs_length, make_similarity, rouge_l
+from credo.families.judges.tasks import ArithmeticJudgeTask, critique_names_error, critique_of
 from credo.train.batch import Batch
-from credo.train.rm_nlhf import MetaRM, RMNLHFReward, rm_nlhf_rewards
+from credo.families.judges.rm_nlhf import MetaRM, RMNLHFReward, rm_nlhf_rewards
 from tests.e2e.common import REPO
+from tests.fakes import CharTok
 
 
 def test_rouge_l_hand_computed():
@@ -69,17 +70,12 @@ def test_metarm_learns_a_toy_signal():
     assert p[ty == 1].min() > p[ty == 0].max()
 
 
-class Tok:
-    def batch_decode(self, rows, skip_special_tokens=True):
-        return ["".join(chr(i) for i in r) for r in rows]
-
-
 class Outcome:
     def __init__(self, task):
         self.task = task
 
     def __call__(self, batch):
-        texts = Tok().batch_decode([s.response_ids for s in batch.samples])
+        texts = CharTok().batch_decode([s.response_ids for s in batch.samples])
         batch.rewards = torch.tensor([self.task.score(t, p) for t, p in zip(texts, batch.problems)])
         batch.valid = torch.ones(len(texts), dtype=torch.bool)
 
@@ -98,7 +94,7 @@ def test_stage_adds_similarity_for_human_items_and_metarm_for_the_rest():
     samples = [Sample([1], [ord(c) for c in t], [1] * len(t), [0.0] * len(t), True) for t in texts]
     batch = Batch(samples=samples, problems=problems, group_ids=torch.arange(8) // 4)
     sim = make_similarity("rouge_l")[0]
-    stage = RMNLHFReward(Outcome(task), Tok(), lam=0.5, similarity=sim, metarm=MetaRM(seed=0), metarm_steps=5)
+    stage = RMNLHFReward(Outcome(task), CharTok(), lam=0.5, similarity=sim, metarm=MetaRM(seed=0), metarm_steps=5)
     stage(batch)
     for i, p in enumerate(problems):
         if p.meta["has_human_critique"]:

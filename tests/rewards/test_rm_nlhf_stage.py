@@ -1,4 +1,4 @@
-"""RM-NLHF's stage in detail (credo.train.rm_nlhf): the hashed n-gram features against a counting reference, MetaRM's
+"""RM-NLHF's stage in detail (credo.families.judges.rm_nlhf): the hashed n-gram features against a counting reference, MetaRM's
 seeded initialisation, prediction and Adam updates, every reward and metric of a hand-built batch with a scripted
 similarity and MetaRM, and the factory's defaults and config error."""
 
@@ -11,11 +11,12 @@ import torch
 
 from credo.config import ConfigError
 from credo.distributed.rollout import Sample
-from credo.rewards.critique_similarity import rouge_similarity
-from credo.rewards.tasks import Problem
+from credo.families.judges.critique_similarity import rouge_similarity
+from credo.tasks import Problem
 from credo.train.batch import Batch
 from credo.train.registry import StageContext, resolve
-from credo.train.rm_nlhf import MetaRM, RMNLHFReward, rm_nlhf_rewards, rm_nlhf_stage, text_features
+from credo.families.judges.rm_nlhf import MetaRM, RMNLHFReward, rm_nlhf_rewards, rm_nlhf_stage, text_features
+from tests.fakes import CharTok
 
 
 def naive_features(text, dim=256, n=3):
@@ -97,15 +98,6 @@ def test_reward_formula_keeps_the_similarity_dtype():
 
 # ---- RMNLHFReward on a hand-built batch ----
 
-class Tok:
-    def __init__(self):
-        self.decodes = []
-
-    def batch_decode(self, rows, skip_special_tokens=False):
-        self.decodes.append(skip_special_tokens)
-        return ["".join(chr(i) for i in r) for r in rows]
-
-
 class Outcome:
     """The verifier stage: fixed rewards and validity."""
 
@@ -165,7 +157,7 @@ TEXTS = ["carry lost \\boxed{A}", "bad \\boxed{B}", "no bad digit here \\boxed{A
 
 
 def test_similarity_for_human_items_and_metrics_without_metarm():
-    outcome, sim, tok = Outcome([1.0, 0.0, 1.0, 1.0, 0.0], [True, True, True, False, True]), Similarity(), Tok()
+    outcome, sim, tok = Outcome([1.0, 0.0, 1.0, 1.0, 0.0], [True, True, True, False, True]), Similarity(), CharTok()
     stage = RMNLHFReward(outcome, tok, lam=0.5, similarity=sim)
     batch = batch_of(PROBLEMS, TEXTS)
     stage(batch)
@@ -186,7 +178,7 @@ def test_similarity_for_human_items_and_metrics_without_metarm():
 def test_the_outcome_gate_and_a_wrong_critique():
     problems = [problem("1+1=", True, "carry lost"), problem("2+2=", False, "stray dot")]
     texts = ["carry lost \\boxed{A}", "nothing \\boxed{A}"]
-    stage = RMNLHFReward(Outcome([0.0, 1.0], [True, True]), Tok(), lam=1.0, similarity=Similarity(),
+    stage = RMNLHFReward(Outcome([0.0, 1.0], [True, True]), CharTok(), lam=1.0, similarity=Similarity(),
                          gate_on_outcome=True)
     batch = batch_of(problems, texts)
     stage(batch)
@@ -196,7 +188,7 @@ def test_the_outcome_gate_and_a_wrong_critique():
 
 def test_metarm_learns_on_human_items_and_scores_the_others():
     outcome, meta = Outcome([1.0, 0.0, 1.0, 1.0, 0.0], [True] * 5), RecordingMetaRM()
-    stage = RMNLHFReward(outcome, Tok(), lam=0.5, similarity=Similarity(), metarm=meta, metarm_steps=7)
+    stage = RMNLHFReward(outcome, CharTok(), lam=0.5, similarity=Similarity(), metarm=meta, metarm_steps=7)
     batch = batch_of(PROBLEMS, TEXTS)
     stage(batch)
     assert meta.updates == [(["1+1=", "2+2=", "4+4="], ["carry lost", "bad", "ok"], pytest.approx([0.8, 0.2, 0.8]), 7)]
@@ -209,7 +201,7 @@ def test_metarm_learns_on_human_items_and_scores_the_others():
 
 def test_metarm_with_only_human_items_is_not_asked():
     meta = RecordingMetaRM()
-    stage = RMNLHFReward(Outcome([1.0], [True]), Tok(), lam=0.5, similarity=Similarity(), metarm=meta)
+    stage = RMNLHFReward(Outcome([1.0], [True]), CharTok(), lam=0.5, similarity=Similarity(), metarm=meta)
     batch = batch_of(PROBLEMS[:1], TEXTS[:1])
     stage(batch)
     assert meta.predicts == [] and meta.updates[0][3] == 20 and batch.rewards.tolist() == pytest.approx([1.4])
@@ -218,7 +210,7 @@ def test_metarm_with_only_human_items_is_not_asked():
 def test_metrics_are_nan_without_their_samples():
     meta = MetaRM()
     sim = Similarity()
-    stage = RMNLHFReward(Outcome([1.0, 1.0], [False, False]), Tok(), lam=0.5, similarity=sim, metarm=meta)
+    stage = RMNLHFReward(Outcome([1.0, 1.0], [False, False]), CharTok(), lam=0.5, similarity=sim, metarm=meta)
     batch = batch_of([problem("1+1=", False, "a"), problem("2+2=", False, "b")], ["a \\boxed{A}", "b \\boxed{A}"])
     stage(batch)
     m = batch.metrics
@@ -231,7 +223,7 @@ def test_metrics_are_nan_without_their_samples():
 # ---- the factory ----
 
 def ctx(seed=0):
-    return StageContext(rank=0, world=1, seed=seed, tokenizer=Tok(), default=Outcome([1.0], [True]))
+    return StageContext(rank=0, world=1, seed=seed, tokenizer=CharTok(), default=Outcome([1.0], [True]))
 
 
 def test_the_stage_defaults(caplog):
@@ -253,9 +245,11 @@ def test_the_stage_passes_its_kwargs_on():
 
 
 def test_a_negative_lam_names_the_key():
-    with pytest.raises(ConfigError, match=r"^config key 'stages\.reward_kwargs\.lam' = -0\.5: expected >= 0$"):
+    with pytest.raises(ConfigError, match=r"^config key 'stages\.reward_kwargs\.lam' = -0\.5 is out of range: expected >= 0$"):
         rm_nlhf_stage(ctx(), lam=-0.5)
 
 
 def test_the_stage_is_registered():
-    assert resolve("reward", "rm_nlhf", "stages.reward") is rm_nlhf_stage
+    from credo.family import builtin_families
+
+    assert resolve("reward", "rm_nlhf", "stages.reward", builtin_families()).factory is rm_nlhf_stage

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from credo.config import ConfigError, TaskConfig
-from credo.rewards.tasks import make_task
+from credo.tasks import make_task
 
 
 @functools.lru_cache(maxsize=None)

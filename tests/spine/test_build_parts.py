@@ -11,28 +11,28 @@ from pathlib import Path
 import pytest
 import torch
 
-from credo.config import ConfigError, Recipe
+from credo.config import ConfigError, Recipe, recipe_class
 
 
 def test_default_run_dir_is_runs_name_timestamp(tmp_path, monkeypatch):
-    from credo.train.build import _run_dir
+    from credo.train.setup import make_run_dir
 
     monkeypatch.chdir(tmp_path)
     r = Recipe()
     r.run.output_dir, r.run.name = None, "exp"
-    run_dir = _run_dir(r, 1)
+    run_dir = make_run_dir(r, 1)
     assert run_dir.parent == Path("runs") / "exp"
     assert re.fullmatch(r"20\d{6}-\d{6}", run_dir.name), run_dir
     assert (tmp_path / run_dir / "checkpoints").is_dir()
 
 
 def test_reward_functions_are_imported_with_their_weights():
-    from credo.train.build import _reward_fn
+    from credo.train.setup import reward_function
 
     r = Recipe()
     r.reward.functions = ["tests.e2e.rewards:starts_with_digit", "tests.byo.rewards:has_digit"]
     r.reward.weights = [2.0, 0.5]
-    fn = _reward_fn(r, task=None)
+    fn = reward_function(r, task=None)
     assert fn.names == ["starts_with_digit", "has_digit"]
     assert fn.weights == {"starts_with_digit": 2.0, "has_digit": 0.5}
 
@@ -47,7 +47,7 @@ def test_unknown_stage_lists_the_known_ones():
 
 @pytest.mark.parametrize("eager", [None, False, True])
 def test_vllm_backend_gets_the_policy_and_the_eager_setting(monkeypatch, eager):
-    from credo.train.build import _make_backend
+    from credo.train.setup import make_backend
 
     made = {}
 
@@ -58,13 +58,14 @@ def test_vllm_backend_gets_the_policy_and_the_eager_setting(monkeypatch, eager):
     monkeypatch.setitem(sys.modules, "credo.distributed.vllm_backend", types.SimpleNamespace(VLLMBackend=FakeVLLM))
     r = Recipe()
     r.rollout.backend, r.rollout.vllm_enforce_eager, r.rollout.fp8_weights = "vllm", eager, False
-    _make_backend(r, engine=None, tokenizer=None, policy_path="/models/policy")
+    make_backend(r, engine=None, tokenizer=None, policy_path="/models/policy")
     assert made["path"] == "/models/policy"
     assert made["enforce_eager"] is (not torch.cuda.is_available() if eager is None else eager)
 
 
 def test_mipu_gate_takes_the_recipes_threshold_schedule():
-    from credo.train.build import _step_gate
+    from credo.families.mipu.gate import hooks
+    from credo.train.registry import StageContext
 
     class Task:
         def __len__(self):
@@ -73,12 +74,14 @@ def test_mipu_gate_takes_the_recipes_threshold_schedule():
         def train(self, i):
             return i
 
-    r = Recipe()
+    r = recipe_class()()
     r.mipu.enabled, r.mipu.val_prompts, r.mipu.c_start, r.mipu.c_end, r.mipu.anneal_steps = True, 2, 0.3, 0.1, 7
-    state = types.SimpleNamespace(components={})
-    gate = _step_gate(r, state, None, None, None, None, None, None, None, Task(), 0, 1)
+    parts = types.SimpleNamespace(state=None, source=None, reward=None, scorer=None)
+    ctx = StageContext(rank=0, world=1, seed=0, task=Task(), section=r.mipu,
+                       rollout=dict(max_new_tokens=4, temperature=1.0, top_p=1.0))
+    (gate,) = hooks(ctx, parts)
     assert (gate.c_start, gate.c_end, gate.anneal_steps) == (0.3, 0.1, 7)
-    assert gate.val_problems == [8, 9] and state.components["mipu"] is gate
+    assert gate.val_problems == [8, 9]
 
 
 def test_scorer_takes_the_path_it_was_built_with():
@@ -176,7 +179,7 @@ def test_outcome_advantages_keep_the_rewards_precision():
     """A reward stage that writes float64 rewards gets float64 advantages (tiny reward gaps are not rounded away)."""
     from credo.algos.advantages import grpo
     from credo.distributed.rollout import Sample
-    from credo.rewards.tasks import Problem
+    from credo.tasks import Problem
     from credo.train.advantage import OutcomeAdvantage
     from credo.train.batch import Batch, pack_batch
 
@@ -213,11 +216,10 @@ def recording_reward(ctx):
 
 
 def test_build_passes_the_recipes_settings_to_the_stages(tmp_path):
-    """The stage context carries the reward isolation settings and the env section; the engine gets the LR
+    """The stage context carries the reward isolation settings; the engine gets the LR
     schedule; Components exposes the task the source draws from."""
     import math
 
-    from credo.config import EnvConfig
     from tests.invariants.common import components
 
     import os
@@ -235,7 +237,7 @@ def test_build_passes_the_recipes_settings_to_the_stages(tmp_path):
         ctx, = SEEN_CTX
         iso = ctx.reward_isolation
         assert (iso["timeout_s"], iso["max_failure_frac"]) == (7.5, 0.25)
-        assert ctx.env == EnvConfig()
+        assert ctx.section is None  # an import-spec stage belongs to no family
         assert c.task is ctx.task and c.task.train(0).prompt
         # the stages with a state_dict are part of the trainer state (saved, restored, rolled back with it)
         assert c.state.components["source"] is c.source and c.state.components["advantage"] is c.advantage
@@ -252,7 +254,7 @@ def test_build_passes_the_recipes_settings_to_the_stages(tmp_path):
         # the defaults: one on-policy pass (no recompute), no reference model or KL, no evaluation, no tracker,
         # ZeRO-1 (the hidden-state path), the warm-up's policy
         assert c.scorer.needs_old_log_probs is False and c.scorer.hidden_path is True and c.scorer.ref_model is None
-        assert c.objective.kl_estimator is None and c.evaluate is None and c.gate.mode is None
+        assert c.objective.kl_estimator is None and c.evaluate is None and c.hooks == []
         assert c.tracker_args["wandb_cfg"] is None and c.zero_stage == 1 and c.resume is None
         assert c.state.sft_key is not None and c.state.policy_path != c.config["model"]["path"]
 
@@ -260,15 +262,15 @@ def test_build_passes_the_recipes_settings_to_the_stages(tmp_path):
 def test_a_prompt_that_fills_the_context_exactly_fits(tmp_path):
     from credo.config import load_recipe
     from credo.models import resolve_model_path
-    from credo.rewards.tasks import make_task
-    from credo.train.build import _check_context
+    from credo.tasks import make_task
+    from credo.train.setup import check_context
     from tests.e2e.common import tiny_overrides
 
     # the quickstart's prompts 'a+b=' are 4 tokens: with 4 new tokens they fill a context of 8 exactly
     r = load_recipe("recipes/quickstart.yaml", tiny_overrides(tmp_path / "run", **{"model.tiny.max_position_embeddings": 8}))
     base, task = resolve_model_path(r.model.path, r.model.tiny), make_task(r.task)
-    _check_context(r, base, task)
+    check_context(r, base, task)
     r.rollout.max_new_tokens = 5
     with pytest.raises(ConfigError, match=r"^prompt too long: eval problem 0 has 4 tokens \+ rollout.max_new_tokens=5 > "
                                           r"the model's context of 8 tokens \(max_position_embeddings\); shorten"):
-        _check_context(r, base, task)
+        check_context(r, base, task)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from credo.config import ConfigError, Recipe, load_recipe
+from credo.config import ConfigError, Recipe, load_recipe, recipe_class
 from tests.e2e.common import tiny_overrides
 
 SETTINGS = {
@@ -97,26 +97,30 @@ def test_run_bookkeeping(built):
     assert c.config == recipe_to_dict(r) and c.config["algo"]["ppo_epochs"] == 2
     assert c.config_yaml == recipe_to_yaml(r) and "ppo_epochs: 2" in c.config_yaml
     assert c.tracker_args == dict(total_steps=2, progress=False, plot=False,
-                                  wandb_cfg={"project": "proj", "mode": "disabled"})
+                                  wandb_cfg={"project": "proj", "mode": "disabled"}, tensorboard_dir=None)
 
 
 def test_each_stage_factory_gets_the_context_its_default_and_its_settings(built):
-    from credo.config import EnvConfig, JudgeConfig
+    from credo.models import resolve_model_path
     from credo.train.advantage import OutcomeAdvantage
     from credo.train.reward import FunctionReward
     from credo.train.rollout import PromptRollout
 
     r, c = built
-    assert [kind for kind, _, _ in SEEN] == ["rollout", "reward", "advantage", "probe"]
+    # the advantage stage comes after the scorer (the critic stage needs it), the probes before it
+    assert [kind for kind, _, _ in SEEN] == ["rollout", "reward", "probe", "advantage"]
     ctx = SEEN[0][1]
     assert all(seen is ctx for _, seen, _ in SEEN)  # one context, filled as the build goes
-    assert [type(d) for _, _, d in SEEN] == [PromptRollout, FunctionReward, OutcomeAdvantage, type(None)]
-    assert (SEEN[0][2], SEEN[1][2], SEEN[2][2]) == (c.source, c.reward, c.advantage)
+    assert [type(d) for _, _, d in SEEN] == [PromptRollout, FunctionReward, type(None), OutcomeAdvantage]
+    assert (SEEN[0][2], SEEN[1][2], SEEN[3][2]) == (c.source, c.reward, c.advantage)
     assert (ctx.rank, ctx.world, ctx.seed) == (0, 1, 5)
     assert ctx.tokenizer is c.tokenizer and ctx.task is c.task and ctx.engine is c.engine
     assert ctx.backend is c.source.backend and ctx.render is c.source.render
     assert ctx.rollout == dict(prompts_per_step=4, group_size=2, max_new_tokens=3, temperature=0.8, top_p=0.9)
-    assert ctx.env == EnvConfig() and ctx.judge == JudgeConfig() and ctx.task_config is r.task
+    assert ctx.section is None and ctx.task_config is r.task  # import-spec stages belong to no family
+    assert ctx.source is c.source and ctx.scorer is c.scorer and ctx.ref_model is c.scorer.ref_model
+    assert ctx.policy_path == resolve_model_path(r.model.path, r.model.tiny) and ctx.dtype == "float32"
+    assert ctx.zero_stage == 0 and ctx.advantage_kwargs == {"norm_std": False}
     assert ctx.reward_isolation == dict(timeout_s=7.5, workers=2, max_failure_frac=0.25)
     assert ctx.default is None  # cleared once the stages are built
     p, = c.scorer.probes
@@ -193,10 +197,9 @@ def test_the_engine_takes_the_optimizer_settings(built):
     assert group["lr"] == pytest.approx(2e-3 / 3)
 
 
-def test_the_state_gate_and_evaluator(built):
+def test_the_state_hooks_and_evaluator(built):
     from credo.models import resolve_model_path
     from credo.train.evaluate import Evaluator
-    from credo.train.mipu import StepGate
 
     r, c = built
     st = c.state
@@ -204,7 +207,7 @@ def test_the_state_gate_and_evaluator(built):
     assert st.components == {"counters": st.counters, "source": c.source, "advantage": c.advantage}
     assert st.sft_key is None and st.policy_path == resolve_model_path(r.model.path, r.model.tiny)  # no warm-up
     assert st.max_consecutive_skips == 6
-    assert type(c.gate) is StepGate and c.gate.mode is None and "mipu" not in st.components
+    assert c.hooks == [] and "mipu" not in st.components  # no active family runs a step hook here
     ev = c.evaluate
     assert type(ev) is Evaluator and ev.source is c.source and ev.task is c.task and ev.tokenizer is c.tokenizer
     assert (ev.seed, ev.temperature, ev.samples, ev.rank, ev.world) == (5, 0.5, 2, 0, 1)
@@ -218,7 +221,7 @@ def test_the_state_gate_and_evaluator(built):
     ("0-0", {0}),
 ])
 def test_fault_nan_steps_reads_the_test_hook(monkeypatch, value, steps):
-    from credo.train.build import fault_nan_steps
+    from credo.train.setup import fault_nan_steps
 
     monkeypatch.setenv("CREDO_FAULT_NAN_STEP", value)
     assert fault_nan_steps() == frozenset(steps)
@@ -232,15 +235,15 @@ def trl_style(completions, **kw):
 
 def test_reward_function_key_and_the_verifier():
     from credo.rewards.functions import WeightedRewards
-    from credo.rewards.tasks import Problem
-    from credo.train.build import _reward_fn
+    from credo.tasks import Problem
+    from credo.train.setup import reward_function
     from tests.e2e.rewards import starts_with_digit
 
     r = Recipe()
     r.reward.function = "tests.e2e.rewards:starts_with_digit"
-    assert _reward_fn(r, task=None) is starts_with_digit
+    assert reward_function(r, task=None) is starts_with_digit
     r.reward.function = "tests.spine.test_build_settings:trl_style"
-    fn = _reward_fn(r, task=None)
+    fn = reward_function(r, task=None)
     assert isinstance(fn, WeightedRewards) and fn.fns == [trl_style] and fn.names == ["trl_style"]
     r.reward.function = None
 
@@ -249,40 +252,40 @@ def test_reward_function_key_and_the_verifier():
         def score(text, problem):
             return 1.0 if text == problem.answer else 0.25
 
-    fn = _reward_fn(r, Task())
+    fn = reward_function(r, Task())
     assert fn(["4", "5"], [Problem("2+2=", "4"), Problem("2+2=", "4")]) == [1.0, 0.25]
     assert fn.__name__ == "score"
     r.task.name = "mytask"
     for task in (object(), types.SimpleNamespace(score=None)):
         with pytest.raises(ConfigError, match=r"^task 'mytask' has no verifier: expected reward.functions \(TRL-style "
                                               r"reward functions, 'module:function'\) or reward.function$"):
-            _reward_fn(r, task)
+            reward_function(r, task)
 
 
 def test_run_dir_refuses_a_folder_that_holds_a_run_unless_resuming(tmp_path):
-    from credo.train.build import _run_dir
+    from credo.train.setup import make_run_dir
 
     r = Recipe()
     r.run.name = "x"
     run = tmp_path / "out"
     r.run.output_dir = str(run)
-    assert _run_dir(r, 1) == run and (run / "checkpoints").is_dir()
+    assert make_run_dir(r, 1) == run and (run / "checkpoints").is_dir()
     assert [p.name for p in run.iterdir()] == ["checkpoints"]  # the write probe is gone
-    assert _run_dir(r, 1) == run  # an empty run folder is not a run
+    assert make_run_dir(r, 1) == run  # an empty run folder is not a run
     (run / "metrics.jsonl").write_text("{}\n")
     (run / "checkpoints" / "step_3").mkdir()
     with pytest.raises(ConfigError, match=rf"^config key 'run.output_dir' = '{run}' already holds a run \(metrics.jsonl, "
                                           r"step_3\); expected run.resume=auto to continue it, or a new run.output_dir$"):
-        _run_dir(r, 1)
+        make_run_dir(r, 1)
     (run / "metrics.jsonl").unlink()
     with pytest.raises(ConfigError, match=r"already holds a run \(step_3\);"):
-        _run_dir(r, 1)
+        make_run_dir(r, 1)
     r.run.resume = "auto"
-    assert _run_dir(r, 1) == run
+    assert make_run_dir(r, 1) == run
 
 
 def test_run_dir_that_cannot_be_made_is_a_config_error(tmp_path):
-    from credo.train.build import _run_dir
+    from credo.train.setup import make_run_dir
 
     r = Recipe()
     r.run.name = "x"
@@ -290,29 +293,28 @@ def test_run_dir_that_cannot_be_made_is_a_config_error(tmp_path):
     r.run.output_dir = str(tmp_path / "file" / "run")
     with pytest.raises(ConfigError, match=rf"^config key 'run.output_dir' = '{tmp_path}/file/run' cannot be written "
                                           r"\(Not a directory\); expected a folder this user can create and write$"):
-        _run_dir(r, 1)
+        make_run_dir(r, 1)
 
 
 def test_stage_calls_the_named_factory_with_the_context_and_its_settings():
-    from credo.train.build import _stage
-    from credo.train.registry import StageContext
+    from credo.train.registry import StageContext, build_stage, resolve, settings_of
 
     ctx = StageContext(rank=0, world=1, seed=0, default="the default")
-    assert _stage(ctx, "reward", "default", {}) == "the default"
-    got = _stage(ctx, "rollout", "tests.spine.test_stage_registry:factory", {"scale": 2.0})
-    assert got == ("built", ctx, 2.0, "a")
+    assert resolve("reward", "default", "stages.reward") is None  # the builder keeps ctx.default
+    got = resolve("rollout", "tests.spine.test_stage_registry:factory", "stages.rollout")
+    assert build_stage(got, ctx, settings_of(got, {"scale": 2.0}, "stages.rollout_kwargs")) == ("built", ctx, 2.0, "a")
     with pytest.raises(ConfigError, match=r"^config key 'stages.probe' = 'nope' is not a known probe stage"):
-        _stage(ctx, "probe", "nope", {})
+        resolve("probe", "nope", "stages.probe")
 
 
 def test_prepare_policy_without_a_warm_up_is_the_model_itself():
     from credo.models import resolve_model_path
-    from credo.train.build import _prepare_policy
+    from credo.train.setup import prepare_policy
 
     r = Recipe()
     r.sft.steps = 0
-    assert _prepare_policy(r, None, 0, 1) == (resolve_model_path(r.model.path, r.model.tiny), None)
-    assert _prepare_policy(r, None, 1, 1) == (None, None)  # only rank 0 decides (then broadcasts it)
+    assert prepare_policy(r, None, 0, 1) == (resolve_model_path(r.model.path, r.model.tiny), None)
+    assert prepare_policy(r, None, 1, 1) == (None, None)  # only rank 0 decides (then broadcasts it)
 
 
 @pytest.fixture(scope="module")
@@ -326,7 +328,7 @@ def tiny_model():
 
 def test_hf_backend_gets_the_policy_module_and_the_rollout_settings(tiny_model):
     from credo.distributed.rollout import HFBackend
-    from credo.train.build import _make_backend
+    from credo.train.setup import make_backend
 
     class Tok:
         pad_token_id, eos_token_id = 0, 1
@@ -334,16 +336,16 @@ def test_hf_backend_gets_the_policy_module_and_the_rollout_settings(tiny_model):
     r = Recipe()
     r.rollout.hf_max_batch = 5
     engine = types.SimpleNamespace(module=tiny_model)
-    b = _make_backend(r, engine, Tok(), policy_path="/unused")
+    b = make_backend(r, engine, Tok(), policy_path="/unused")
     assert type(b) is HFBackend and b.model is tiny_model and b.max_batch == 5 and b.copy is None
     r.rollout.dtype = "bfloat16"  # the sampler is a bf16 copy of the policy
-    b = _make_backend(r, engine, Tok(), policy_path="/unused")
+    b = make_backend(r, engine, Tok(), policy_path="/unused")
     assert b.copy is not None and b.model is not tiny_model
     assert {p.dtype for p in b.model.parameters()} == {torch.bfloat16}
 
 
 def test_vllm_backend_gets_every_setting_and_quantises_fp8_weights_at_once(monkeypatch):
-    from credo.train.build import _make_backend
+    from credo.train.setup import make_backend
 
     made = []
 
@@ -361,12 +363,12 @@ def test_vllm_backend_gets_every_setting_and_quantises_fp8_weights_at_once(monke
     r.rollout.vllm_kv_cache_gib, r.rollout.vllm_gpu_memory_utilization = 3, 0.45
     r.run.seed, r.model.dtype = 9, "bfloat16"
     engine = types.SimpleNamespace(module="the policy")
-    b = _make_backend(r, engine, tokenizer=None, policy_path="/p")
+    b = make_backend(r, engine, tokenizer=None, policy_path="/p")
     assert b.kw == dict(dtype="bfloat16", seed=9, kv_cache_gib=3, gpu_memory_utilization=0.45, enforce_eager=True,
                         fp8_weights=False)
     assert b.synced == []  # full-precision weights: nothing to do before step 1
     r.rollout.dtype, r.rollout.fp8_weights = "float16", True
-    b = _make_backend(r, engine, tokenizer=None, policy_path="/p")
+    b = make_backend(r, engine, tokenizer=None, policy_path="/p")
     assert b.kw["dtype"] == "float16" and b.kw["fp8_weights"] is True
     assert b.synced == [("the policy", 0)]
 
@@ -375,8 +377,8 @@ def test_context_check_names_the_longest_prompt_and_skips_a_model_without_a_limi
     from transformers import AutoConfig
 
     from credo.models import resolve_model_path
-    from credo.rewards.tasks import Problem
-    from credo.train.build import _check_context
+    from credo.tasks import Problem
+    from credo.train.setup import check_context
 
     r = load_recipe("recipes/quickstart.yaml", tiny_overrides(tmp_path / "run", **{"model.tiny.max_position_embeddings": 8}))
     base = resolve_model_path(r.model.path, r.model.tiny)
@@ -395,28 +397,28 @@ def test_context_check_names_the_longest_prompt_and_skips_a_model_without_a_limi
             return [Problem(p, "") for p in self.e]
 
     r.rollout.max_new_tokens = 4
-    _check_context(r, base, Task(["1+1=", "1+2="], ["2+2="]))  # 4 + 4 tokens fill the context of 8 exactly
+    check_context(r, base, Task(["1+1=", "1+2="], ["2+2="]))  # 4 + 4 tokens fill the context of 8 exactly
     with pytest.raises(ConfigError, match=r"^prompt too long: train problem 1 has 6 tokens \+ rollout.max_new_tokens=4 "
                                           r"> the model's context of 8 tokens"):
-        _check_context(r, base, Task(["1+1=", "11+11=", "1="], ["1+1="]))
+        check_context(r, base, Task(["1+1=", "11+11=", "1="], ["1+1="]))
     with pytest.raises(ConfigError, match=r"^prompt too long: eval problem 1 has 6 tokens \+ rollout.max_new_tokens=3 "):
         r.rollout.max_new_tokens = 3
-        _check_context(r, base, Task(["1+1="], ["1", "11+11=", "1+1=2"]))
+        check_context(r, base, Task(["1+1="], ["1", "11+11=", "1+1=2"]))
     # a model whose config has no max_position_embeddings (or none that loads) is not checked here
     cfg = AutoConfig.from_pretrained(base)
     del cfg.max_position_embeddings
     monkeypatch.setattr(AutoConfig, "from_pretrained", lambda path: cfg)
-    _check_context(r, base, Task(["1" * 50], []))
+    check_context(r, base, Task(["1" * 50], []))
     monkeypatch.setattr(AutoConfig, "from_pretrained", lambda path: (_ for _ in ()).throw(OSError("no config")))
-    _check_context(r, base, Task(["1" * 50], []))
+    check_context(r, base, Task(["1" * 50], []))
 
 
 def test_context_check_counts_the_chat_template_s_tokens(tmp_path):
     import shutil
 
     from credo.models import load_tokenizer, resolve_model_path
-    from credo.rewards.tasks import Problem
-    from credo.train.build import _check_context
+    from credo.tasks import Problem
+    from credo.train.setup import check_context
 
     r = load_recipe("recipes/quickstart.yaml", tiny_overrides(tmp_path / "run", **{"model.tiny.max_position_embeddings": 8}))
     base = tmp_path / "templated"
@@ -438,9 +440,9 @@ def test_context_check_counts_the_chat_template_s_tokens(tmp_path):
     r.rollout.max_new_tokens, r.task.chat_template = 4, "auto"
     # "1+1=" is 4 tokens and would fill the context of 8 exactly; rendered "(1+1=)" it is 6
     with pytest.raises(ConfigError, match=r"^prompt too long: train problem 0 has 6 tokens \+ rollout.max_new_tokens=4 "):
-        _check_context(r, str(base), Task())
+        check_context(r, str(base), Task())
     r.task.chat_template = False
-    _check_context(r, str(base), Task())
+    check_context(r, str(base), Task())
 
 
 # ------------------------------------------------------------------------------------------------ step gate, env task
@@ -462,20 +464,26 @@ class _Task:
 
 
 def _gate(r, rank=1, world=3):
-    from credo.train.build import _step_gate
+    """The MIPU family's hooks as the builder asks for them (its section in ctx.section)."""
+    from credo.families.mipu import FAMILY
+    from credo.families.mipu.gate import hooks
+    from credo.train.registry import StageContext
 
     p = _Parts()
-    gate = _step_gate(r, p.state, p.source, p.backend, p.reward, p.scorer, p.engine, p.tokenizer, p.render, _Task(),
-                      rank, world)
+    ro = r.rollout
+    ctx = StageContext(rank=rank, world=world, seed=r.run.seed, tokenizer=p.tokenizer, task=_Task(), backend=p.backend,
+                       engine=p.engine, render=p.render, section=FAMILY.settings(r),
+                       rollout=dict(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p))
+    (gate,) = hooks(ctx, p)
     return p, gate
 
 
 def test_step_gate_hands_every_part_and_setting_to_the_gate():
-    r = Recipe()
+    r = recipe_class()()
     r.mipu.enabled, r.mipu.val_prompts, r.mipu.val_group_size = True, 3, 5
     r.run.seed, r.rollout.max_new_tokens, r.rollout.temperature, r.rollout.top_p = 4, 6, 0.7, 0.8
     p, gate = _gate(r)
-    assert gate.mode == "mipu" and p.state.components == {"mipu": gate} and gate.state is p.state
+    assert gate.mode == "mipu" and gate.state is p.state and gate.name == "mipu"
     for name in ("source", "backend", "reward", "scorer", "engine", "tokenizer", "render"):
         assert getattr(gate, name) is getattr(p, name), name
     assert gate.val_problems == ["problem 3", "problem 4", "problem 5"]  # the last val_prompts training problems
@@ -484,15 +492,31 @@ def test_step_gate_hands_every_part_and_setting_to_the_gate():
     assert gate.sampling == dict(max_new_tokens=6, temperature=0.7, top_p=0.8)
 
 
-def test_random_rollback_gate_and_the_idle_gate():
-    r = Recipe()
+def test_random_rollback_gate_and_the_inactive_family():
+    from credo.families.mipu import FAMILY
+
+    r = recipe_class()()
     r.mipu.random_rollback = 0.3
     p, gate = _gate(r)
     assert gate.mode == "random" and gate.rollback_prob == 0.3 and gate.val_problems == []
-    assert p.state.components == {"mipu": gate}  # an active gate's window is part of the trainer state
+    assert FAMILY.active(r) and FAMILY.holdout(r) == 0
     r.mipu.random_rollback = 0.0
-    p, gate = _gate(r)
-    assert gate.mode is None and p.state.components == {}
+    assert not FAMILY.active(r)  # no hook: the trainer runs no gate
+    r.mipu.enabled, r.mipu.val_prompts = True, 5
+    assert FAMILY.active(r) and FAMILY.holdout(r) == 5  # held out of the default rollout source
+
+
+def test_a_stateful_hook_joins_the_trainer_state(tmp_path):
+    """build() puts every hook with a state_dict into the trainer state (the MIPU gate's rollback window)."""
+    from credo.train.build import build
+
+    r = load_recipe("recipes/quickstart.yaml", tiny_overrides(tmp_path / "run", **{"mipu.random_rollback": 0.5}))
+    c = build(r)
+    try:
+        assert [h.name for h in c.hooks] == ["mipu"] and c.state.components["mipu"] is c.hooks[0]
+    finally:
+        c.source.close()
+        c.reward.close()
 
 
 def _env_recipe(tmp_path, **kw):
@@ -504,18 +528,18 @@ def _env_recipe(tmp_path, **kw):
 
 
 def test_env_task_checks_the_episode_budget_against_the_context(tmp_path):
-    from credo.envs.task import EnvTask
+    from credo.families.multiturn.task import EnvTask
     from credo.models import load_tokenizer, resolve_model_path
-    from credo.rewards.chat import prompt_renderer
-    from credo.train.build import _env_task
-    from credo.train.multiturn import turn_format
+    from credo.tasks.render import prompt_renderer
+    from credo.families.multiturn.build import task as env_task
+    from credo.families.multiturn.source import turn_format
 
     r = _env_recipe(tmp_path, max_total_tokens=65)
     with pytest.raises(ConfigError, match=r"^config key 'env.max_total_tokens' = 65 is more than the model's context "
                                           r"of 64 tokens \(max_position_embeddings\)$"):
-        _env_task(r)
+        env_task(r)
     r.env.max_total_tokens = 64
-    task = _env_task(r)
+    task = env_task(r)
     tok = load_tokenizer(resolve_model_path(r.model.path, r.model.tiny))
     prompt_text, observation = turn_format(tok, prompt_renderer(tok, r.task.system_prompt, r.task.chat_template),
                                            r.env.observation_template)
@@ -527,34 +551,34 @@ def test_env_task_checks_the_episode_budget_against_the_context(tmp_path):
 def test_env_task_of_a_model_whose_tokenizer_does_not_load_is_left_to_the_model_load(tmp_path):
     from transformers import LlamaConfig
 
-    from credo.train.build import _env_task
+    from credo.families.multiturn.build import task as env_task
 
     model_dir = tmp_path / "model"
     LlamaConfig(max_position_embeddings=32).save_pretrained(model_dir)  # a config, no tokenizer
     r = _env_recipe(tmp_path, max_total_tokens=32)
     r.model.path = str(model_dir)
-    task = _env_task(r)
+    task = env_task(r)
     assert (task.cfg, task.eos, task.prompt_text, task.observation) == (r.env, "", None, None)
     r.env.max_total_tokens = 33
     with pytest.raises(ConfigError, match=r"context of 32 tokens"):
-        _env_task(r)
+        env_task(r)
 
 
 def test_env_task_of_a_model_whose_config_does_not_load_skips_the_context_check(tmp_path):
-    from credo.train.build import _env_task
+    from credo.families.multiturn.build import task as env_task
 
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / "config.json").write_text("{not json")  # neither the config nor a tokenizer loads here
     r = _env_recipe(tmp_path, max_total_tokens=10**6)
     r.model.path = str(model_dir)
-    task = _env_task(r)  # no context to check against: loading the model reports the broken config
+    task = env_task(r)  # no context to check against: loading the model reports the broken config
     assert (task.cfg, task.eos, task.prompt_text, task.observation) == (r.env, "", None, None)
 
 
 def test_a_multi_turn_recipe_builds_the_env_stages_and_an_env_evaluator_with_the_run_s_settings(tmp_path):
     from credo.train.build import build
-    from credo.train.multiturn import EnvEvaluator, EnvReward, MultiTurnRollout
+    from credo.families.multiturn.source import EnvEvaluator, EnvReward, MultiTurnRollout
 
     r = load_recipe("recipes/multiturn.yaml", tiny_overrides(tmp_path / "run", **{
         "run.steps": 1, "run.eval_every": 1, "run.eval_temperature": 0.7, "run.seed": 3, "env.eval_episodes": 5,
@@ -573,10 +597,10 @@ def test_a_multi_turn_recipe_builds_the_env_stages_and_an_env_evaluator_with_the
 # ------------------------------------------------------------------------------------------------ critic stage
 def test_critic_stage_builds_one_engine_per_critic_with_the_critic_settings(tmp_path):
     from credo.distributed.engine import setup_distributed
-    from credo.distributed.value_model import load_value_model
+    from credo.families.critic.value_model import load_value_model
     from credo.models import load_tokenizer, resolve_model_path
-    from credo.train.build import _critic_stage
-    from credo.train.critic import CriticAdvantage, PolicyKL
+    from credo.families.critic.stage import CriticAdvantage, PolicyKL, critic_stage
+    from credo.train.registry import StageContext
 
     setup_distributed()
     r = load_recipe("recipes/quickstart.yaml", tiny_overrides(tmp_path / "run", **{
@@ -589,7 +613,14 @@ def test_critic_stage_builds_one_engine_per_critic_with_the_critic_settings(tmp_
     path = resolve_model_path(r.model.path, r.model.tiny)
     tok = load_tokenizer(path)
     scorer, engine, ref = object(), object(), object()
-    stage = _critic_stage(r, tok, path, engine, scorer, ref, world=2)
+
+    def ctx(world):  # what the builder hands the critic family's stage
+        return StageContext(rank=0, world=world, seed=r.run.seed, tokenizer=tok, engine=engine, scorer=scorer,
+                            ref_model=ref, policy_path=path, dtype=r.model.dtype, zero_stage=r.optim.zero_stage,
+                            advantage_kwargs=dict(r.algo.advantage_kwargs), section=r.critic,
+                            rollout=dict(prompts_per_step=r.rollout.prompts_per_step, group_size=r.rollout.group_size))
+
+    stage = critic_stage(ctx(2))
     assert type(stage) is CriticAdvantage and len(stage.engines) == 2
     assert stage.gae_kwargs == {"gamma": 0.9} and stage.value_agg == "min" and stage.whiten is True
     assert (stage.kl_in_reward, stage.low_frac, stage.high_frac, stage.value_clip) == (0.1, 0.25, 0.3, 0.4)
@@ -610,7 +641,7 @@ def test_critic_stage_builds_one_engine_per_critic_with_the_critic_settings(tmp_
         want = load_value_model(path, dtype="float32", head_seed=3000 + m, actor_tokenizer=tok, actor_path=path)
         assert torch.equal(e.module.value_head.weight, want.value_head.weight)
     r.critic.kl_in_reward = 0.0
-    assert _critic_stage(r, tok, path, engine, scorer, ref, world=1).kl is None
+    assert critic_stage(ctx(1)).kl is None
 
 
 def test_a_prompt_too_long_stops_the_build_before_the_run_folder_and_the_warm_up(tmp_path):
@@ -628,24 +659,24 @@ def test_prepare_policy_runs_the_warm_up_on_rank_0_then_reuses_it(tmp_path, monk
     import logging
 
     from credo.models import cache_root, resolve_model_path
-    from credo.rewards.tasks import make_task
+    from credo.tasks import make_task
     from credo.sft import sft_cache_key
-    from credo.train.build import _prepare_policy
+    from credo.train.setup import prepare_policy
 
     r = load_recipe("recipes/quickstart.yaml", tiny_overrides(tmp_path / "run", **{"sft.steps": 1, "sft.batch_size": 4}))
     base = resolve_model_path(r.model.path, r.model.tiny)
-    path, key = _prepare_policy(r, make_task(r.task), 0, 1)
+    path, key = prepare_policy(r, make_task(r.task), 0, 1)
     assert key == sft_cache_key(r, base) and Path(path) == cache_root() / "sft" / key  # one step, cached once
     assert (Path(path) / "COMPLETE").exists() and path != base
     with caplog.at_level(logging.INFO, logger="credo"):
-        assert _prepare_policy(r, make_task(r.task), 0, 1) == (path, key)
+        assert prepare_policy(r, make_task(r.task), 0, 1) == (path, key)
     assert [(rec.name, rec.getMessage()) for rec in caplog.records] == [("credo", f"sft: reusing cached warm-up {path}")]
 
 
 def test_other_ranks_take_rank_0s_policy_and_run_folder(tmp_path, monkeypatch):
     import torch.distributed as dist
 
-    from credo.train.build import _prepare_policy, _run_dir
+    from credo.train.setup import make_run_dir, prepare_policy
 
     sent = []
 
@@ -656,20 +687,20 @@ def test_other_ranks_take_rank_0s_policy_and_run_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
     r = Recipe()
     r.run.name, r.run.output_dir = "x", str(tmp_path / "mine")
-    assert _prepare_policy(r, None, 1, 2) == ("/policy", "key")
+    assert prepare_policy(r, None, 1, 2) == ("/policy", "key")
     assert sent == [([None, None], 0)]
-    assert _run_dir(r, 2) == tmp_path / "from-rank-0" and (tmp_path / "from-rank-0" / "checkpoints").is_dir()
+    assert make_run_dir(r, 2) == tmp_path / "from-rank-0" and (tmp_path / "from-rank-0" / "checkpoints").is_dir()
     assert sent[1] == ([str(tmp_path / "mine")], 0)
     sent.clear()
-    _run_dir(r, 1)
+    make_run_dir(r, 1)
     assert sent == []  # one process: nothing to broadcast
 
 
 def test_env_task_renders_with_the_recipes_chat_template_setting(tmp_path):
-    from credo.train.build import _env_task
+    from credo.families.multiturn.build import task as env_task
 
     r = _env_recipe(tmp_path, max_total_tokens=64)
     r.task.chat_template = True  # the tiny tokenizer has no chat template
     with pytest.raises(ConfigError, match=r"^config key 'task.chat_template' = true but the tokenizer has no chat "
                                           r"template"):
-        _env_task(r)
+        env_task(r)

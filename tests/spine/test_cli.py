@@ -40,11 +40,13 @@ def test_list_prints_every_registered_name(capsys):
     assert {n.rstrip("*") for n in listed if n.endswith("*")} == set(GROUP_ESTIMATORS)
     assert set(library) == {"rebn"}  # the trainer cannot run it (credo check refuses it)
     assert critic == ["gae"]  # runs with a critic: section
-    from credo.rewards.tasks import TASKS
+    from credo.tasks import TASKS, task_names
 
     assert {"arithmetic", "add_scratch", "mul_scratch", "sort"} <= set(TASKS)
-    listed_tasks = "  " + ", ".join(sorted(TASKS)) + "\n"
-    assert f"tasks (task.name):\n{listed_tasks}  file: " in out and "\n  hf:<name-or-folder>: " in out
+    assert {"judge_arithmetic", "ce_rm_arithmetic", "pgenrm_users"} <= set(task_names())  # the judges family's
+    tasks_block = out.split("tasks (task.name):\n", 1)[1].split("\n  file: ", 1)[0]  # wrapped over lines
+    assert [n.strip() for n in tasks_block.replace("\n", " ").split(",")] == task_names()
+    assert "\n  file: " in out and "\n  hf:<name-or-folder>: " in out
     assert "\n  rg:<name>" in out
     assert "strategy: local, global, coupled" in out and "ipa:" in out and "flow_gamma" in out
 

@@ -115,7 +115,7 @@ def test_dotted_override_into_a_mapping_merges():
 
 def test_switching_the_quickstart_to_a_reasoning_gym_task():
     pytest.importorskip("reasoning_gym")
-    from credo.rewards.tasks import make_task
+    from credo.tasks import make_task
 
     small = ["task.name=rg:basic_arithmetic", "task.train_size=20", "task.eval_size=5"]
     with pytest.raises(ConfigError, match="max_operand"):  # the arithmetic task's kwargs do not fit reasoning-gym

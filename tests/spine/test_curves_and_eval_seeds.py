@@ -35,7 +35,7 @@ def test_curves_show_kl_entropy_grad_norm_and_length(kl, tmp_path):
     fig = curves_figure(_rows(kl))
     panels = _panels(fig)
     plt.close(fig)
-    expected = {"reward", "eval accuracy", "loss", "entropy", "grad norm", "response length"}
+    expected = {"reward", "eval", "loss", "entropy", "grad norm", "response length"}
     assert set(panels) == expected | ({"KL to reference"} if kl else set())
     assert panels["entropy"] == pytest.approx([1.9, 1.8, 1.7])
     assert panels["grad norm"] == pytest.approx([0.5, 1.0, 1.5])

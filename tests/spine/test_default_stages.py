@@ -13,27 +13,12 @@ import pytest
 import torch
 
 from credo.distributed.rollout import Sample
-from credo.rewards.tasks import Problem
+from credo.tasks import Problem
 from credo.rewards.worker import RewardResult
 from credo.train.batch import Batch
+from tests.fakes import CharTok
 
 SPECIAL = 0  # the one special token of the char tokenizer below, decoded as "<s>"
-
-
-class CharTok:
-    """Text <-> one id per character (ord); id 0 is a special token that skip_special_tokens drops."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, texts, add_special_tokens=True):
-        self.calls.append(("encode", add_special_tokens))
-        return {"input_ids": [[ord(c) for c in t] for t in texts]}
-
-    def batch_decode(self, rows, skip_special_tokens=False):
-        self.calls.append(("decode", skip_special_tokens))
-        return ["".join("" if (i == SPECIAL and skip_special_tokens) else "<s>" if i == SPECIAL else chr(i)
-                        for i in row) for row in rows]
 
 
 class Task:

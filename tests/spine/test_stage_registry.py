@@ -26,9 +26,9 @@ def bare_factory(ctx):
 
 @pytest.fixture
 def empty_registry(monkeypatch):
-    """A registry of no stages and no lazy built-ins, so a test registers only its own."""
+    """A registry of no stages registered in code, so a test registers only its own (families' stages are found
+    only through the family table a caller passes)."""
     monkeypatch.setattr(registry, "STAGES", {kind: {} for kind in KINDS})
-    monkeypatch.setattr(registry, "LAZY_BUILTINS", {})
     return registry.STAGES
 
 
@@ -41,7 +41,7 @@ def test_the_kinds_and_the_default_name():
 def test_register_stage_adds_the_factory_unchanged_and_refuses_a_second_of_one_name(empty_registry):
     assert register_stage("reward", "mine")(factory) is factory
     assert empty_registry["reward"] == {"mine": factory} and empty_registry["rollout"] == {}
-    assert resolve("reward", "mine", "stages.reward") is factory
+    assert resolve("reward", "mine", "stages.reward").factory is factory
     with pytest.raises(ValueError, match=r"^reward stage 'mine' is already registered$"):
         register_stage("reward", "mine")(open_factory)
     assert empty_registry["reward"]["mine"] is factory
@@ -57,9 +57,11 @@ def test_register_stage_names_the_known_kinds():
 def test_stage_context_defaults():
     a, b = StageContext(rank=1, world=2, seed=3), StageContext(rank=0, world=1, seed=0)
     assert (a.rank, a.world, a.seed) == (1, 2, 3)
-    for name in ("tokenizer", "task", "backend", "engine", "render", "default", "env", "judge", "task_config"):
+    for name in ("tokenizer", "task", "backend", "engine", "render", "default", "section", "task_config",
+                 "policy_path", "ref_model", "scorer", "source"):
         assert getattr(a, name) is None, name
-    assert a.rollout == {} and a.reward_isolation == {}
+    assert (a.dtype, a.zero_stage) == ("float32", 0)
+    assert a.rollout == {} and a.reward_isolation == {} and a.advantage_kwargs == {}
     a.rollout["x"] = 1
     a.reward_isolation["y"] = 2
     assert b.rollout == {} and b.reward_isolation == {}  # each context has its own dicts
@@ -71,7 +73,8 @@ def test_resolve_default_is_the_builders_built_in():
 
 
 def test_resolve_an_import_spec():
-    assert resolve("rollout", "tests.spine.test_stage_registry:factory", "stages.rollout") is factory
+    got = resolve("rollout", "tests.spine.test_stage_registry:factory", "stages.rollout")
+    assert got.factory is factory and got.settings is None and got.family is None
     with pytest.raises(ConfigError, match=r"^config key 'stages.reward' = 'tests.no_such_mod:f': cannot import "
                                           r"module 'tests.no_such_mod' \(No module named 'tests.no_such_mod'\)$"):
         resolve("reward", "tests.no_such_mod:f", "stages.reward")
@@ -82,33 +85,37 @@ def test_resolve_an_import_spec():
             resolve("advantage", f"tests.spine.test_stage_registry:{attr}", "stages.advantage")
 
 
-def test_lazy_built_ins_register_themselves_on_first_lookup():
-    from credo.train.registry import LAZY_BUILTINS, STAGES
+def test_family_stages_resolve_through_the_table_with_their_settings_and_family():
+    from credo.families.attention.config import AttentionCreditSettings
+    from credo.families.attention.probe import make_attention_credit_probe
+    from credo.families.multiturn.source import env_reward
+    from credo.family import builtin_families
 
-    assert LAZY_BUILTINS["rollout"]["multiturn"] == "credo.train.multiturn"
-    assert LAZY_BUILTINS["probe"] == {"attention_credit": "credo.train.attention_probe"}
-    assert LAZY_BUILTINS["advantage"] == {"turn_credit": "credo.train.turn_credit"}
-    assert LAZY_BUILTINS["reward"] == {"env": "credo.train.multiturn", "judge": "credo.train.judge_reward",
-                                       "rm_nlhf": "credo.train.rm_nlhf", "ce_rm": "credo.train.ce_rm"}
-    assert LAZY_BUILTINS["rollout"]["ce_rm_two_stage"] == "credo.train.ce_rm"
-    f = resolve("probe", "attention_credit", "stages.probes[0]")
-    assert STAGES["probe"]["attention_credit"] is f and callable(f)
-    assert resolve("reward", "env", "stages.reward") is STAGES["reward"]["env"]
+    fams = builtin_families()
+    got = resolve("probe", "attention_credit", "stages.probes[0]", fams)
+    assert got.factory is make_attention_credit_probe and got.settings is AttentionCreditSettings
+    assert got.family.name == "attention"
+    env = resolve("reward", "env", "stages.reward", fams)
+    assert env.factory is env_reward and env.settings is None and env.family.section == "env"
+    with pytest.raises(ConfigError, match=r"'stages.reward' = 'env' is not a known reward stage"):
+        resolve("reward", "env", "stages.reward")  # without the table, no family stage
 
 
-def test_an_unknown_name_suggests_the_closest_and_lists_the_known(monkeypatch, empty_registry):
-    monkeypatch.setattr(registry, "LAZY_BUILTINS", {"rollout": {"multiturn": "credo.train.multiturn"}})
+def test_an_unknown_name_suggests_the_closest_and_lists_the_known(empty_registry):
+    from credo.family import Family, StageEntry
+
+    fams = (Family(name="agents", stages={"rollout": {"multiturn": StageEntry("credo.families.multiturn.source:x")}}),)
     register_stage("rollout", "prompts")(factory)
     register_stage("rollout", "agent")(factory)
     with pytest.raises(ConfigError, match=r"^config key 'stages.rollout' = 'multiturm' is not a known rollout stage; "
                                           r"did you mean 'multiturn'\? \(known: agent, multiturn, prompts; or give "
                                           r"'package.module:factory'\)$"):
-        resolve("rollout", "multiturm", "stages.rollout")
+        resolve("rollout", "multiturm", "stages.rollout", fams)
     with pytest.raises(ConfigError, match=r"^config key 'k' = 'zzzzzz' is not a known rollout stage \(known: agent, "):
-        resolve("rollout", "zzzzzz", "k")
+        resolve("rollout", "zzzzzz", "k", fams)
     with pytest.raises(ConfigError, match=r"^config key 'stages.probes\[1\]' = 'x' is not a known probe stage "
                                           r"\(known: none; or give 'package.module:factory'\)$"):
-        resolve("probe", "x", "stages.probes[1]")
+        resolve("probe", "x", "stages.probes[1]", fams)
 
 
 def stages(**kw) -> StagesConfig:

@@ -3,7 +3,7 @@
 import pytest
 
 from credo.config import ConfigError, TaskConfig
-from credo.rewards.tasks import ArithmeticTask, make_task
+from credo.tasks import ArithmeticTask, make_task
 
 
 def test_arithmetic_splits_are_disjoint_and_verifier_exact():

@@ -229,25 +229,25 @@ def test_any_rank_in_a_world_of_one_is_the_flag(monkeypatch):
 
 
 # ------------------------------------------------------------------------------- train_step, real steps
-class Gate:
-    """A gate with a mode that records what the trainer hands it."""
+class Hook:
+    """A step hook that records what the trainer hands it, and when."""
 
-    mode = "recorded"
+    name = "recorded"
 
     def __init__(self):
-        self.snap, self.calls = object(), []
+        self.calls = []
 
-    def snapshot(self):
-        return self.snap
+    def before_step(self, step):
+        self.calls.append(("before", step))
 
-    def decide(self, step, snap):
-        self.calls.append((step, snap))
+    def after_sync(self, step, batch):
+        self.calls.append(("after", step, batch.step))
         return {"mipu/accepted": 1.0}
 
 
 def test_train_step_hands_its_stages_the_model_the_step_and_the_settings(trainer, monkeypatch):
-    gate, seen = Gate(), []
-    monkeypatch.setattr(trainer.c, "gate", gate)
+    hook, seen = Hook(), []
+    monkeypatch.setattr(trainer.c, "hooks", [hook])
     monkeypatch.setattr(trainer.c, "overlong_filter", True)
     sync, recompute, pack = trainer.source.sync, trainer.scorer.recompute, tr.pack_batch
     monkeypatch.setattr(trainer.source, "sync", lambda model, s: (seen.append(("sync", model, s)), sync(model, s)))
@@ -259,7 +259,8 @@ def test_train_step_hands_its_stages_the_model_the_step_and_the_settings(trainer
     module = trainer.engine.module
     assert seen == [("pack", trainer.c.tokenizer.pad_token_id, {"overlong_filter": True}), ("recompute", module, 7),
                     ("sync", module, 7)]
-    assert gate.calls == [(7, gate.snap)] and row["mipu/accepted"] == 1.0 and row["perf/mipu_s"] >= 0
+    assert hook.calls == [("before", 7), ("after", 7, 7)] and row["mipu/accepted"] == 1.0
+    assert row["perf/recorded_s"] >= 0
     assert row["step"] == 7
 
 

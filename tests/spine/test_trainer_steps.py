@@ -60,22 +60,21 @@ def test_rollouts_are_dumped_on_multiples_of_dump_every_as_rank0_files(trainer):
             assert all(math.copysign(1, a) == math.copysign(1, dev) for a in d["advantages"] if a != 0)
 
 
-class _FakeGate:
-    """A gate with a mode: the trainer times its snapshot and decision as perf/mipu_s."""
+class _SlowHook:
+    """A step hook: the trainer times its before_step and after_sync as perf/<name>_s."""
 
-    mode = "fake"
+    name = "slow"
 
-    def snapshot(self):
+    def before_step(self, step):
         time.sleep(0.01)
-        return None
 
-    def decide(self, step, snap):
+    def after_sync(self, step, batch):
         time.sleep(0.01)
         return {}
 
 
 def test_step_row_timings_add_up(trainer, monkeypatch):
-    monkeypatch.setattr(trainer.c, "gate", _FakeGate())
+    monkeypatch.setattr(trainer.c, "hooks", [_SlowHook()])
     t = time.perf_counter()
     row = trainer.train_step(1)
     wall = time.perf_counter() - t
@@ -83,8 +82,8 @@ def test_step_row_timings_add_up(trainer, monkeypatch):
     assert all(0 <= p <= wall for p in parts)
     assert sum(parts) == pytest.approx(row["perf/step_time_s"], abs=1e-6)
     assert row["perf/train_s"] == pytest.approx(row["perf/logprob_s"] + row["perf/update_s"], abs=1e-6)
-    # the gate's snapshot and decision, each slept 10 ms, and nothing of the step between them
-    assert 0.02 <= row["perf/mipu_s"] <= wall - row["perf/step_time_s"] + 1e-6
+    # the hook's two calls, each slept 10 ms, and nothing of the step between them
+    assert 0.02 <= row["perf/slow_s"] <= wall - row["perf/step_time_s"] + 1e-6
 
 
 def _packed_batch(trainer, step):
@@ -129,8 +128,8 @@ def test_step_metrics_reads_the_rewards_lengths_and_stage_times(trainer):
 def test_step_row_names_are_lower_case_namespaced(trainer):
     row = trainer.train_step(1)
     assert [k for k in row if k != "step" and not re.fullmatch(r"[a-z0-9_]+/[a-z0-9_]+", k)] == []
-    # no gate (quickstart), so no gate time; the update's terms and the run counters are in the row
-    assert trainer.c.gate.mode is None and "perf/mipu_s" not in row
+    # no step hook (quickstart), so no hook time; the update's terms and the run counters are in the row
+    assert trainer.c.hooks == [] and "perf/mipu_s" not in row
     assert row["step"] == 1 and row["train/skipped_total"] == trainer.state.counters.skipped_total
     assert {"train/loss", "train/pg_loss", "train/grad_norm", "train/reward_mean", "perf/step_time_s"} <= set(row)
 

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from credo.envs import make_env
+from credo.families.multiturn.envs import make_env
 from credo.families.multiturn.envs.shop.catalogue import ATTRIBUTES, build_catalogue
 from credo.families.multiturn.envs.shop.search import SearchIndex, index_for
 from credo.families.multiturn.envs.shop.user import sample_user

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from credo.envs import make_env
+from credo.families.multiturn.envs import make_env
 from credo.families.multiturn.envs.shop.catalogue import ATTRIBUTES
 from credo.families.multiturn.envs.shop.env import LEVELS, ShopEnv
 

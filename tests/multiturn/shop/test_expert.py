@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from credo.envs import make_env
+from credo.families.multiturn.envs import make_env
 from credo.families.multiturn.envs.shop.evaluate import evaluate_policy, expert_policy
 from credo.families.multiturn.envs.shop.metrics import FAILURE_TYPES
 
@@ -34,10 +34,10 @@ def test_success_drops_with_the_error_rate_and_failures_are_classified():
 
 def test_warm_up_demos_replay_to_a_purchase_in_the_sources_layout():
     from credo.config import load_recipe
-    from credo.envs.task import EnvTask
+    from credo.families.multiturn.task import EnvTask
     from credo.models import build_char_tokenizer
-    from credo.rewards.chat import plain_prompt
-    from credo.train.multiturn import turn_format
+    from credo.tasks.render import plain_prompt
+    from credo.families.multiturn.source import turn_format
     from tests.e2e.common import REPO
 
     r = load_recipe(REPO / "recipes" / "shop.yaml")
@@ -63,7 +63,7 @@ def test_warm_up_demos_replay_to_a_purchase_in_the_sources_layout():
 
 
 def test_expert_prefixes_for_initialised_resampling():
-    from credo.train.resample import expert_actions
+    from credo.families.multiturn.resample import expert_actions
 
     env = make_env("credo:Shop-v0-hard")
     actions = expert_actions(env, 123, 10)

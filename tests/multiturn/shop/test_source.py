@@ -1,15 +1,16 @@
 """The shop env inside the multi-turn rollout source: token layout, rewards, the episode metrics the evaluator reads,
 episodes the source cuts, the registry and the ShopSimulator adapter's error."""
 
+import importlib.util
 import re
 
 import pytest
 
 from credo.config import ConfigError
-from credo.envs import check_env_id, make_env
-from credo.families.multiturn.envs.shop import SHOP_ENVS
+from credo.families.multiturn.envs import check_env_id, check_env_kwargs, env_class, make_env
+from credo.families.multiturn.envs.shop import SHOP_ENVS, ShopEnv
 from credo.families.multiturn.envs.shop.evaluate import EVAL_SEED_BASE, evaluate_episodes
-from credo.train import multiturn
+from credo.families.multiturn import source as multiturn
 from tests.multiturn.common import env_cfg, source
 
 
@@ -64,18 +65,39 @@ def test_episodes_the_source_cuts_still_report_metrics():
     assert m["shop/bought"] == 0.0 and m["shop/fail_search_depth"] == 1.0 and m["shop/searches"] == 1.0
 
 
-def test_registry_ids_and_the_shopsim_adapter_error():
+def test_registry_ids_kwargs_and_expert_lookup():
     for env_id in SHOP_ENVS:
         check_env_id(env_id)  # built in: never sent to gem
+        assert env_class(env_id) is ShopEnv  # the preset's class: the warm-up check finds expert_action on it
     assert {"credo:Shop-v0", "credo:Shop-v0-tiny", "credo:Shop-v0-easy", "credo:Shop-v0-hard"} <= set(SHOP_ENVS)
     assert make_env("credo:Shop-v0-easy", max_turns=9).max_turns == 9
+    check_env_kwargs("credo:Shop-v0-tiny", {"max_turns": 3, "partial_scale": 0.0})
+    with pytest.raises(ConfigError, match=r"'env.kwargs.colours' is not a setting of 'credo:Shop-v0-tiny'"):
+        check_env_kwargs("credo:Shop-v0-tiny", {"colours": 3})
     with pytest.raises(ConfigError, match=r"'credo:Shop-v0-tiny'.*unexpected keyword argument 'colours'"):
         make_env("credo:Shop-v0-tiny", colours=3)
     with pytest.raises(ConfigError, match=r"close ids: credo:Shop-v0"):
         check_env_id("credo:Shop-v1")
-    try:  # the adapter needs ShopSimulator's package, which CI does not install
-        import web_agent_site  # noqa: F401
-    except ImportError:
-        with pytest.raises(ConfigError, match=r"'shopsim:WebAgentTextEnv-v0' needs the ShopSimulator package "
-                                              r"\(module 'web_agent_site.envs' not importable"):
-            make_env("shopsim:WebAgentTextEnv-v0")
+
+
+def test_shopsim_ids_without_the_package_fail_at_check_naming_the_install():
+    if importlib.util.find_spec("web_agent_site") is not None:
+        pytest.skip("ShopSimulator is installed here: test_shopsim_adapter_plays_the_real_env covers it")
+    for env_id in ("shopsim:WebAgentTextEnv-v0", "shopsim:AnyOtherEnv"):
+        with pytest.raises(ConfigError, match=rf"'{env_id}' needs the ShopSimulator package "
+                                              r"\(module 'web_agent_site.envs' not importable.*git clone"):
+            check_env_id(env_id)  # at `credo check`, before any warm-up
+        with pytest.raises(ConfigError, match="needs the ShopSimulator package"):
+            make_env(env_id)
+
+
+def test_shopsim_adapter_plays_the_real_env():
+    """Against the real package only (not in CI): the shop's tool calls reach WebShop-style actions."""
+    pytest.importorskip("web_agent_site.envs")
+    env = make_env("shopsim:WebAgentTextEnv-v0")
+    obs, _ = env.reset(seed=0)
+    assert isinstance(obs, str) and obs
+    obs, reward, terminated, truncated, _ = env.step("<ask>size</ask>")  # not supported there: an invalid call
+    assert obs.startswith("invalid:") and reward == -0.1 and not (terminated or truncated)
+    obs, reward, terminated, _, _ = env.step("<search>shirt</search>")
+    assert isinstance(obs, str) and reward == 0.0 and not terminated

@@ -22,7 +22,7 @@ from typing import Callable
 from credo.families.multiturn.envs.shop.metrics import aggregate
 
 EVAL_SEED_BASE = 10**10
-"""= credo.train.multiturn.EVAL_SEED_BASE (not imported: this module must not pull in torch)."""
+"""= credo.families.multiturn.source.EVAL_SEED_BASE (not imported: this module must not pull in torch)."""
 
 
 def play(env, policy: Callable[[list[str]], str], seed: int, max_turns: int | None = None) -> dict[str, float]:
@@ -62,8 +62,8 @@ def evaluate_model(recipe_path: str, model_dir: str, n: int, overrides: list[str
     from credo.config import load_recipe
     from credo.distributed.rollout import HFBackend
     from credo.models import load_causal_lm, load_tokenizer
-    from credo.rewards.chat import prompt_renderer
-    from credo.train.multiturn import MultiTurnRollout
+    from credo.tasks.render import prompt_renderer
+    from credo.families.multiturn.source import MultiTurnRollout
     from credo.train.rollout import step_seed
 
     r = load_recipe(recipe_path, overrides)

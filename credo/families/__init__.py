@@ -1,0 +1,21 @@
+"""The built-in families, one folder each. A folder's `__init__` declares its `FAMILY` table entry and imports
+only its config module; stages, hooks and models load when a recipe uses them (`credo.family`).
+
+    critic/      PPO with value models and GAE; AsyPPO's mini-critics          section critic:
+    mipu/        MIPU's accept-or-roll-back of each update                     section mipu:
+    multiturn/   agents in GEM-protocol envs, turn credit, IPA resampling      section env:
+    judges/      LLM judges as rewards; RM-NLHF, CE-RM, P-GenRM                section judge:
+    attention/   attention-derived token credit, as a probe                    (stage settings only)
+
+Adding a family: a folder with a `FAMILY = credo.family.Family(...)` in its `__init__`, listed in BUILTIN below
+(or, outside credo, named in a recipe's `families:`). See docs/architecture.md, "Adding a family".
+"""
+
+import importlib
+
+BUILTIN = ("critic", "mipu", "multiturn", "judges", "attention")
+"""In this order their sections follow the core sections of a recipe."""
+
+
+def builtin_families() -> list:
+    return [importlib.import_module(f"credo.families.{name}").FAMILY for name in BUILTIN]

@@ -1,0 +1,45 @@
+"""The multi-turn family: agents in text environments with GEM's protocol (arXiv 2510.01051), with turn credit.
+
+    config.py       the `env:` section, its checks, the `turn_credit` stage's settings
+    envs/           the env registry (`credo:*` built-ins, GEM ids) and the built-in games
+    source.py       MultiTurnRollout (the `multiturn` rollout source), EnvReward (the `env` reward stage)
+    episodes.py     one step's episodes: reset, model turns, env steps, episode statistics
+    turn_credit.py  the `turn_credit` advantage stage: GEM's ReBN, trajectory GRPO, IPA chunk returns
+    resample.py     IPA's chunk-level initialised resampling (arXiv 2512.24873)
+    task.py         the env's expert episodes as warm-up demonstrations
+    build.py        build-time parts: the env id check, the warm-up task, the held-out episode evaluator
+
+Active when `env.id` is set (with `stages.rollout: multiturn`). See docs/multiturn.md.
+"""
+
+from dataclasses import asdict
+
+from credo.families.multiturn.config import EnvConfig, TurnCreditSettings, check_env
+from credo.family import Family, StageEntry
+
+
+def _active(r) -> bool:
+    e = getattr(r, "env", None)
+    return e is not None and bool(e.id)
+
+
+def _warmup_digest(r) -> dict:
+    return {"env": asdict(r.env)}  # the warm-up trains on the env's expert episodes
+
+
+FAMILY = Family(
+    name="multiturn",
+    doc="multi-turn agents in GEM-protocol environments with turn credit (arXiv 2510.01051, 2512.24873)",
+    section="env",
+    config=EnvConfig,
+    check=check_env,
+    stages={
+        "rollout": {"multiturn": StageEntry("credo.families.multiturn.source:multiturn_source")},
+        "reward": {"env": StageEntry("credo.families.multiturn.source:env_reward")},
+        "advantage": {"turn_credit": StageEntry("credo.families.multiturn.turn_credit:turn_credit",
+                                                TurnCreditSettings)},
+    },
+    active=_active,
+    warmup_digest=_warmup_digest,
+    build="credo.families.multiturn.build",
+)

@@ -1,0 +1,48 @@
+"""Expert episodes of an environment as warm-up demonstrations (the `task` of a multi-turn run).
+
+`train(i)` plays the env's scripted expert (`env.expert_action(rng, noise)`, built-in envs) on demo seed
+DEMO_SEED_BASE + i and writes the episode in the rollout's own layout: the prompt is the first observation (as the source renders it),
+the answer is `action_0 EOS obs_0 action_1 EOS ... action_last` (the warm-up appends the last EOS), with the
+observations rendered by the same turn format as the multi-turn source. The warm-up trains on the whole
+answer, observations included (a simplification: the RL loss trains on the model's turns only).
+"""
+
+from __future__ import annotations
+
+import random
+
+from credo.config import ConfigError
+from credo.families.multiturn.envs import make_env
+from credo.tasks import Problem
+
+DEMO_SEED_BASE = 5 * 10**9
+
+
+class EnvTask:
+    def __init__(self, env_cfg, tokenizer, prompt_text, observation):
+        self.cfg, self.prompt_text, self.observation = env_cfg, prompt_text, observation
+        self.eos = tokenizer.eos_token if tokenizer is not None else ""
+
+    def __len__(self) -> int:
+        return 10**6
+
+    def train(self, i: int) -> Problem:
+        env = make_env(self.cfg.id, **dict(self.cfg.kwargs))
+        if not hasattr(env, "expert_action"):
+            raise ConfigError(f"config key 'env.id' = '{self.cfg.id}' has no scripted expert for the warm-up: "
+                              "expected sft.enabled: false (or an env with expert_action)")
+        rng = random.Random(DEMO_SEED_BASE + i)
+        obs, info = env.reset(seed=DEMO_SEED_BASE + i)
+        parts: list[str] = []
+        for turn in range(self.cfg.max_turns):
+            action = env.expert_action(rng, self.cfg.expert_noise)
+            parts.append(action)
+            obs, _, terminated, truncated, info = env.step(action)
+            if terminated or truncated or turn == self.cfg.max_turns - 1:
+                break
+            parts.append(self.eos + self.observation(obs))
+        first = env.reset(seed=DEMO_SEED_BASE + i)[0]
+        return Problem(prompt=self.prompt_text(first), answer="".join(parts), meta={"env_seed": DEMO_SEED_BASE + i})
+
+    def eval_problems(self) -> list[Problem]:
+        return []  # evaluation plays held-out episodes (credo.families.multiturn.source.EnvEvaluator)

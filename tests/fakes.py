@@ -1,0 +1,62 @@
+"""The test doubles shared by the stage tests: a character tokenizer and a scripted rollout backend.
+
+Both stand in for a part only where a test checks the code around it (a reward stage's bookkeeping, a judge's
+parsing), never for what the test is about; the end-to-end tests use real tokenizers and models.
+"""
+
+from __future__ import annotations
+
+import time
+
+from credo.distributed.rollout import Sample
+
+SPECIAL = 0
+"""The one special token id of `CharTok`: decoded as '<s>', dropped with skip_special_tokens."""
+
+
+class CharTok:
+    """One id per character (`ord`), so ids decode back to the text exactly; id 0 is a special token.
+
+    Records every call: `calls` as ("encode", add_special_tokens) / ("decode", skip_special_tokens), and the same
+    flags in `encodes` / `decodes`."""
+
+    def __init__(self):
+        self.calls, self.encodes, self.decodes = [], [], []
+
+    def __call__(self, text, add_special_tokens=True):
+        self.calls.append(("encode", add_special_tokens))
+        self.encodes.append(add_special_tokens)
+        if isinstance(text, (list, tuple)):
+            return {"input_ids": [[ord(c) for c in t] for t in text]}
+        return {"input_ids": [ord(c) for c in text]}
+
+    def batch_decode(self, rows, skip_special_tokens=False):
+        self.calls.append(("decode", skip_special_tokens))
+        self.decodes.append(skip_special_tokens)
+        return ["".join("" if (i == SPECIAL and skip_special_tokens) else "<s>" if i == SPECIAL else chr(i)
+                        for i in row) for row in rows]
+
+
+class ScriptedBackend:
+    """A rollout backend that answers each prompt (ids of a CharTok text) with `answer(prompt_text)`; records the
+    calls (count, batch sizes, seeds) and sleeps `delay` seconds per call."""
+
+    def __init__(self, answer, delay: float = 0.0):
+        self.answer, self.delay, self.calls, self.sizes, self.seeds = answer, delay, 0, [], []
+
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seeds):
+        self.calls += 1
+        self.sizes.append(len(prompts))
+        self.seeds.append(seeds)
+        time.sleep(self.delay)
+        out = []
+        for p in prompts:
+            text = self.answer("".join(chr(i) for i in p))
+            out.append(Sample(p, [ord(c) for c in text], [1] * len(text), [0.0] * len(text), True))
+        return out
+
+    def sync_weights(self, model, version) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
