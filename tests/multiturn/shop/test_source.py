@@ -101,3 +101,20 @@ def test_shopsim_adapter_plays_the_real_env():
     assert obs.startswith("invalid:") and reward == -0.1 and not (terminated or truncated)
     obs, reward, terminated, _, _ = env.step("<search>shirt</search>")
     assert isinstance(obs, str) and reward == 0.0 and not terminated
+
+
+@pytest.mark.parametrize("recipe", [pytest.param("recipes/shop.yaml", marks=pytest.mark.slow),  # builds the tiny model
+                                    "recipes/gpu/shop_qwen3_4b.yaml"])
+def test_shop_recipes_pass_credo_check(recipe):
+    """Every check `credo run` makes before its first step (the expert for the warm-up, env.kwargs, the prompt
+    budget with the tiny model's tokenizer); the GPU recipe plays the 100k-product 'hard' level."""
+    from pathlib import Path
+
+    from credo.config import load_recipe
+    from credo.train.build import check_run
+
+    r = load_recipe(str(Path(__file__).resolve().parents[3] / recipe))
+    check_run(r)
+    assert r.env.id.startswith("credo:Shop-v0") and r.stages.rollout == "multiturn" and r.sft.steps > 0
+    if "gpu" in recipe:
+        assert r.env.kwargs["n_products"] == 100_000 and r.rollout.backend == "vllm"
