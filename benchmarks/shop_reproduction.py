@@ -40,13 +40,13 @@ def commit() -> str:
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
-def train(seed: int, overrides: list[str], runs: Path) -> Path:
-    """The seed's RL run (skipped when its final/ exists); returns the run folder."""
-    run_dir = runs / f"rl_s{seed}"
+def train(arm: str, seed: int, overrides: list[str], runs: Path) -> Path:
+    """The seed's RL run of `arm` (skipped when its final/ exists); returns the run folder."""
+    run_dir = runs / f"{arm}_s{seed}"
     if not (run_dir / "final").is_dir():
         cmd = [sys.executable, "-m", "credo.cli", "run", RECIPE, *overrides, f"run.seed={seed}",
                f"run.output_dir={run_dir}"]
-        with open(runs / f"rl_s{seed}.log", "a") as log:
+        with open(runs / f"{arm}_s{seed}.log", "a") as log:
             subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True,
                            env={**os.environ, "PYTHONPATH": str(ROOT)})
     return run_dir
@@ -65,28 +65,32 @@ def warmup_dir(overrides: list[str]) -> str:
     return str(folder)
 
 
-def evaluate(arm: str, model: str, seed: int, overrides: list[str], episodes: int) -> dict:
+def evaluate(arm: str, model: str, seed: int, overrides: list[str], arm_overrides: list[str], episodes: int) -> dict:
     from credo.families.multiturn.envs.shop.evaluate import evaluate_model
 
     metrics = evaluate_model(str(ROOT / RECIPE), model, episodes, [*overrides, f"run.seed={seed}"])
-    return {"arm": arm, "seed": seed, "episodes": episodes, "overrides": overrides, "model": model,
+    return {"arm": arm, "seed": seed, "episodes": episodes, "overrides": overrides, "arm_overrides": arm_overrides,
+            "model": model,
             "commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "metrics": metrics}
 
 
 def table(rows: list[dict]) -> str:
-    """Mean [95% CI] per arm and RL - SFT (Welch) per metric."""
-    by_arm = {a: [r["metrics"] for r in rows if r["arm"] == a] for a in ("sft", "rl")}
-    n = {a: len(v) for a, v in by_arm.items()}
-    out = [f"| metric | SFT only (n={n['sft']}) | SFT + RL (n={n['rl']}) | RL - SFT [95% CI] | p |",
-           "|---|---|---|---|---|"]
+    """Mean [95% CI] per arm and each RL arm - SFT (Welch) per metric."""
+    arms = list(dict.fromkeys(r["arm"] for r in rows if r["arm"] != "sft"))
+    by_arm = {a: [r["metrics"] for r in rows if r["arm"] == a] for a in ["sft", *arms]}
+    head = " | ".join(f"SFT + {a} (n={len(by_arm[a])}) | {a} - SFT [95% CI] | p" for a in arms)
+    out = [f"| metric | SFT only (n={len(by_arm['sft'])}) | {head} |", "|---|---|" + "---|---|---|" * len(arms)]
     for key in METRICS:
-        sft, rl = ([m[key] for m in by_arm[a] if key in m] for a in ("sft", "rl"))
-        if not sft or not rl:
-            continue
-        a, b, d = mean_ci(sft), mean_ci(rl), welch_diff(rl, sft)
-        out.append(f"| {key} | {a.mean:.3f} [{a.low:.3f}, {a.high:.3f}] | {b.mean:.3f} [{b.low:.3f}, {b.high:.3f}] "
-                   f"| {d.diff:+.3f} [{d.low:+.3f}, {d.high:+.3f}] | {d.p:.3g} |")
+        sft = [m[key] for m in by_arm["sft"] if key in m]
+        a = mean_ci(sft)
+        cells = [f"{a.mean:.3f} [{a.low:.3f}, {a.high:.3f}]"]
+        for arm in arms:
+            rl = [m[key] for m in by_arm[arm] if key in m]
+            b, d = mean_ci(rl), welch_diff(rl, sft)
+            cells += [f"{b.mean:.3f} [{b.low:.3f}, {b.high:.3f}]", f"{d.diff:+.3f} [{d.low:+.3f}, {d.high:+.3f}]",
+                      f"{d.p:.2g}"]
+        out.append(f"| {key} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
@@ -96,6 +100,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--episodes", type=int, default=128, help="held-out users per evaluation")
     p.add_argument("--out", default="docs/results/shop_sft_vs_rl.jsonl")
     p.add_argument("--runs", default="/tmp/shop_reproduction", help="where the RL runs go")
+    p.add_argument("--arms", nargs="+", default=["sft", "rl"],
+                   help="what to evaluate: sft (the cached warm-up) and RL arms (trained first); an RL arm other than "
+                        "'rl' needs --arm-overrides")
+    p.add_argument("--arm-overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="overrides of the RL arms' training only (e.g. IPA's), after the shared ones")
     p.add_argument("--table-only", action="store_true", help="print the table of --out and stop")
     p.add_argument("overrides", nargs="*", help="recipe overrides, key=value (after --)")
     a = p.parse_args(argv)
@@ -106,10 +115,12 @@ def main(argv: list[str] | None = None) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         done = {(r["arm"], r["seed"]) for r in rows if r["overrides"] == a.overrides}
         for seed in a.seeds:
-            run_dir = train(seed, a.overrides, runs)
-            for arm, model in (("sft", warmup_dir(a.overrides)), ("rl", str(run_dir / "final"))):
+            for arm in a.arms:
                 if (arm, seed) not in done:
-                    rows.append(evaluate(arm, model, seed, a.overrides, a.episodes))
+                    extra = [] if arm == "sft" else a.arm_overrides
+                    model = warmup_dir(a.overrides) if arm == "sft" else \
+                        str(train(arm, seed, [*a.overrides, *extra], runs) / "final")
+                    rows.append(evaluate(arm, model, seed, a.overrides, extra, a.episodes))
                     with open(out, "a") as f:
                         f.write(json.dumps(rows[-1], sort_keys=True) + "\n")
                     print(arm, seed, json.dumps({k: rows[-1]["metrics"].get(k) for k in METRICS[:3]}), flush=True)
