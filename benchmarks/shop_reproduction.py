@@ -37,7 +37,8 @@ METRICS = ["shop/success", "shop/attr_match", "eval/return", "shop/bought", "sho
 
 
 def commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return git.stdout.strip()
 
 
 def train(arm: str, seed: int, overrides: list[str], runs: Path) -> Path:

@@ -5,8 +5,8 @@
 
 `make_env(id, **kwargs)` resolves an id: `credo:<Name>` is a built-in env of this package (no extra
 packages), `<prefix>:<id>` with a prefix of ADAPTERS wraps another package's env (`shopsim:<id>`: the real
-ShopSimulator, a ConfigError naming the install when it is absent), anything else is handed to `gem.make` (e.g. `game:GuessTheNumber-v0-easy`, `rg:chain_sum`;
-`pip install 'credo[envs]'`). An unknown id is a `ConfigError` that lists close ids.
+ShopSimulator, a ConfigError naming the install when it is absent), anything else is handed to `gem.make`
+(e.g. `game:GuessTheNumber-v0-easy`, `rg:chain_sum`; `pip install 'credo[envs]'`). An unknown id is a `ConfigError` that lists close ids.
 """
 
 from __future__ import annotations
