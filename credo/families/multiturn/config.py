@@ -12,8 +12,9 @@ from credo.errors import ConfigError
 @dataclass
 class EnvConfig:
     id: Optional[str] = None
-    """Multi-turn environment (GEM's protocol, docs/multiturn.md): 'credo:GuessNumber-v0' or 'credo:Mastermind-v0'
-    (built-in) or a gem.make id such as 'game:GuessTheNumber-v0-easy'; null = no environment (single-turn tasks).
+    """Multi-turn environment (GEM's protocol, docs/multiturn.md): 'credo:GuessNumber-v0', 'credo:Mastermind-v0',
+    'credo:Shop-v0[-tiny|-easy|-hard]' (built-in; docs/shop.md), 'shopsim:<id>' (the real ShopSimulator) or a
+    gem.make id such as 'game:GuessTheNumber-v0-easy'; null = no environment (single-turn tasks).
     Needs stages.rollout: multiturn."""
     kwargs: dict = field(default_factory=dict)
     """Constructor overrides of the environment (gem.make(id, **kwargs)), e.g. {max_turns: 5}."""
