@@ -184,12 +184,12 @@ def worker_main(index: int, spec: WorkerSpec, buffers: WeightBuffers, requests, 
             if req is None:
                 return
             t0 = time.perf_counter()
-            if delay_s:
-                time.sleep(delay_s)
             newer = buffers.take(model, version)
             if newer != version:
                 version = newer
                 backend.sync_weights(model, version)
+            if delay_s:  # the test hook's slow generation: after the weights are taken, as a long request's would be
+                time.sleep(delay_s)
             samples = backend.generate(req.prompts, max_new_tokens=req.max_new_tokens, temperature=req.temperature,
                                        top_p=req.top_p, seeds=req.seeds)
             busy[index] += time.perf_counter() - t0
