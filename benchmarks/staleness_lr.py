@@ -39,30 +39,57 @@ COLLAPSE_FRAC = 0.5
 """A run has collapsed at the first evaluation whose accuracy is below this fraction of its best so far."""
 
 
-def run_all(sweep_path: str, only: list[str] | None) -> None:
+def run_all(sweep_path: str, only: list[str] | None, staleness: list[int] | None = None,
+            seeds: list[int] | None = None, adaptive: bool = False) -> None:
+    """Train the sweep's runs (those of `only` variants, `staleness` values and `seeds` when given). `adaptive`: for
+    each (S, seed) the learning rates go in ascending order and stop after the first that collapses (the larger ones
+    are assumed to collapse too, the monotonicity eta_max rests on); what eta_max needs, in fewer runs."""
     from credo.ablate.plan import plan_runs
     from credo.ablate.spec import load_sweep
+
+    sweep = load_sweep(sweep_path)
+    runs = [r for r in plan_runs(sweep, threads=1) if (not only or r.variant in only)
+            and (staleness is None or r.recipe.rollout.max_staleness in staleness)
+            and (seeds is None or r.seed in seeds)]
+    if adaptive:  # (seed, S) groups in turn, each by ascending learning rate
+        runs.sort(key=lambda r: (r.seed, r.recipe.rollout.max_staleness, r.recipe.optim.lr))
+    stop: set[tuple[int, int]] = set()  # (S, seed) groups that have collapsed
+    for i, r in enumerate(runs):
+        group = (r.recipe.rollout.max_staleness, r.seed)
+        if adaptive and group in stop:
+            continue
+        train_one(r, f"[{i + 1}/{len(runs)}] {r.variant} seed {r.seed}")
+        if adaptive and collapsed(r.run_dir):
+            stop.add(group)
+
+
+def train_one(r, label: str) -> None:
+    """One run of the sweep, unless its metrics already reach its last step (or it was stopped by non-finite values);
+    an unfinished run starts again from scratch."""
+    import shutil
+
     from credo.errors import TrainingError
     from credo.trainer import train
 
-    sweep = load_sweep(sweep_path)
-    runs = [r for r in plan_runs(sweep, threads=1) if not only or r.variant in only]
-    for i, r in enumerate(runs):
-        if last_step(r.run_dir) == r.recipe.run.steps or (r.run_dir / "STOPPED").exists():
-            continue
-        if r.run_dir.exists():  # an unfinished run: start it again from scratch
-            import shutil
+    if last_step(r.run_dir) == r.recipe.run.steps or (r.run_dir / "STOPPED").exists():
+        return
+    if r.run_dir.exists():
+        shutil.rmtree(r.run_dir)
+    t = time.perf_counter()
+    print(label, flush=True)
+    try:
+        train(r.recipe)
+    except TrainingError as e:  # non-finite values: a collapse too
+        r.run_dir.mkdir(parents=True, exist_ok=True)
+        (r.run_dir / "STOPPED").write_text(str(e) + "\n")
+        print(f"  stopped: {e}", flush=True)
+    print(f"  {time.perf_counter() - t:.0f} s", flush=True)
 
-            shutil.rmtree(r.run_dir)
-        t = time.perf_counter()
-        print(f"[{i + 1}/{len(runs)}] {r.variant} seed {r.seed}", flush=True)
-        try:
-            train(r.recipe)
-        except TrainingError as e:  # non-finite values: a collapse too
-            r.run_dir.mkdir(parents=True, exist_ok=True)
-            (r.run_dir / "STOPPED").write_text(str(e) + "\n")
-            print(f"  stopped: {e}", flush=True)
-        print(f"  {time.perf_counter() - t:.0f} s", flush=True)
+
+def collapsed(run_dir: Path) -> bool:
+    rows = rows_of(run_dir)
+    curve = [(row["step"], row["eval/accuracy"]) for row in rows if "eval/accuracy" in row]
+    return (run_dir / "STOPPED").exists() or collapse_step(curve, None) is not None
 
 
 def rows_of(run_dir: Path) -> list[dict]:
@@ -228,13 +255,17 @@ def main() -> None:
     a = sub.add_parser("run")
     a.add_argument("sweep")
     a.add_argument("--only", nargs="*", help="variant names (default: all)")
+    a.add_argument("--staleness", nargs="*", type=int, help="only these values of rollout.max_staleness")
+    a.add_argument("--seeds", nargs="*", type=int, help="only these seeds")
+    a.add_argument("--adaptive", action="store_true",
+                   help="per (S, seed): ascending learning rates, stop after the first collapse")
     b = sub.add_parser("analyze")
     b.add_argument("sweep")
     b.add_argument("--results")
     b.add_argument("--plot")
     args = p.parse_args()
     if args.cmd == "run":
-        run_all(args.sweep, args.only)
+        run_all(args.sweep, args.only, args.staleness, args.seeds, args.adaptive)
     else:
         analyze(args.sweep, args.results, args.plot)
 

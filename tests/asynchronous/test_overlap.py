@@ -27,7 +27,7 @@ def tiny(tmp_path_factory):
         yield path, model, tok, arithmetic()
 
 
-def workers_for(path, model, tok, n=1, timeout_s=120.0):
+def workers_for(path, model, tok, n=1, timeout_s=600.0):  # generous: a loaded shared CPU
     spec = WorkerSpec(policy_path=path, dtype="float32", eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     return LocalRolloutWorkers(model, spec, n, timeout_s=timeout_s)
 
@@ -83,7 +83,7 @@ def drive(source, model, steps: int, train_s: float = 0.0) -> list:
     return batches
 
 
-def overlap(path, model, tok, task, *, S, workers=1, timeout_s=120.0, **kw):
+def overlap(path, model, tok, task, *, S, workers=1, timeout_s=600.0, **kw):
     pool = workers_for(path, model, tok, n=workers, timeout_s=timeout_s)
     return OverlapSource(prompt_rollout(task, tok, HFBackend(model, tok)), pool, model, staleness=S,
                          timeout_s=timeout_s, last_step=100, **{"stale_policy": "drop", "request_prompts": 0, **kw})

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 LAG = {"rollout.max_staleness": 1, "rollout.async_mode": "fixed_lag", "run.dump_rollouts_every": 1,
        "algo.loss_kwargs": "{correction: tis}"}
 STEPS = 6
+SLOW_MACHINE_S = 1200  # a 6-step run took over 300 s on the shared 2-core machine under load
 
 
 def dumped(run_dir, step: int) -> list[dict]:
@@ -31,7 +32,7 @@ def dumped(run_dir, step: int) -> list[dict]:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     root = tmp_path_factory.mktemp("lagged")
-    wait_ok(start(kill_recipe(root / "run", **LAG), root / "stderr.log"))
+    wait_ok(start(kill_recipe(root / "run", **LAG), root / "stderr.log"), SLOW_MACHINE_S)
     return root / "run"
 
 
@@ -49,8 +50,9 @@ def test_fixed_lag_trains_step_k_on_version_k_minus_2(uninterrupted):
 
 def test_a_fixed_lag_run_killed_between_checkpoints_resumes_bit_exact(tmp_path, uninterrupted):
     out = tmp_path / "run"
-    run_and_kill(kill_recipe(out, **LAG), has_row(out, 3), tmp_path / "killed.log")  # checkpoint at 2, killed at 3+
-    err = wait_ok(start(kill_recipe(out, **LAG, **{"run.resume": "auto"}), tmp_path / "resumed.log"))
+    # checkpoint at 2, killed at 3+
+    run_and_kill(kill_recipe(out, **LAG), has_row(out, 3), tmp_path / "killed.log", SLOW_MACHINE_S)
+    err = wait_ok(start(kill_recipe(out, **LAG, **{"run.resume": "auto"}), tmp_path / "resumed.log"), SLOW_MACHINE_S)
     assert "resumed from" in err
     assert_same_run(uninterrupted, out, STEPS)
     for k in range(1, STEPS + 1):  # the very samples, not only the metrics
