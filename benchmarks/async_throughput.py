@@ -97,7 +97,8 @@ def main() -> None:
             t = time.time()
             rows = run_one(recipe, [*base, *variants[name], *args.extra], tmp / f"{name}-{rnd}")
             s = summarize(rows, warmup)
-            s.update({"variant": name, "round": rnd, "recipe": recipe, "overrides": [*base, *variants[name], *args.extra],
+            s.update({"variant": name, "round": rnd, "recipe": recipe,
+                      "overrides": [*base, *variants[name], *args.extra],
                       "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                       "loadavg_1m": os.getloadavg()[0], "wall_s": time.time() - t})
             results[name].append(s)

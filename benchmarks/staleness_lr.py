@@ -39,11 +39,18 @@ COLLAPSE_FRAC = 0.5
 """A run has collapsed at the first evaluation whose accuracy is below this fraction of its best so far."""
 
 
+class Collapsed(Exception):
+    """Raised from the tracker when a run's evaluation meets the collapse rule (with --stop-at-collapse)."""
+
+
 def run_all(sweep_path: str, only: list[str] | None, staleness: list[int] | None = None,
             seeds: list[int] | None = None, adaptive: bool = False) -> None:
-    """Train the sweep's runs (those of `only` variants, `staleness` values and `seeds` when given). `adaptive`: for
-    each (S, seed) the learning rates go in ascending order and stop after the first that collapses (the larger ones
-    are assumed to collapse too, the monotonicity eta_max rests on); what eta_max needs, in fewer runs."""
+    """Train the sweep's runs (those of `only` variants, `staleness` values and `seeds` when given).
+
+    `adaptive`: for each (S, seed) the learning rates go in descending order, each run stops at its collapse (the rest
+    of a collapsed run tells neither eta_max nor M_collapse), and the first rate that does not collapse ends the
+    group: the smaller ones are taken not to collapse either (the monotonicity eta_max rests on). That is every run
+    eta_max and M_collapse need, at a fraction of the grid's cost."""
     from credo.ablate.plan import plan_runs
     from credo.ablate.spec import load_sweep
 
@@ -51,39 +58,63 @@ def run_all(sweep_path: str, only: list[str] | None, staleness: list[int] | None
     runs = [r for r in plan_runs(sweep, threads=1) if (not only or r.variant in only)
             and (staleness is None or r.recipe.rollout.max_staleness in staleness)
             and (seeds is None or r.seed in seeds)]
-    if adaptive:  # (seed, S) groups in turn, each by ascending learning rate
-        runs.sort(key=lambda r: (r.seed, r.recipe.rollout.max_staleness, r.recipe.optim.lr))
-    stop: set[tuple[int, int]] = set()  # (S, seed) groups that have collapsed
+    if adaptive:  # (seed, S) groups in turn, each by descending learning rate
+        runs.sort(key=lambda r: (r.seed, r.recipe.rollout.max_staleness, -r.recipe.optim.lr))
+    stop: set[tuple[int, int]] = set()  # (S, seed) groups with a rate that did not collapse
     for i, r in enumerate(runs):
         group = (r.recipe.rollout.max_staleness, r.seed)
         if adaptive and group in stop:
             continue
-        train_one(r, f"[{i + 1}/{len(runs)}] {r.variant} seed {r.seed}")
-        if adaptive and collapsed(r.run_dir):
+        train_one(r, f"[{i + 1}/{len(runs)}] {r.variant} seed {r.seed}", stop_at_collapse=adaptive)
+        if adaptive and not collapsed(r.run_dir):
             stop.add(group)
 
 
-def train_one(r, label: str) -> None:
-    """One run of the sweep, unless its metrics already reach its last step (or it was stopped by non-finite values);
-    an unfinished run starts again from scratch."""
+def train_one(r, label: str, *, stop_at_collapse: bool) -> None:
+    """One run of the sweep, unless its metrics already reach its last step (or it was stopped: non-finite values, or
+    its collapse with `stop_at_collapse`); an unfinished run starts again from scratch."""
     import shutil
 
     from credo.errors import TrainingError
-    from credo.trainer import train
+    from credo.trainer import Trainer
 
-    if last_step(r.run_dir) == r.recipe.run.steps or (r.run_dir / "STOPPED").exists():
+    done = ("STOPPED", "COLLAPSED")
+    if last_step(r.run_dir) == r.recipe.run.steps or any((r.run_dir / f).exists() for f in done):
         return
     if r.run_dir.exists():
         shutil.rmtree(r.run_dir)
     t = time.perf_counter()
     print(label, flush=True)
+    trainer = Trainer(r.recipe)
+    if stop_at_collapse:
+        watch_collapse(trainer)
     try:
-        train(r.recipe)
+        trainer.fit()
     except TrainingError as e:  # non-finite values: a collapse too
-        r.run_dir.mkdir(parents=True, exist_ok=True)
         (r.run_dir / "STOPPED").write_text(str(e) + "\n")
         print(f"  stopped: {e}", flush=True)
+    except Collapsed as e:
+        (r.run_dir / "COLLAPSED").write_text(str(e) + "\n")
+        print(f"  {e}", flush=True)
+    finally:
+        trainer.close()
     print(f"  {time.perf_counter() - t:.0f} s", flush=True)
+
+
+def watch_collapse(trainer) -> None:
+    """Make the trainer's tracker raise Collapsed right after it logs the evaluation that meets the collapse rule."""
+    log, curve = trainer.tracker.log, []
+
+    def log_and_watch(row: dict) -> None:
+        log(row)
+        if "eval/accuracy" in row:
+            curve.append((row["step"], row["eval/accuracy"]))
+            step = collapse_step(curve, None)
+            if step is not None:
+                best = max(a for _, a in curve)
+                raise Collapsed(f"collapsed at step {step} (eval/accuracy {curve[-1][1]:.3f}, best {best:.3f})")
+
+    trainer.tracker.log = log_and_watch
 
 
 def collapsed(run_dir: Path) -> bool:
@@ -158,7 +189,9 @@ def analyze(sweep_path: str, results: str | None, plot: str | None) -> dict:
     lines, table = [], {}
     for r in plan_runs(sweep, threads=1):
         rows = rows_of(r.run_dir)
-        if not rows:
+        ended = last_step(r.run_dir) == r.recipe.run.steps or \
+            any((r.run_dir / f).exists() for f in ("STOPPED", "COLLAPSED"))
+        if not rows or not ended:  # not run, or still running: it says nothing yet
             continue
         S, lr = r.recipe.rollout.max_staleness, r.recipe.optim.lr
         curve = [(row["step"], row["eval/accuracy"]) for row in rows if "eval/accuracy" in row]
@@ -167,13 +200,15 @@ def analyze(sweep_path: str, results: str | None, plot: str | None) -> dict:
         train_rows = [row for row in rows if "train/reward_mean" in row]
         final = {"eval/accuracy_final": curve[-1][1] if curve else None,
                  "eval/accuracy_best": max(a for _, a in curve) if curve else None,
-                 "train/reward_mean_last5": sum(x["train/reward_mean"] for x in train_rows[-5:]) / max(1, len(train_rows[-5:])),
+                 "train/reward_mean_last5": sum(x["train/reward_mean"] for x in train_rows[-5:])
+                 / max(1, len(train_rows[-5:])),
                  "train/grad_norm_max": max((x.get("train/grad_norm", 0.0) for x in train_rows), default=None)}
         lines.append({"sweep": sweep.name, "variant": r.variant, "seed": r.seed, "S": S, "lr": lr,
                       "staleness_lr_scaling": r.recipe.optim.staleness_lr_scaling, "commit": commit,
                       "date": time.strftime("%Y-%m-%d"), "host": f"{platform.node()} ({platform.machine()}, 2 cores)",
                       "steps": r.recipe.run.steps, "finished": last_step(r.run_dir) == r.recipe.run.steps,
-                      "stopped_non_finite": stopped, "collapsed": m is not None, "M_collapse": m, **final,
+                      "stopped_non_finite": stopped, "stopped_at_collapse": (r.run_dir / "COLLAPSED").exists(),
+                      "collapsed": m is not None, "M_collapse": m, **final,
                       "eval_curve": curve})
         table.setdefault((S, r.seed), {})[lr] = m is not None
     summary = summarize(lines, table)
@@ -197,11 +232,13 @@ def summarize(lines: list[dict], table: dict) -> dict:
     for x in lines:
         if x["collapsed"] and x["S"] >= 1:
             products.setdefault(x["S"], []).append(x["M_collapse"] * x["S"] * x["lr"])
-    rate = {}
+    rate, steps = {}, {}
     for x in lines:
         rate.setdefault(f"S={x['S']},lr={x['lr']}", []).append(x["collapsed"])
+        steps.setdefault(f"S={x['S']},lr={x['lr']}", []).append(x["M_collapse"])
     return {"collapse_rule": f"eval/accuracy < {COLLAPSE_FRAC} x best so far, or stopped by non-finite values",
             "collapsed_frac": {k: sum(v) / len(v) for k, v in rate.items()},
+            "M_collapse_by_seed": steps,
             "eta_max": etas, "fit_log_eta_max_vs_log_S": fit_slope(points),
             "M_collapse_S_eta": {S: {"mean": sum(v) / len(v), "min": min(v), "max": max(v), "n": len(v)}
                                  for S, v in sorted(products.items())}}
@@ -258,7 +295,8 @@ def main() -> None:
     a.add_argument("--staleness", nargs="*", type=int, help="only these values of rollout.max_staleness")
     a.add_argument("--seeds", nargs="*", type=int, help="only these seeds")
     a.add_argument("--adaptive", action="store_true",
-                   help="per (S, seed): ascending learning rates, stop after the first collapse")
+                   help="per (S, seed): descending learning rates, each stopped at its collapse, up to the first that "
+                        "does not")
     b = sub.add_parser("analyze")
     b.add_argument("sweep")
     b.add_argument("--results")
