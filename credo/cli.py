@@ -206,8 +206,8 @@ def _check(args) -> int:
     notes = check_run(recipe)
     if args.show:
         print(recipe_to_yaml(recipe), end="")
-    for note in notes:
-        print(f"credo: note: {note}")
+    for note in notes:  # a note that starts 'warning:' is printed as one
+        print(f"credo: {note}" if note.startswith("warning:") else f"credo: note: {note}")
     print(f"credo check: OK ({args.recipe}{', ' + str(len(args.overrides)) + ' overrides' if args.overrides else ''})")
     return 0
 
