@@ -121,7 +121,7 @@ def build(r: Recipe) -> Components:
                           total_steps=r.run.steps * a.ppo_epochs * a.mini_batches, min_lr_ratio=o.min_lr_ratio)
     sampling = dict(prompts_per_step=ro.prompts_per_step, group_size=ro.group_size, max_new_tokens=ro.max_new_tokens,
                     temperature=ro.temperature, top_p=ro.top_p)
-    ctx = StageContext(rank=rank, world=world, seed=r.run.seed, tokenizer=tokenizer, task=task,
+    ctx = StageContext(rank=rank, world=world, seed=r.run.seed, tokenizer=tokenizer, task=task, recipe=r,
                        backend=make_backend(r, engine, tokenizer, policy_path), engine=engine, rollout=sampling,
                        render=render, task_config=r.task, policy_path=policy_path, dtype=r.model.dtype,
                        zero_stage=o.zero_stage, advantage_kwargs=dict(a.advantage_kwargs), ref_model=ref,

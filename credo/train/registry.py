@@ -82,6 +82,9 @@ class StageContext:
     """The PolicyScorer (built before the advantage stage)."""
     source: Any = None
     """The rollout source (built before every other stage)."""
+    recipe: Any = None
+    """The whole recipe, read-only: for a family stage or hook that also reads another family's section (a source
+    that plays the environment another family's section describes)."""
 
 
 @dataclass(frozen=True)

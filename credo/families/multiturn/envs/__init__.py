@@ -17,8 +17,10 @@ from typing import Any, Callable
 from credo.config import ConfigError
 from credo.families.multiturn.envs.guess import GuessNumberEnv
 from credo.families.multiturn.envs.mastermind import MastermindEnv
+from credo.families.multiturn.envs.vault import VaultEnv
 
-BUILTIN_ENVS: dict[str, Callable[..., Any]] = {"credo:GuessNumber-v0": GuessNumberEnv, "credo:Mastermind-v0": MastermindEnv}
+BUILTIN_ENVS: dict[str, Callable[..., Any]] = {"credo:GuessNumber-v0": GuessNumberEnv, "credo:Mastermind-v0": MastermindEnv,
+                                               "credo:Vault-v0": VaultEnv}
 
 
 def gem_ids() -> list[str]:
