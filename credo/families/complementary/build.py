@@ -17,13 +17,18 @@ def preflight(r) -> list[str]:
     if c.extractor == "none":
         return []
     check_extractor_env(make_env(r.env.id, **dict(r.env.kwargs)), c)
-    if c.extractor_path not in ("actor", "tiny") and not os.path.isdir(c.extractor_path):
-        raise ConfigError(f"config key 'complementary.extractor_path' = '{c.extractor_path}' is not a folder: expected "
-                          "'actor', 'tiny' or a model folder")
+    notes = []
+    path = c.extractor_path
+    if path not in ("actor", "tiny") and not os.path.isdir(path):
+        hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~"))
+        if not hub_id:
+            raise ConfigError(f"config key 'complementary.extractor_path' = '{path}' is not a folder: expected "
+                              "'actor', 'tiny', a model folder or a hub id")
+        notes.append(f"complementary.extractor_path '{path}': not checked (offline)")
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
         raise ConfigError(f"config key 'complementary.extractor' = '{c.extractor}': the extractor runs in one process "
                           "only; launch without torchrun (or complementary.extractor: none)")
-    return []
+    return notes
 
 
 def hooks(ctx, parts) -> list:

@@ -18,7 +18,7 @@ class ComplementaryConfig:
     none: no extractor and no bank (outcome-only RL on the same source: the other baseline)."""
     extractor_path: str = "actor"
     """The extractor's initial weights: 'actor' (a copy of the actor after its warm-up), 'tiny' (the recipe's tiny
-    model, fresh) or a model folder; it must share the actor's tokenizer."""
+    model, fresh), a model folder or a hub id; it must share the actor's tokenizer."""
     extractor_lr: float = ranged(1.0e-3, gt=0)
     """The extractor's AdamW learning rate (its own optimizer)."""
     extractor_weight_decay: float = ranged(0.0, ge=0)
