@@ -15,6 +15,7 @@ from tests.reliability.common import assert_same_run, has_checkpoint, run_and_ki
 pytestmark = pytest.mark.slow
 
 STEPS = 4
+LIMIT_S = 1800  # a run is about a minute on a free 2-core machine; the limit covers a shared one
 
 
 def args(out, **extra) -> list[str]:
@@ -28,7 +29,8 @@ def args(out, **extra) -> list[str]:
 
 
 def test_a_run_trains_the_extractor_and_fills_the_bank(tmp_path):
-    p = run_cli(args(tmp_path / "run", **{"run.steps": 3, "run.save_every": 3, "run.dump_rollouts_every": 3}))
+    p = run_cli(args(tmp_path / "run", **{"run.steps": 3, "run.save_every": 3, "run.dump_rollouts_every": 3}),
+                timeout=LIMIT_S)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = read_rows(tmp_path / "run")
     assert [r["step"] for r in rows] == [0, 1, 2, 3] and "eval/return" in rows[-1]
@@ -55,10 +57,10 @@ def extractor_params(run_dir, step):
 
 def test_sigkill_after_a_checkpoint_and_resume_is_exact(tmp_path):
     full, killed = tmp_path / "full", tmp_path / "killed"
-    wait_ok(start(args(full), tmp_path / "full.log"))
-    run_and_kill(args(killed), has_checkpoint(killed, 2), tmp_path / "killed.log")
+    wait_ok(start(args(full), tmp_path / "full.log"), timeout=LIMIT_S)
+    run_and_kill(args(killed), has_checkpoint(killed, 2), tmp_path / "killed.log", timeout=LIMIT_S)
     assert not (killed / "checkpoints" / f"step_{STEPS:08d}").exists()
-    err = wait_ok(start(args(killed, **{"run.resume": "auto"}), tmp_path / "resumed.log"))
+    err = wait_ok(start(args(killed, **{"run.resume": "auto"}), tmp_path / "resumed.log"), timeout=LIMIT_S)
     assert "resumed from" in err
     assert_same_run(full, killed, STEPS)
     a, b = extractor_params(full, STEPS), extractor_params(killed, STEPS)
