@@ -128,8 +128,9 @@ def extractor_update(engine, tokenizer, prompts: list[str], lesson_ids: list[lis
     loss = -(adv * lp * mask).sum() / n
     backward(engine, loss, world)
     optimizer_step(engine, zero_stage)
-    norm = engine.get_global_grad_norm()
-    return {"extractor/loss": float(loss.detach()), "extractor/grad_norm": float(norm) if norm is not None else 0.0,
+    # no grad-norm metric: DeepSpeed's get_global_grad_norm() after a resume reported 1.64 where the
+    # uninterrupted run reported 0.0 (a step whose advantages were all 0), so it is not a function of the state
+    return {"extractor/loss": float(loss.detach()),
             "extractor/lesson_tokens_mean": float(mask.sum()) / max(1, len(prompts))}
 
 
