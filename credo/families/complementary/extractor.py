@@ -103,7 +103,8 @@ def warm_up(model, tokenizer, pairs: list[tuple[str, str]], *, steps: int, batch
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
+    model.zero_grad(set_to_none=True)  # the last step's gradients would join the engine's first update
     return losses
 
 
