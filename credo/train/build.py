@@ -145,7 +145,7 @@ def _bind(r: Recipe, rank, world, run_dir, policy_path, sft_key, tokenizer, task
           grad_accum, cluster) -> Components:
     """The stages, the trainer state, the hooks and the evaluator, bound once the engines exist."""
     a, o = r.algo, r.optim
-    ctx = StageContext(rank=rank, world=world, seed=r.run.seed, tokenizer=tokenizer, task=task,
+    ctx = StageContext(rank=rank, world=world, seed=r.run.seed, tokenizer=tokenizer, task=task, recipe=r,
                        backend=make_backend(r, engine, tokenizer, policy_path, cluster), engine=engine, rollout=sampling,
                        render=render, task_config=r.task, policy_path=policy_path, dtype=r.model.dtype,
                        zero_stage=o.zero_stage, advantage_kwargs=dict(a.advantage_kwargs), ref_model=ref,
