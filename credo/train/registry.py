@@ -82,6 +82,8 @@ class StageContext:
     """The PolicyScorer (built before the advantage stage)."""
     source: Any = None
     """The rollout source (built before every other stage)."""
+    eval_samples: int = 1
+    """run.eval_samples: an evaluator's draws per held-out problem."""
 
 
 @dataclass(frozen=True)
