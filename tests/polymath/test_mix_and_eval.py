@@ -155,3 +155,21 @@ def test_a_verifier_that_raises_scores_zero_and_another_task_is_one_discipline()
     ev = MultiDomainEvaluator(one, ["sort3"], tok, RuleSource(tok, answers, lambda t, s: True), seed=0,
                               temperature=0.0, samples=1, render=plain_prompt)
     assert ev() == 0.0 and ev.extra_metrics == {"eval/sort3": 0.0}
+
+
+def test_the_eval_cap_goes_to_the_rollout_engine_and_zero_keeps_the_sources_own(task):
+    tok = build_char_tokenizer()
+    answers = {p.prompt: p.answer for d in task.disciplines for p in task.discipline_eval(d)}
+    caps = []
+
+    class Engine:  # the source's rollout engine: what the source's own generate would call
+        def generate(self, prompts, *, max_new_tokens, temperature, top_p, seeds):
+            caps.append(max_new_tokens)
+            return RuleSource(tok, answers, lambda t, s: True).generate(prompts, temperature=temperature, seeds=seeds)
+
+    src = RuleSource(tok, answers, lambda t, s: True)
+    src.backend = Engine()
+    assert MultiDomainEvaluator(task, ["sort"], tok, src, seed=0, temperature=0.0, samples=1, max_new_tokens=9)() == 1.0
+    assert caps == [9] and not src.calls
+    MultiDomainEvaluator(task, ["sort"], tok, src, seed=0, temperature=0.0, samples=1)()
+    assert caps == [9] and len(src.calls) == 1

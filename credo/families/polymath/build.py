@@ -32,7 +32,7 @@ def evaluator(ctx, source, temperature: float):
     pt = disciplines_of(ctx.task, ctx.task_config.name)
     return MultiDomainEvaluator(pt, eval_disciplines(ctx.section, pt), ctx.tokenizer, source, seed=ctx.seed,
                                 temperature=temperature, samples=ctx.eval_samples, rank=ctx.rank, world=ctx.world,
-                                render=ctx.render)
+                                render=ctx.render, max_new_tokens=ctx.section.eval_max_new_tokens)
 
 
 def hooks(ctx, parts) -> list:

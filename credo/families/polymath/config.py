@@ -48,6 +48,9 @@ class PolymathConfig:
     eval_disciplines: list = field(default_factory=list)
     """Disciplines of the polymath task the held-out evaluation logs (eval/<discipline>); [] = every discipline
     that is not an engineered combination."""
+    eval_max_new_tokens: int = ranged(0, ge=0)
+    """Generation cap of the held-out evaluation (0 = rollout.max_new_tokens); the evaluated disciplines' answers
+    may be far shorter than the longest training answer (an engineered combination)."""
     monitor: bool = True
     """Log the format, diversity and sampled-NLL monitors every step (polymath/*)."""
     judge_path: Optional[str] = None

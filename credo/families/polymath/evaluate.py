@@ -1,7 +1,8 @@
 """The multi-domain held-out evaluation (arXiv 2601.03111: one sample, scored on many disciplines).
 
 Every evaluation discipline's held-out problems are answered in one generate call, `run.eval_samples` times each at
-`run.eval_temperature` (greedy at 0), and scored by that discipline's verifier:
+`run.eval_temperature` (greedy at 0; at most polymath.eval_max_new_tokens tokens when set), and scored by that
+discipline's verifier:
 
     eval/<d>         = mean score over discipline d's held-out problems and samples
     eval/accuracy    = the mean of eval/<d> over the disciplines (each discipline weighs the same, whatever its size)
@@ -26,10 +27,10 @@ class MultiDomainEvaluator:
     metric = "eval/accuracy"
 
     def __init__(self, task, disciplines: list[str], tokenizer, source, *, seed: int, temperature: float,
-                 samples: int, rank: int = 0, world: int = 1, render=plain_prompt):
+                 samples: int, rank: int = 0, world: int = 1, render=plain_prompt, max_new_tokens: int = 0):
         self.task, self.disciplines, self.tokenizer, self.source = task, list(disciplines), tokenizer, source
         self.seed, self.temperature, self.samples, self.rank, self.world = seed, temperature, samples, rank, world
-        self.render = render
+        self.render, self.max_new_tokens = render, max_new_tokens
         self.problems = [(d, p) for d in self.disciplines for p in task.discipline_eval(d)]
         """Every held-out problem, (discipline, problem), in global index order."""
         self.extra_metrics: dict[str, float] = {}
@@ -43,7 +44,7 @@ class MultiDomainEvaluator:
         mine = [self.problems[j][1] for j in index]
         prompts = [ids for ids in encode_prompts(self.tokenizer, self.render, mine) for _ in range(k)]
         seeds = None if greedy else [step_seed(self.seed, -1, j * k + s) for j in index for s in range(k)]
-        out = self.source.generate(prompts, temperature=1.0 if greedy else self.temperature, seeds=seeds)
+        out = self._generate(prompts, 1.0 if greedy else self.temperature, seeds)
         texts = self.tokenizer.batch_decode([s.response_ids for s in out], skip_special_tokens=True)
         sums = {d: 0.0 for d in self.disciplines}
         counts = {d: 0.0 for d in self.disciplines}
@@ -65,3 +66,12 @@ class MultiDomainEvaluator:
         self.extra_metrics = {f"eval/{d}": v for d, v in acc.items()}
         present = [v for v in acc.values() if v == v]
         return sum(present) / len(present) if present else float("nan")
+
+    def _generate(self, prompts, temperature: float, seeds):
+        """The source's sampling, at this evaluator's own length cap when it has one (through the source's rollout
+        engine, `source.backend`, as the source's own `generate` calls it)."""
+        backend = getattr(self.source, "backend", None)
+        if not self.max_new_tokens or backend is None:
+            return self.source.generate(prompts, temperature=temperature, seeds=seeds)
+        return backend.generate(prompts, max_new_tokens=self.max_new_tokens, temperature=temperature, top_p=1.0,
+                                seeds=seeds)

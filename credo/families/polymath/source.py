@@ -120,7 +120,7 @@ class OneSampleRollout:
     """prompts_per_step copies of one problem, group_size responses each (see the module docstring)."""
 
     def __init__(self, problem: Problem, tokenizer, backend, *, group: str = "copy", **prompt_rollout):
-        self.problem, self.group = problem, group
+        self.problem, self.group, self.backend = problem, group, backend
         self.inner = PromptRollout(_Repeated(problem), tokenizer, backend, **prompt_rollout)
 
     def rollout(self, step: int) -> Batch:
