@@ -1,6 +1,9 @@
 """Collect a finished polymath sweep into docs/results/polymath.jsonl and print its per-discipline gain table.
 
-    python benchmarks/polymath_results.py [--sweep recipes/ablations/polymath.yaml] [--out docs/results/polymath.jsonl]
+    python benchmarks/polymath_results.py [--sweep recipes/ablations/polymath.yaml ...] [--out docs/results/polymath.jsonl]
+
+Several sweeps (e.g. polymath.yaml and its one-sample arm polymath_one_sample.yaml) make one table; the baseline is
+the first sweep's.
 
 One JSON line per run: sweep, variant, seed, commit, date, host, the run's final metrics (every eval/* at the last
 step, and the last-10-step means of the train and polymath monitors), its gains over the step-0 evaluation (the
@@ -64,22 +67,24 @@ def table(records: list[dict], baseline: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sweep", default="recipes/ablations/polymath.yaml")
+    ap.add_argument("--sweep", nargs="+", default=["recipes/ablations/polymath.yaml"])
     ap.add_argument("--out", default="docs/results/polymath.jsonl")
     a = ap.parse_args()
-    sweep = load_sweep(a.sweep)
+    sweeps = [load_sweep(path) for path in a.sweep]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     host = socket.gethostname()
     records = []
-    for variant in sweep.variants:
-        for seed in sweep.seeds:
-            rec = run_record(sweep, variant, seed, sweep.output_dir / "runs" / variant / f"seed{seed}", commit, host)
-            if rec is not None:
-                records.append(rec)
+    for sweep in sweeps:
+        for variant in sweep.variants:
+            for seed in sweep.seeds:
+                rec = run_record(sweep, variant, seed, sweep.output_dir / "runs" / variant / f"seed{seed}", commit, host)
+                # a (variant, seed) that two sweeps both finished is the same run twice: count it once
+                if rec is not None and not any((r["variant"], r["seed"]) == (variant, seed) for r in records):
+                    records.append(rec)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text("".join(json.dumps(r) + "\n" for r in records))
     print(f"{len(records)} runs -> {a.out}\n")
-    print(table(records, sweep.baseline))
+    print(table(records, sweeps[0].baseline))
 
 
 if __name__ == "__main__":
