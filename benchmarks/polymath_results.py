@@ -2,7 +2,7 @@
 
     python benchmarks/polymath_results.py [--sweep recipes/ablations/polymath.yaml ...] [--out docs/results/polymath.jsonl]
 
-Several sweeps (e.g. polymath.yaml and its one-sample arm polymath_one_sample.yaml) make one table; the baseline is
+Several sweeps (e.g. one variant rerun as a sweep of its own) make one table; the baseline is
 the first sweep's.
 
 One JSON line per run: sweep, variant, seed, commit, date, host, the run's final metrics (every eval/* at the last
