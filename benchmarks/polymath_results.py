@@ -1,6 +1,6 @@
-"""Collect a finished polymath sweep into docs/results/polymath.jsonl and print its per-discipline gain table.
+"""Collect a finished polymath sweep into one line per run with its per-discipline gains, and print the gain table.
 
-    python benchmarks/polymath_results.py [--sweep recipes/ablations/polymath.yaml ...] [--out docs/results/polymath.jsonl]
+    python benchmarks/polymath_results.py [--sweep recipes/ablations/polymath.yaml ...] [--out runs/ablations/polymath/gains.jsonl]
 
 Several sweeps (e.g. one variant rerun as a sweep of its own) make one table; the baseline is
 the first sweep's.
@@ -68,7 +68,7 @@ def table(records: list[dict], baseline: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", nargs="+", default=["recipes/ablations/polymath.yaml"])
-    ap.add_argument("--out", default="docs/results/polymath.jsonl")
+    ap.add_argument("--out", default="runs/ablations/polymath/gains.jsonl")
     a = ap.parse_args()
     sweeps = [load_sweep(path) for path in a.sweep]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
