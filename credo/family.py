@@ -18,6 +18,7 @@ declares, in one `Family` value:
                               preflight(recipe) -> notes          targets its section points at (model folders)
                               task(recipe) -> task or None        the run's task, when the family makes it
                               evaluator(ctx, source, temperature)  the held-out evaluation, with a `metric`
+                                                                   (and a dict `extra_metrics`, logged beside it)
                               hooks(ctx, parts) -> [StepHook]     called around every train step
 
 The core (`credo.config`, `credo.train`, `credo.trainer`) names no family: it reads this table. The built-in

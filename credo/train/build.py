@@ -149,6 +149,7 @@ def _bind(r: Recipe, rank, world, run_dir, policy_path, sft_key, tokenizer, task
                        backend=make_backend(r, engine, tokenizer, policy_path, cluster), engine=engine, rollout=sampling,
                        render=render, task_config=r.task, policy_path=policy_path, dtype=r.model.dtype,
                        zero_stage=o.zero_stage, advantage_kwargs=dict(a.advantage_kwargs), ref_model=ref,
+                       eval_samples=r.run.eval_samples,
                        reward_isolation=dict(timeout_s=r.reward.timeout_s, workers=r.reward.workers,
                                              max_failure_frac=r.reward.max_failure_frac), cluster=cluster)
     parts = build_stages(r, ctx, active_families(r), grad_accum)

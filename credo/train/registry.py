@@ -88,6 +88,8 @@ class StageContext:
     recipe: Any = None
     """The whole recipe, read-only: for a family stage or hook that also reads another family's section (a source
     that plays the environment another family's section describes)."""
+    eval_samples: int = 1
+    """run.eval_samples: an evaluator's draws per held-out problem."""
 
 
 @dataclass(frozen=True)
