@@ -190,6 +190,23 @@ def _check_combinations(r: Recipe) -> None:
                            "(the rollout copy is made from full weights)")
 
 
+def _check_async(r: Recipe) -> None:
+    """Asynchronous training's settings (docs/async.md): what the overlap workers can run."""
+    ro = r.rollout
+    if ro.max_staleness == 0 or ro.async_mode != "overlap":
+        return
+    if ro.backend != "hf":
+        raise ConfigError(f"config key 'rollout.backend' = '{ro.backend}' with rollout.async_mode: overlap: the local "
+                          "rollout workers run the hf backend; expected rollout.backend: hf, or async_mode: fixed_lag")
+    if r.stages.rollout != "default":
+        raise ConfigError(f"config key 'stages.rollout' = '{r.stages.rollout}' with rollout.async_mode: overlap: the "
+                          "rollout workers sample the task's single-turn prompts; expected stages.rollout: default, or "
+                          "async_mode: fixed_lag (any rollout source)")
+    if r.optim.zero_stage >= 3:
+        raise out_of_range("optim.zero_stage", 3, "<= 2 with rollout.async_mode: overlap (the workers take the full "
+                           "weights)")
+
+
 def validate_recipe(r: Recipe, *, check_registries: bool = False) -> None:
     """Range checks, the core combination checks and each family's own checks, each naming the key at fault.
 
@@ -198,6 +215,7 @@ def validate_recipe(r: Recipe, *, check_registries: bool = False) -> None:
 
     check_fields(r, "")
     _check_combinations(r)
+    _check_async(r)
     for fam in families_of(r):
         if fam.check is not None:
             fam.check(r)

@@ -63,6 +63,9 @@ def check_palette(r) -> None:
     if r.stages.rollout not in ("default", "palette"):
         raise ConfigError(f"config key 'stages.rollout' = '{r.stages.rollout}' cannot be used with palette.enabled: "
                           "the palette source is the rollout stage (it samples a latent per response)")
+    if r.rollout.max_staleness > 0:
+        raise ConfigError(f"config key 'rollout.max_staleness' = {r.rollout.max_staleness} cannot be used with "
+                          "palette.enabled: the asynchronous sources do not carry the per-sample latents yet")
     if r.stages.probes:
         raise ConfigError(f"config key 'stages.probes' = {list(r.stages.probes)} cannot be used with palette.enabled: "
                           "a probe's hooks index token positions, which the soft prefix shifts")
