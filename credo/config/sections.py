@@ -148,6 +148,12 @@ class AlgoConfig:
     """Optimizer steps per epoch (the batch is split into this many mini-batches)."""
     micro_batch_size: int = ranged(64, ge=1)
     """Sequences per forward/backward on one rank (gradient accumulation inside a mini-batch)."""
+    micro_batch_tokens: int = ranged(0, ge=0, note="0 = micro-batches of micro_batch_size sequences")
+    """Tokens per forward/backward on one rank instead of a sequence count (padding counted unless packing is on);
+    a longer sample runs alone."""
+    packing: bool = False
+    """Pack samples end to end without padding in the recompute and the update (positions restart per sample,
+    attention stays within it); the loss is unchanged."""
     logprob_chunk_size: int = ranged(1024, ge=1)
     """Rows per chunk in the memory-efficient log-prob/entropy recompute."""
 

@@ -211,7 +211,7 @@ def build_stages(r: Recipe, ctx: StageContext, active: list[Family], grad_accum:
     out.scorer = ctx.scorer = PolicyScorer(
         temperature=ro.temperature, chunk_size=a.logprob_chunk_size, hidden_path=o.zero_stage < 3,
         needs_old_log_probs=a.ppo_epochs * a.mini_batches > 1, ref_model=ctx.ref_model,
-        probes=list(out.probes.values()))
+        probes=list(out.probes.values()), packed=a.packing, micro_batch_tokens=a.micro_batch_tokens)
     ctx.default = OutcomeAdvantage(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs) \
         if algos.ADVANTAGE_INPUTS.get(a.advantage) == "outcome" else None
     out.advantage = _stage(r, ctx, "advantage", st.advantage, st.advantage_kwargs)
@@ -222,7 +222,8 @@ def build_stages(r: Recipe, ctx: StageContext, active: list[Family], grad_accum:
                               norm_len=ro.max_new_tokens)
     out.updater = Updater(ctx.engine, out.scorer, out.objective, ppo_epochs=a.ppo_epochs, mini_batches=a.mini_batches,
                           grad_accum=grad_accum, zero_stage=o.zero_stage, world=ctx.world,
-                          fault_nan_steps=fault_nan_steps())
+                          fault_nan_steps=fault_nan_steps(), micro_batch_tokens=a.micro_batch_tokens,
+                          packed=a.packing)
     return out
 
 
