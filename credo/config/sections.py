@@ -98,7 +98,7 @@ class TailBatchingConfig:
     """eta_P: a short round launches ceil(prompt_ratio * prompts_per_step) prompts (RollPacker's default 1.25)."""
     max_responses: int = ranged(0, ge=0, note="0 = group_size + 1")
     """R': responses launched per prompt in a short round, >= group_size; 0 = group_size + 1 (RollPacker's)."""
-    chunk_tokens: int = ranged(16, ge=1)
+    chunk_tokens: int = ranged(8, ge=1)
     """hf backend: tokens generated per generate() call between the checks that drop finished requests."""
 
 

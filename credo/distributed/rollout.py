@@ -171,7 +171,7 @@ class HFBackend:
 
     def generate_race(self, prompts: list[list[int]], groups: list[int], *, need: int, groups_needed: int,
                       max_new_tokens: int, temperature: float, top_p: float, seeds: list[int] | None,
-                      chunk_tokens: int = 16):
+                      chunk_tokens: int = 8):
         """Tail batching's short round: sample `prompts` until `groups_needed` groups have `need` finished
         responses (`credo.distributed.race`). Generates `chunk_tokens` tokens per call, carrying the KV cache
         over; between calls finished rows and the rows of complete groups leave the batch. All requests run in

@@ -139,7 +139,7 @@ class VLLMBackend:
 
     def generate_race(self, prompts: list[list[int]], groups: list[int], *, need: int, groups_needed: int,
                       max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                      seeds: list[int] | None = None, chunk_tokens: int = 16):
+                      seeds: list[int] | None = None, chunk_tokens: int = 8):
         """Tail batching's short round (`credo.distributed.race`): all requests are submitted at once and the engine
         is stepped by hand; after each engine step the unfinished requests of complete groups are aborted
         (`LLMEngine.abort_request`), and once `groups_needed` groups are complete every request still running is.

@@ -56,7 +56,8 @@ def validate(recipe_path: str, run_dir: str, costs_path: str, *, lengths_from: s
     rows = []
     if mode == "sync":
         lm = LengthModel(kind="replay", replay=[s["pairs"] for s in steps], max_len=r.rollout.max_new_tokens)
-        wl = Workload(prompts_per_step=r.rollout.prompts_per_step, group_size=r.rollout.group_size, lengths=lm)
+        wl = Workload(prompts_per_step=r.rollout.prompts_per_step, group_size=r.rollout.group_size, lengths=lm,
+                      train_padding="packed" if r.algo.packing else "padded")
         res, _ = simulate_mode(Scenario("replay", len(steps), 0, mode, wl, [spec]), spec)
         lines += ["| step | max len | measured rollout (s) | sim rollout (s) | measured train+reward+sync (s) | "
                   "sim (s) | measured step (s) | sim step (s) | error |", "|" + "---|" * 9]
@@ -79,7 +80,8 @@ def validate(recipe_path: str, run_dir: str, costs_path: str, *, lengths_from: s
         if not paths:
             raise ValueError(f"--lengths-from {lengths_from}: no rollout dumps")
         lm = fit_dumps(paths, max_len=r.rollout.max_new_tokens)
-        wl = Workload(prompts_per_step=r.rollout.prompts_per_step, group_size=r.rollout.group_size, lengths=lm)
+        wl = Workload(prompts_per_step=r.rollout.prompts_per_step, group_size=r.rollout.group_size, lengths=lm,
+                      train_padding="packed" if r.algo.packing else "padded")
         sims = [simulate_mode(Scenario("dist", 50, seed, mode, wl, [spec]), spec, seed)[0].step_time_s
                 for seed in range(3)]
         later = [m["perf/step_time_s"] for s, m in zip(steps, measured) if s["step"] != 1] or \
