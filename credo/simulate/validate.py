@@ -33,7 +33,8 @@ def _mode_spec(r, costs: Costs, mode: str) -> ModeSpec:
         spec.max_batch = r.rollout.prompts_per_step * r.rollout.group_size * 2
     tb = getattr(r.rollout, "tail_batching", None)
     if mode == "tail_batching" and tb is not None:
-        spec.prompt_ratio, spec.max_responses = tb.prompt_ratio, tb.max_responses
+        spec.prompt_ratio = tb.prompt_ratio
+        spec.max_responses = tb.max_responses or r.rollout.group_size + 1  # 0 = R0 + 1, as the recipe reads it
     return spec
 
 
