@@ -12,6 +12,7 @@ and the comparison is the mean step time, since aborted responses are not in the
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -32,6 +33,12 @@ def _mode_spec(r, costs: Costs, mode: str) -> ModeSpec:
     else:  # continuous batching, whole step at once (vLLM)
         spec.max_batch = r.rollout.prompts_per_step * r.rollout.group_size * 2
     tb = getattr(r.rollout, "tail_batching", None)
+    if mode == "tail_batching" and tb is not None and r.rollout.backend == "hf":
+        # the hf backend's race: one batch of every request, rows leave between chunks of chunk_tokens; its long
+        # rounds are one generate() call (credo.distributed.race, credo.train.tail_batching)
+        spec.finish_quantum, spec.long_engine = tb.chunk_tokens, "static"
+        race = math.ceil(tb.prompt_ratio * r.rollout.prompts_per_step) * (tb.max_responses or r.rollout.group_size + 1)
+        spec.max_batch = max(spec.max_batch, race)
     if mode == "tail_batching" and tb is not None:
         spec.prompt_ratio = tb.prompt_ratio
         spec.max_responses = tb.max_responses or r.rollout.group_size + 1  # 0 = R0 + 1, as the recipe reads it
