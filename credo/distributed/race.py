@@ -77,20 +77,16 @@ def hf_race(backend, prompts: list[list[int]], groups: list[int], *, need: int, 
     are aborted); the race stops once the winners are known. `backend` is an `HFBackend` (its module, EOS and pad
     ids, generation configs). One forked RNG stream seeded by `seed` runs the whole race (None: greedy).
     """
-    from credo.distributed.rollout import Sample, response_lengths
+    from credo.distributed.rollout import Sample
 
     model = backend.model
     device = next(model.parameters()).device
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[backend.pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long).to(device)
     attn = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long().to(device)
-    n = len(prompts)
-    rows = list(range(n))  # the request each row of the live batch decodes
-    tokens: list[list[int]] = [[] for _ in range(n)]
-    logps: list[list[float]] = [[] for _ in range(n)]
-    finish: list = [None] * n
-    ended_by_eos = [False] * n
-    cache, step, decoded = None, 0, 0
+    race = _Race(len(prompts))
+    rows = list(range(len(prompts)))  # the request each row of the live batch decodes
+    cache, step = None, 0
     was_training = model.training
     model.eval()
     try:
@@ -98,30 +94,16 @@ def hf_race(backend, prompts: list[list[int]], groups: list[int], *, need: int, 
             if seed is not None:
                 torch.manual_seed(seed)
             while rows and step < max_new_tokens:
-                k = min(chunk_tokens, max_new_tokens - step)
-                config = backend._generation_config(k, temperature, top_p, greedy=seed is None)
+                config = backend._generation_config(min(chunk_tokens, max_new_tokens - step), temperature, top_p,
+                                                    greedy=seed is None)
                 out = model.generate(input_ids=ids, attention_mask=attn, past_key_values=cache,
                                      generation_config=config)
-                gen = out.sequences[:, ids.shape[1]:]
-                lp = torch.stack([s.float().log_softmax(-1).gather(-1, t[:, None])[:, 0]
-                                  for s, t in zip(out.scores, gen.unbind(1))], 1).cpu().tolist()
-                lengths, eos = response_lengths(gen.cpu(), backend.eos_id, backend.pad_id)
-                got, ended = gen.shape[1], eos.tolist()
-                gen_rows = gen.cpu().tolist()
-                for r, j in enumerate(rows):
-                    m = int(lengths[r]) if ended[r] else got  # a running row keeps every token of the chunk
-                    tokens[j] += gen_rows[r][:m]
-                    logps[j] += lp[r][:m]
-                    decoded += m
-                    if ended[r]:
-                        finish[j], ended_by_eos[j] = step + m - 1, True
-                    elif step + got >= max_new_tokens:
-                        finish[j] = max_new_tokens - 1  # at the length cap: finished, truncated
+                got = race.take_chunk(out, ids.shape[1], rows, step, max_new_tokens, backend.eos_id, backend.pad_id)
                 step += got
-                if race_winners(finish, groups, need=need, groups_needed=groups_needed) is not None:
+                if race_winners(race.finish, groups, need=need, groups_needed=groups_needed) is not None:
                     break
-                complete = complete_groups(finish, groups, need)
-                keep = [r for r, j in enumerate(rows) if finish[j] is None and groups[j] not in complete]
+                complete = complete_groups(race.finish, groups, need)
+                keep = [r for r, j in enumerate(rows) if race.finish[j] is None and groups[j] not in complete]
                 if not keep:
                     break
                 index = torch.tensor(keep, device=device)
@@ -132,6 +114,39 @@ def hf_race(backend, prompts: list[list[int]], groups: list[int], *, need: int, 
                 rows = [rows[r] for r in keep]
     finally:
         model.train(was_training)
-    samples = [Sample(list(p), tokens[j], [1] * len(tokens[j]), logps[j], ended_by_eos[j], backend.version)
-               if finish[j] is not None else None for j, p in enumerate(prompts)]
-    return RaceResult(samples, finish, decoded)
+    samples = [Sample(list(p), race.tokens[j], [1] * len(race.tokens[j]), race.logps[j], race.eos[j], backend.version)
+               if race.finish[j] is not None else None for j, p in enumerate(prompts)]
+    return RaceResult(samples, race.finish, race.decoded)
+
+
+class _Race:
+    """Per request: its tokens and sampler log-probs so far, the step it finished at, whether by EOS."""
+
+    def __init__(self, n: int):
+        self.tokens: list[list[int]] = [[] for _ in range(n)]
+        self.logps: list[list[float]] = [[] for _ in range(n)]
+        self.finish: list = [None] * n
+        self.eos = [False] * n
+        self.decoded = 0
+
+    def take_chunk(self, out, width: int, rows: list[int], step: int, max_new_tokens: int, eos_id: int,
+                   pad_id: int) -> int:
+        """Append a generate() call's tokens to the requests of `rows`; returns the steps it decoded."""
+        from credo.distributed.rollout import response_lengths
+
+        gen = out.sequences[:, width:]
+        # the processed scores the sampler drew from, per step (see HFBackend._generate_block)
+        lp = torch.stack([s.float().log_softmax(-1).gather(-1, t[:, None])[:, 0]
+                          for s, t in zip(out.scores, gen.unbind(1))], 1).cpu().tolist()
+        lengths, ended = response_lengths(gen.cpu(), eos_id, pad_id)
+        got, ended, gen_rows = gen.shape[1], ended.tolist(), gen.cpu().tolist()
+        for r, j in enumerate(rows):
+            m = int(lengths[r]) if ended[r] else got  # a running row keeps every token of the chunk
+            self.tokens[j] += gen_rows[r][:m]
+            self.logps[j] += lp[r][:m]
+            self.decoded += m
+            if ended[r]:
+                self.finish[j], self.eos[j] = step + m - 1, True
+            elif step + got >= max_new_tokens:
+                self.finish[j] = max_new_tokens - 1  # at the length cap: finished, truncated
+        return got

@@ -95,6 +95,16 @@ class Updater:
                 if not (engine.was_step_applied() and bad is None):
                     skipped += 1
                     log.error("step %d: optimizer step skipped, non-finite %s", batch.step, bad or "grad_norm")
+        out = self._metrics(sums, counts)
+        out["train/grad_norm"] = reported_grad_norm(engine, checked_norm)
+        out["train/skipped_steps"] = skipped
+        out.update(step_mismatch_metrics(batch, pi_old))
+        if self.micro_batch_tokens:
+            out["perf/micro_batches"] = n_micro
+        return out, skipped
+
+    def _metrics(self, sums: dict, counts: dict) -> dict[str, float]:
+        """The step's loss terms and loss metrics from their per-micro-batch sums, over all ranks; and train/loss."""
         out = {}
         totals = all_reduce_sum(torch.tensor(list(sums.values()), dtype=torch.float64)).tolist()
         passes = self.ppo_epochs * self.mini_batches
@@ -102,12 +112,7 @@ class Updater:
             # loss pieces are sums of globally normalised parts (divide by passes); loss metrics are means
             out[k] = total / passes if counts[k] == 1 else total / (counts[k] * self.world)
         out["train/loss"] = self.objective.total(out)
-        out["train/grad_norm"] = reported_grad_norm(engine, checked_norm)
-        out["train/skipped_steps"] = skipped
-        out.update(step_mismatch_metrics(batch, pi_old))
-        if self.micro_batch_tokens:
-            out["perf/micro_batches"] = n_micro
-        return out, skipped
+        return out
 
     def micro_batches(self, batch: Batch, mb: torch.Tensor) -> list[torch.Tensor]:
         """The micro-batches (row indices) of mini-batch `mb`: `grad_accum` equal splits, or token-budget groups."""
