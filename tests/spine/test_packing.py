@@ -137,6 +137,31 @@ def test_packed_token_budget_loss_and_gradients_equal_padded_ones(agg_mode, hidd
                                    msg=lambda msg: f"{k}: {msg}")
 
 
+@pytest.mark.parametrize("agg_mode", AGG_MODES)
+def test_aggregation_is_invariant_to_the_token_budget(agg_mode):
+    """One padded forward of the whole batch against packed micro-batches at budgets from 'every sample alone'
+    (1 token: each sample is over it) to 'everything in one micro-batch' (400): same loss, same gradients."""
+    model = tiny("llama", seed=6)
+    b = ragged_batch(seed=7)
+    objective = Objective(algos.POLICY_LOSSES["ppo"], {"clip_low": 0.2, "clip_high": 0.2}, agg_mode=agg_mode,
+                          entropy_coef=0.0, kl_coef=0.05, kl_estimator=algos.KL_ESTIMATORS["k1"], norm_len=20)
+    args = dict(temperature=1.0, chunk_size=64, hidden_path=True, needs_old_log_probs=True)
+    lengths = row_lengths(b.attention_mask).tolist()
+    whole_loss, whole_grads = _loss_and_grads(model, PolicyScorer(**args), objective, b, [torch.arange(len(b))])
+    counts = []
+    for budget in (1, 40, 400):
+        groups = token_micro_batches(lengths, budget, packed=True)
+        counts.append(len(groups))
+        loss, grads = _loss_and_grads(model, PolicyScorer(**args, packed=True, micro_batch_tokens=budget), objective,
+                                      b, [torch.tensor(g) for g in groups])
+        assert loss == pytest.approx(whole_loss, rel=1e-5, abs=1e-6), budget
+        scale = max(float(g.abs().max()) for g in whole_grads.values())
+        for k in whole_grads:
+            torch.testing.assert_close(grads[k], whole_grads[k], rtol=1e-4, atol=1e-5 * scale,
+                                       msg=lambda msg: f"budget {budget}, {k}: {msg}")
+    assert counts[0] == len(b) and counts[-1] == 1  # the extremes really are 'each alone' and 'all together'
+
+
 def test_recompute_with_a_token_budget_equals_the_whole_batch_forward():
     model = tiny("llama", seed=3).eval()
     ref = tiny("llama", seed=4).eval()
