@@ -51,6 +51,7 @@ def preflight(r: Recipe) -> list[str]:
     check_names(r)
     notes += _check_task(r)
     notes += check_model(r.model.path)
+    notes += async_warnings(r)
     for fam in active_families(r):
         parts = fam.parts()
         if parts is not None and hasattr(parts, "preflight"):
@@ -98,6 +99,29 @@ def _check_algo_names(r: Recipe) -> None:
         raise ConfigError(f"config key 'rollout.group_size' = {r.rollout.group_size} is out of range: expected >= 2 with "
                           f"algo.advantage = '{a.advantage}', whose baseline is the group mean (a group of one gets "
                           "advantage 0 and no gradient); use more samples per prompt or a batch estimator (reinforce_pp)")
+
+
+def reads_behaviour_policy(loss: str, loss_kwargs: dict) -> bool:
+    """Whether policy loss `loss` with `loss_kwargs` uses the sampler's log-probs mu (`rollout_log_probs`): a
+    correction (TIS, MIS: decoupled PPO is ppo + tis), the ratio against mu (`behaviour_ratio`, TOPR and CISPO as ROLL
+    runs them), or a kernel that reads them itself (IPA's chunk filter, MIPU's weights)."""
+    from credo import algos
+
+    if loss_kwargs.get("correction") in ("tis", "mis") or loss_kwargs.get("behaviour_ratio"):
+        return True
+    return "rollout_log_probs" in inspect.signature(algos.POLICY_LOSSES[loss]).parameters
+
+
+def async_warnings(r: Recipe) -> list[str]:
+    """Warnings on an asynchronous recipe (rollout.max_staleness > 0) whose loss ignores the behaviour policy: it
+    then treats samples of a policy S versions old as if the recomputed pi_old had drawn them."""
+    a, s = r.algo, r.rollout.max_staleness
+    if s == 0 or reads_behaviour_policy(a.policy_loss, a.loss_kwargs):
+        return []
+    return [f"warning: rollout.max_staleness = {s} with algo.policy_loss '{a.policy_loss}', which ignores the behaviour "
+            "policy (its ratio is against the recomputed pi_old, not the sampler's mu); set algo.loss_kwargs.correction: "
+            "tis (decoupled PPO) or mis, or behaviour_ratio: true (TOPR, CISPO), or a loss that reads the sampler's "
+            "log-probs (ipa, mipu)"]
 
 
 def _check_kwargs(fn, kwargs: dict, key: str, reserved: set[str]) -> None:

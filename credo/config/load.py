@@ -193,12 +193,32 @@ def _check_combinations(r: Recipe) -> None:
     if tb is not None and tb.max_responses and tb.max_responses < ro.group_size:
         raise out_of_range("rollout.tail_batching.max_responses", tb.max_responses,
                            f">= rollout.group_size ({ro.group_size}), or 0 for group_size + 1")
+    if tb is not None and ro.max_staleness > 0:
+        raise ConfigError("config key 'rollout.tail_batching' is set with rollout.max_staleness > 0: tail batching is a "
+                          "synchronous, on-policy schedule; expected rollout.max_staleness: 0 (or no tail_batching)")
     if tb is not None and r.stages.rollout != "default":
         raise ConfigError(f"config key 'rollout.tail_batching' is set but stages.rollout is '{r.stages.rollout}': tail "
                           "batching schedules the default single-turn rollout source; expected stages.rollout: default")
     if (ro.fp8_weights or ro.dtype is not None) and r.optim.zero_stage >= 3 and ro.backend == "hf":
         raise out_of_range("optim.zero_stage", 3, "<= 2 with rollout.dtype or rollout.fp8_weights on the hf backend "
                            "(the rollout copy is made from full weights)")
+
+
+def _check_async(r: Recipe) -> None:
+    """Asynchronous training's settings (docs/async.md): what the overlap workers can run."""
+    ro = r.rollout
+    if ro.max_staleness == 0 or ro.async_mode != "overlap":
+        return
+    if ro.backend != "hf":
+        raise ConfigError(f"config key 'rollout.backend' = '{ro.backend}' with rollout.async_mode: overlap: the local "
+                          "rollout workers run the hf backend; expected rollout.backend: hf, or async_mode: fixed_lag")
+    if r.stages.rollout != "default":
+        raise ConfigError(f"config key 'stages.rollout' = '{r.stages.rollout}' with rollout.async_mode: overlap: the "
+                          "rollout workers sample the task's single-turn prompts; expected stages.rollout: default, or "
+                          "async_mode: fixed_lag (any rollout source)")
+    if r.optim.zero_stage >= 3:
+        raise out_of_range("optim.zero_stage", 3, "<= 2 with rollout.async_mode: overlap (the workers take the full "
+                           "weights)")
 
 
 def validate_recipe(r: Recipe, *, check_registries: bool = False) -> None:
@@ -209,6 +229,7 @@ def validate_recipe(r: Recipe, *, check_registries: bool = False) -> None:
 
     check_fields(r, "")
     _check_combinations(r)
+    _check_async(r)
     for fam in families_of(r):
         if fam.check is not None:
             fam.check(r)

@@ -17,6 +17,7 @@ from omegaconf import MISSING
 from credo.config.fields import checked, one_of, ranged, two_betas
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+ASYNC_MODES = ("fixed_lag", "overlap")
 
 
 @dataclass
@@ -133,6 +134,23 @@ class RolloutConfig:
     tail_batching: Optional[TailBatchingConfig] = None
     """RollPacker's tail batching (short rounds race extra prompts and responses, the losers wait in a long-prompt
     queue for a long round); null = off, {} = on with the paper's settings."""
+    max_staleness: int = ranged(0, ge=0, note="0 = synchronous")
+    """Asynchronous training (docs/async.md): the most policy versions a trained sample may lag the trainer (S);
+    0 = every sample of step k comes from the weights after step k-1, as without this key."""
+    async_mode: str = one_of("fixed_lag", ASYNC_MODES)
+    """With max_staleness > 0: fixed_lag (one process, deterministic: step k trains on a batch sampled by the policy
+    of step k-1-S exactly) or overlap (worker processes generate ahead, at most S versions, while the trainer trains)."""
+    stale_policy: str = one_of("drop", ("drop", "keep"))
+    """overlap: a sample that ends up staler than max_staleness is dropped (counted in async/dropped_stale) or kept."""
+    async_workers: int = ranged(1, ge=1)
+    """overlap: rollout worker processes, each with its own copy of the policy."""
+    prompt_replication: bool = True
+    """overlap with async_workers > 1: spread each prompt's samples over the workers (ROLL Flash's prompt replication);
+    false: each request goes whole to one worker, so groups can finish out of order (and some end up stale)."""
+    async_request_prompts: int = ranged(0, ge=0, note="0 = a step's prompts per request")
+    """overlap: prompts per generation request; 1 = ROLL Flash's per-prompt dispatch (no batch barrier)."""
+    async_timeout_s: float = ranged(600.0, gt=0)
+    """overlap: the longest wait for a rollout worker (its start-up, a result) before the run stops naming it."""
 
 
 @dataclass
@@ -189,6 +207,11 @@ class OptimConfig:
     """After warm-up: constant, or linear / cosine decay to min_lr_ratio * lr at the last optimizer step."""
     min_lr_ratio: float = ranged(0.0, ge=0, le=1)
     """Final learning rate of a decaying lr_schedule, as a fraction of optim.lr."""
+    staleness_lr_scaling: bool = False
+    """Scale the learning rate with the staleness bound: lr * staleness_ref / max(rollout.max_staleness, staleness_ref)
+    (docs/async.md: an inference from eta_max ~ 1/S, arXiv 2607.01083, not a rule the paper states)."""
+    staleness_ref: int = ranged(1, ge=1)
+    """S_ref of staleness_lr_scaling: the staleness at which optim.lr is used unscaled."""
 
 
 @dataclass

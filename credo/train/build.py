@@ -44,6 +44,7 @@ from credo.tasks import make_task
 from credo.tasks.render import prompt_renderer
 from credo.train.advantage import OutcomeAdvantage
 from credo.train.evaluate import Evaluator
+from credo.train.fixed_lag import FixedLagSource
 from credo.train.objective import Objective
 from credo.train.registry import StageContext, build_stage, resolve, settings_of
 from credo.train.reward import FunctionReward
@@ -52,6 +53,7 @@ from credo.train.scoring import PolicyScorer
 from credo.train.tail_batching import TailBatchingRollout
 from credo.train.setup import (check_context, fault_nan_steps, make_backend, make_run_dir, prepare_policy,
                                reward_function)
+from credo.train.staleness import staleness_lr_factor
 from credo.train.state import RESUME_FIXED_KEYS, TrainState
 from credo.train.update import Updater, grad_accum_steps
 
@@ -94,8 +96,12 @@ class Components:
 def build(r: Recipe) -> Components:
     notes = preflight(r)  # seconds, before the process group, the warm-up or any model load
     if int(os.environ.get("RANK", 0)) == 0:
-        for note in notes:
-            logging.getLogger("credo").info(note)
+        log = logging.getLogger("credo")
+        for note in notes:  # 'warning: ...' notes (an asynchronous loss that ignores the behaviour policy) warn
+            if note.startswith("warning: "):
+                log.warning(note[len("warning: "):])
+            else:
+                log.info(note)
     rank, world = setup_distributed(verbose=r.run.verbose)
     torch.set_num_threads(r.run.threads or max(1, (os.cpu_count() or 1) // world))
     if r.rollout.prompts_per_step % world:
@@ -116,7 +122,8 @@ def build(r: Recipe) -> Components:
         ref = load_causal_lm(policy_path, r.model.dtype).to(device()).eval().requires_grad_(False)
     ro, a, o = r.rollout, r.algo, r.optim
     grad_accum = grad_accum_steps(ro.prompts_per_step // world * ro.group_size, a.mini_batches, a.micro_batch_size)
-    engine = build_engine(model, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
+    lr = o.lr * (staleness_lr_factor(ro.max_staleness, o.staleness_ref) if o.staleness_lr_scaling else 1.0)
+    engine = build_engine(model, lr=lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
                           zero_stage=o.zero_stage, warmup_steps=o.warmup_steps, micro_batch=a.micro_batch_size,
                           grad_accum=grad_accum, bf16=r.model.dtype == "bfloat16", lr_schedule=o.lr_schedule,
                           total_steps=r.run.steps * a.ppo_epochs * a.mini_batches, min_lr_ratio=o.min_lr_ratio)
@@ -201,7 +208,7 @@ def build_stages(r: Recipe, ctx: StageContext, active: list[Family], grad_accum:
     out = SimpleNamespace()
     holdout = sum(f.holdout(r) for f in active)  # training problems an active family keeps out (MIPU's validation)
     ctx.default = default_source(r, ctx, holdout)
-    out.source = ctx.source = _stage(r, ctx, "rollout", st.rollout, st.rollout_kwargs)
+    out.source = ctx.source = asynchronous(r, ctx, _stage(r, ctx, "rollout", st.rollout, st.rollout_kwargs))
     out.reward_fn = _default_reward_fn(r, ctx.task)
     ctx.default = None if out.reward_fn is None else FunctionReward(
         RewardWorker(out.reward_fn, timeout_s=r.reward.timeout_s, workers=r.reward.workers,
@@ -211,7 +218,7 @@ def build_stages(r: Recipe, ctx: StageContext, active: list[Family], grad_accum:
     out.probes = {spec: _stage(r, ctx, "probe", spec, st.probe_kwargs.get(spec, {})) for spec in st.probes}
     out.scorer = ctx.scorer = PolicyScorer(
         temperature=ro.temperature, chunk_size=a.logprob_chunk_size, hidden_path=o.zero_stage < 3,
-        needs_old_log_probs=a.ppo_epochs * a.mini_batches > 1, ref_model=ctx.ref_model,
+        needs_old_log_probs=a.ppo_epochs * a.mini_batches > 1 or ro.max_staleness > 0, ref_model=ctx.ref_model,
         probes=list(out.probes.values()), packed=a.packing, micro_batch_tokens=a.micro_batch_tokens)
     ctx.default = OutcomeAdvantage(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs) \
         if algos.ADVANTAGE_INPUTS.get(a.advantage) == "outcome" else None
@@ -238,6 +245,20 @@ def default_source(r: Recipe, ctx: StageContext, holdout: int):
     return TailBatchingRollout(ctx.task, ctx.tokenizer, ctx.backend, prompt_ratio=tb.prompt_ratio,
                                max_responses=tb.max_responses or r.rollout.group_size + 1,
                                chunk_tokens=tb.chunk_tokens, **common)
+
+
+def asynchronous(r: Recipe, ctx: StageContext, source):
+    """The rollout source as rollout.max_staleness asks (docs/async.md): itself when 0 (synchronous), else wrapped to
+    train on batches up to S policy versions old, generated in this process (fixed_lag) or ahead by rollout worker
+    processes (overlap)."""
+    ro = r.rollout
+    if ro.max_staleness == 0:
+        return source
+    if ro.async_mode == "fixed_lag":
+        return FixedLagSource(source, ro.max_staleness, last_step=r.run.steps)
+    from credo.train.overlap import overlap_source
+
+    return overlap_source(r, ctx, source)
 
 
 def _stage(r: Recipe, ctx: StageContext, kind: str, spec: str, kwargs: dict):

@@ -38,6 +38,7 @@ from credo.train.batch import Batch
 from credo.families.multiturn.episodes import (Episode, call_with_deadline, env_step, episode_stats, model_turn,
                                                reset_episodes)
 from credo.families.multiturn.resample import choose_prefixes, expert_actions
+from credo.families.multiturn.trajectories import play_trajectories
 from credo.train.rollout import step_problem_indices, step_seed
 
 EVAL_SEED_BASE = 10**10
@@ -107,6 +108,11 @@ class MultiTurnRollout:
                for s, p in zip(env_seeds, prefixes or [[]] * len(env_seeds))]
         first = lambda obs: self.render(Problem(prompt=self.prompt_text(obs), answer=""))
         timeouts = reset_episodes(eps, self.tokenizer, first, self.observation, c)
+        if c.trajectory_async:  # no per-turn barrier: each episode advances as its own env step returns
+            more, calls = play_trajectories(eps, self.backend, self.tokenizer, c, self.observation,
+                                            temperature=temperature, top_p=top_p, sample_seeds=sample_seeds)
+            self.generate_calls += calls
+            return eps, episode_stats(eps, timeouts + more, resampled=prefixes is not None)
         for turn in range(c.max_turns):
             live = [i for i, e in enumerate(eps) if not e.done]  # a resampled episode ends its turns early
             if not live:
