@@ -195,3 +195,15 @@ def test_a_backend_without_a_race_is_refused():
 
     with pytest.raises(ValueError, match="needs a backend that can stop requests early"):
         make_source(Plain())
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["rollout.tail_batching={max_responses: 2}"], "rollout.tail_batching.max_responses"),
+    (["rollout.tail_batching={}", "rollout.max_staleness=1"], "rollout.max_staleness"),
+    (["rollout.tail_batching=5"], "rollout.tail_batching"),
+])
+def test_bad_tail_batching_settings_are_refused_at_load_naming_the_key(overrides, key):
+    from credo.config import ConfigError, load_recipe
+
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_recipe("recipes/longtail.yaml", overrides)
