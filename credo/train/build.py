@@ -43,6 +43,7 @@ from credo.rewards.worker import RewardWorker
 from credo.tasks import make_task
 from credo.tasks.render import prompt_renderer
 from credo.train.advantage import OutcomeAdvantage
+from credo.train.cluster import open_cluster
 from credo.train.evaluate import Evaluator
 from credo.train.fixed_lag import FixedLagSource
 from credo.train.objective import Objective
@@ -78,6 +79,8 @@ class Components:
     evaluate: Any
     hooks: list
     """Step hooks (`credo.train.hooks`) the trainer calls around each step."""
+    cluster: Any
+    """The run's Ray parts (`credo.train.cluster.Cluster`) with cluster.engine: ray; None with the local engine."""
     # run bookkeeping the loop needs
     steps: int
     eval_every: int
@@ -129,13 +132,27 @@ def build(r: Recipe) -> Components:
                           total_steps=r.run.steps * a.ppo_epochs * a.mini_batches, min_lr_ratio=o.min_lr_ratio)
     sampling = dict(prompts_per_step=ro.prompts_per_step, group_size=ro.group_size, max_new_tokens=ro.max_new_tokens,
                     temperature=ro.temperature, top_p=ro.top_p)
+    cluster = open_cluster(r)  # None with the local engine
+    try:
+        return _bind(r, rank, world, run_dir, policy_path, sft_key, tokenizer, task, engine, render, ref, sampling,
+                     grad_accum, cluster)
+    except BaseException:
+        if cluster is not None:
+            cluster.close()
+        raise
+
+
+def _bind(r: Recipe, rank, world, run_dir, policy_path, sft_key, tokenizer, task, engine, render, ref, sampling,
+          grad_accum, cluster) -> Components:
+    """The stages, the trainer state, the hooks and the evaluator, bound once the engines exist."""
+    a, o = r.algo, r.optim
     ctx = StageContext(rank=rank, world=world, seed=r.run.seed, tokenizer=tokenizer, task=task,
-                       backend=make_backend(r, engine, tokenizer, policy_path), engine=engine, rollout=sampling,
+                       backend=make_backend(r, engine, tokenizer, policy_path, cluster), engine=engine, rollout=sampling,
                        render=render, task_config=r.task, policy_path=policy_path, dtype=r.model.dtype,
                        zero_stage=o.zero_stage, advantage_kwargs=dict(a.advantage_kwargs), ref_model=ref,
                        reward_isolation=dict(timeout_s=r.reward.timeout_s, workers=r.reward.workers,
-                                             max_failure_frac=r.reward.max_failure_frac))
-    parts = build_stages(r, ctx, active, grad_accum)
+                                             max_failure_frac=r.reward.max_failure_frac), cluster=cluster)
+    parts = build_stages(r, ctx, active_families(r), grad_accum)
     config = recipe_to_dict(r)
     stateful = {name: stage for name, stage in (("source", parts.source), ("advantage", parts.advantage),
                                                 ("reward", parts.reward),
@@ -145,7 +162,7 @@ def build(r: Recipe) -> Components:
                              max_consecutive_skips=r.run.max_consecutive_skips,
                              defaults=recipe_to_dict(type(r)()),
                              fixed_keys=RESUME_FIXED_KEYS + tuple(k for f in families_of(r) for k in f.fixed_on_resume))
-    hooks = step_hooks(r, ctx, active, parts)
+    hooks = step_hooks(r, ctx, active_families(r), parts) + ([cluster.hook] if cluster is not None else [])
     for hook in hooks:  # a hook with state joins the trainer state (checkpoints, resume, rollback)
         if hasattr(hook, "state_dict"):
             parts.state.components[hook.name] = hook
@@ -153,7 +170,8 @@ def build(r: Recipe) -> Components:
     return Components(
         rank=rank, world=world, run_dir=run_dir, tokenizer=tokenizer, task=task, engine=engine, source=parts.source,
         reward=parts.reward, advantage=parts.advantage, scorer=parts.scorer, objective=parts.objective,
-        updater=parts.updater, state=parts.state, evaluate=make_evaluator(r, ctx, active, parts), hooks=hooks,
+        updater=parts.updater, state=parts.state, evaluate=make_evaluator(r, ctx, active_families(r), parts),
+        hooks=hooks, cluster=cluster,
         steps=r.run.steps, eval_every=r.run.eval_every, save_every=r.run.save_every,
         keep_last=r.run.keep_last, overlong_filter=a.overlong_filter, dump_every=r.run.dump_rollouts_every,
         resume=r.run.resume, allow_config_change=r.run.allow_config_change, config=config,
@@ -211,8 +229,9 @@ def build_stages(r: Recipe, ctx: StageContext, active: list[Family], grad_accum:
     out.source = ctx.source = asynchronous(r, ctx, _stage(r, ctx, "rollout", st.rollout, st.rollout_kwargs))
     out.reward_fn = _default_reward_fn(r, ctx.task)
     ctx.default = None if out.reward_fn is None else FunctionReward(
-        RewardWorker(out.reward_fn, timeout_s=r.reward.timeout_s, workers=r.reward.workers,
-                     max_failure_frac=r.reward.max_failure_frac), ctx.tokenizer, ro.group_size)
+        (ctx.cluster is not None and ctx.cluster.reward_worker(r, out.reward_fn))
+        or RewardWorker(out.reward_fn, timeout_s=r.reward.timeout_s, workers=r.reward.workers,
+                        max_failure_frac=r.reward.max_failure_frac), ctx.tokenizer, ro.group_size)
     out.reward = _stage(r, ctx, "reward", st.reward, st.reward_kwargs)
     ctx.default = None
     out.probes = {spec: _stage(r, ctx, "probe", spec, st.probe_kwargs.get(spec, {})) for spec in st.probes}

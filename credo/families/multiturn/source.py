@@ -226,7 +226,24 @@ def multiturn_source(ctx, **kwargs) -> MultiTurnRollout:
         raise ConfigError(f"config key 'stages.rollout_kwargs': the multiturn source takes its settings from the env: "
                           f"section, got {sorted(kwargs)}")
     return MultiTurnRollout(ctx.section, ctx.tokenizer, ctx.backend, seed=ctx.seed, rank=ctx.rank, world=ctx.world,
-                            render=ctx.render, **ctx.rollout)
+                            render=ctx.render, env_factory=ray_env_factory(ctx), **ctx.rollout)
+
+
+def ray_env_factory(ctx):
+    """With cluster.engine: ray and cluster.env.workers >= 1, the envs live in env actors (`RayEnvPool`: env steps
+    leave the trainer process; failures and timeouts keep their meaning); None keeps them in this process."""
+    cluster = ctx.cluster
+    if cluster is None or not cluster.cfg.env.workers:
+        return None
+    import functools
+
+    from credo.distributed.ray.envs import RayEnvPool
+
+    cluster.check_role("env")  # a ConfigError naming the role, before any env actor starts
+    e = ctx.section
+    pool = RayEnvPool.from_cluster(cluster.cfg, functools.partial(make_env, e.id, **dict(e.kwargs)),
+                                   timeout_s=e.step_timeout_s)
+    return cluster.track(pool).make_env
 
 
 
