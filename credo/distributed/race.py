@@ -95,7 +95,7 @@ def hf_race(backend, prompts: list[list[int]], groups: list[int], *, need: int, 
                 torch.manual_seed(seed)
             while rows and step < max_new_tokens:
                 config = backend._generation_config(min(chunk_tokens, max_new_tokens - step), temperature, top_p,
-                                                    greedy=seed is None)
+                                                    "greedy" if seed is None else "sample")
                 out = model.generate(input_ids=ids, attention_mask=attn, past_key_values=cache,
                                      generation_config=config)
                 got = race.take_chunk(out, ids.shape[1], rows, step, max_new_tokens, backend.eos_id, backend.pad_id)
