@@ -33,6 +33,15 @@ burst of other load on a shared machine (`--wait-load` also helps there). The st
 Usage (from the repository root, with the project venv):
     .venv/bin/python benchmarks/e2e_throughput.py [--steps 20] [--rounds 2] [--warmup 2] [--threads 2] [key=value ...]
 Trailing key=value pairs are recipe overrides applied to both frameworks (e.g. rollout.group_size=4).
+
+Tasks: the arithmetic task (exact-match reward) and the long-tail workload `longtail_add` (the integer after the
+last '>'), e.g. `--recipe recipes/longtail.yaml`. `--variant NAME:key=value,...` adds a credo run with more
+overrides that TRL does not get (what credo does differently: `algo.packing`, `rollout.tail_batching`); each
+variant runs every round and is compared with TRL and with plain credo:
+
+    .venv/bin/python benchmarks/e2e_throughput.py --recipe recipes/longtail.yaml \
+        --variant "packed:algo.packing=true,algo.micro_batch_tokens=4096" \
+        --variant "tail:rollout.tail_batching={}" --variant "both:rollout.tail_batching={},algo.packing=true"
 """
 
 from __future__ import annotations
@@ -108,8 +117,10 @@ def build_job(r, steps: int, threads: int, out_dir: Path) -> dict:
 
     a, ro, o = r.algo, r.rollout, r.optim
     task = make_task(r.task)
-    if not isinstance(task, ArithmeticTask):
-        raise SystemExit(f"task.name = {r.task.name!r}: the TRL side reproduces the arithmetic task's exact-match reward only")
+    reward = "exact" if isinstance(task, ArithmeticTask) else "final_int" if r.task.name == "longtail_add" else None
+    if reward is None:
+        raise SystemExit(f"task.name = {r.task.name!r}: the TRL side reproduces the arithmetic task's exact-match "
+                         "reward and longtail_add's final-integer reward only")
     if a.policy_loss != "ppo" or a.advantage != "grpo":
         raise SystemExit(f"algo.policy_loss/advantage = {a.policy_loss}/{a.advantage}: expected ppo/grpo, the pair both "
                          "frameworks implement alike")
@@ -150,25 +161,28 @@ def build_job(r, steps: int, threads: int, out_dir: Path) -> dict:
         "scale_rewards": "group" if std else "none", "entropy_coef": a.entropy_coef,
         "mask_truncated_completions": a.overlong_filter, "warmup_steps": o.warmup_steps,
     }
-    check_verifier(task)
+    check_verifier(task, reward)
     return {"model": model_dir, "rows": rows, "steps": steps, "seed": r.run.seed, "threads": threads,
-            "output_dir": str(out_dir / "trl"), "config": config}
+            "output_dir": str(out_dir / "trl"), "config": config, "reward": reward}
 
 
-def check_verifier(task) -> None:
+def check_verifier(task, reward: str = "exact") -> None:
     """The TRL worker restates the task's verifier (it runs without credo): make sure the two agree."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from trl_grpo_worker import answer_score
+    from trl_grpo_worker import SCORES
 
+    score = SCORES[reward]
     problems = [task.train(i) for i in range(50)]
     for p in problems:
         a = p.answer
-        for response in (a, f" {a}\n", a.lstrip("0") or "0", "0" + a, a + ".", a[:-1], "-" + a, "", "x", f"{int(a) + 1}",
-                         "1e2", " ", "--1", a + " " + a):
-            want, got = task.score(response, p), answer_score(response, a)
+        tail = a.rpartition(">")[2]
+        for response in (a, f" {a}\n", a.lstrip("0") or "0", "0" + a, a + ".", a[:-1], "-" + a, "", "x", "1e2", " ",
+                         "--1", a + " " + a, f">{tail}", f"1+1=02>{tail}", a + ">", a.replace(">", ""),
+                         *([f"{int(a) + 1}"] if a.isdigit() else [])):
+            want, got = task.score(response, p), score(response, a)
             if want != got:
-                raise SystemExit(f"trl_grpo_worker.answer_score({response!r}, {a!r}) = {got}, but the task's verifier "
-                                 f"gives {want}: update answer_score to match {type(task).__name__}.score")
+                raise SystemExit(f"trl_grpo_worker.{score.__name__}({response!r}, {a!r}) = {got}, but the task's "
+                                 f"verifier gives {want}: update it to match {type(task).__name__}.score")
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -269,7 +283,17 @@ def main() -> int:
     p.add_argument("--trl-venv", default=str(ROOT / ".cache" / "trl-venv"))
     p.add_argument("--trl-spec", default=TRL_SPEC, help="pip requirement for TRL when the venv is created")
     p.add_argument("--out", default=None, help="work folder (default .cache/e2e_throughput/<time>)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME:key=value,...",
+                   help="a credo run with these extra overrides (credo only; repeatable), e.g. "
+                        "'packed:algo.packing=true,algo.micro_batch_tokens=4096'")
+    p.add_argument("--no-trl", action="store_true", help="run the credo variants only (no TRL venv or runs)")
     args = p.parse_args()
+    variants = {"credo": []}
+    for spec in args.variant:
+        name, _, items = spec.partition(":")
+        if not name or name in variants or name == "trl":
+            raise SystemExit(f"--variant {spec!r}: expected NAME:key=value,... with a new name (not credo or trl)")
+        variants[name] = split_overrides(items)
     if args.steps <= args.warmup + 1:
         raise SystemExit(f"--steps {args.steps}: expected more than --warmup + 1 = {args.warmup + 1}")
 
@@ -278,39 +302,66 @@ def main() -> int:
     r = load_recipe(ROOT / args.recipe, args.overrides)
     out_dir = Path(args.out or ROOT / ".cache" / "e2e_throughput" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     out_dir.mkdir(parents=True, exist_ok=False)
-    trl_py = ensure_trl_venv(Path(args.trl_venv), args.trl_spec)
-    trl_versions = venv_versions(trl_py)
     info = machine_info()
-    if trl_versions["torch"] != info["torch"] or trl_versions["transformers"] != info["transformers"]:
-        print(f"warning: TRL venv has torch {trl_versions['torch']} / transformers {trl_versions['transformers']}, "
-              f"credo has {info['torch']} / {info['transformers']}", flush=True)
+    trl_py, trl_versions = None, {"trl": "-", "accelerate": "-"}
+    if not args.no_trl:
+        trl_py = ensure_trl_venv(Path(args.trl_venv), args.trl_spec)
+        trl_versions = venv_versions(trl_py)
+        if trl_versions["torch"] != info["torch"] or trl_versions["transformers"] != info["transformers"]:
+            print(f"warning: TRL venv has torch {trl_versions['torch']} / transformers {trl_versions['transformers']}, "
+                  f"credo has {info['torch']} / {info['transformers']}", flush=True)
     job = build_job(r, args.steps, args.threads, out_dir)
 
-    runs: dict[str, list] = {"credo": [], "trl": []}
-    wall = {"credo": 0.0, "trl": 0.0}
+    names = [*variants, *([] if args.no_trl else ["trl"])]
+    runs: dict[str, list] = {name: [] for name in names}
+    wall = {name: 0.0 for name in names}
     load = [("start", loadavg())]
     for k in range(args.rounds):
-        for name in (("credo", "trl") if k % 2 == 0 else ("trl", "credo")):
+        for name in (names if k % 2 == 0 else names[::-1]):
             wait_for_load(args.wait_load)
             print(f"round {k + 1}/{args.rounds}: {name} (load average {loadavg()}) ...", flush=True)
             load.append((f"before {name}{k + 1}", loadavg()))
-            if name == "credo":
-                rows, w = run_credo(args.recipe, args.overrides, args.steps, args.threads, out_dir, f"credo{k + 1}")
-            else:
+            if name == "trl":
                 rows, w = run_trl(trl_py, job, out_dir, f"trl{k + 1}")
+            else:
+                rows, w = run_credo(args.recipe, [*args.overrides, *variants[name]], args.steps, args.threads, out_dir,
+                                    f"{name}{k + 1}")
             runs[name].append(rows)
             wall[name] += w
     load.append(("end", loadavg()))
 
+    report(r, args, runs, wall, load, info, trl_versions, job, out_dir)
+    return 0
+
+
+def split_overrides(items: str) -> list[str]:
+    """'a=1,b={x: 1, y: 2},c=3' -> ['a=1', 'b={x: 1, y: 2}', 'c=3'] (commas inside braces or brackets stay)."""
+    out, depth, cur = [], 0, ""
+    for ch in items:
+        depth += ch in "{[" and 1 or ch in "}]" and -1 or 0
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [x.strip() for x in out + [cur] if x.strip()]
+
+
+def report(r, args, runs: dict, wall: dict, load: list, info: dict, trl_versions: dict, job: dict, out_dir: Path) -> None:
+    """Print the tables (each credo variant against TRL and against plain credo) and write summary.json."""
     ro = r.rollout
-    res = {"credo": summarise(runs["credo"], args.warmup, "train/response_len", "train/reward_mean"),
-           "trl": summarise(runs["trl"], args.warmup, "response_len", "reward_mean")}
+    res = {name: summarise(rows, args.warmup, *(("response_len", "reward_mean") if name == "trl" else
+                                                  ("train/response_len", "train/reward_mean")))
+           for name, rows in runs.items()}
     for name in res:
         res[name]["process_wall_s"] = wall[name]
-    ratio = res["credo"]["tokens_per_s"] / res["trl"]["tokens_per_s"]
-    ratio_median = res["credo"]["tokens_per_s_median"] / res["trl"]["tokens_per_s_median"]
-    ratio_best = res["credo"]["tokens_per_s_best_run"] / res["trl"]["tokens_per_s_best_run"]
-
+    ratios = {}
+    for name in res:
+        for base in ("trl", "credo"):
+            if name != base and base in res:
+                ratios[f"{name}/{base}"] = {k: res[name][k] / res[base][k] for k in
+                                            ("tokens_per_s", "tokens_per_s_median", "tokens_per_s_best_run")}
+                ratios[f"{name}/{base}"]["s_per_step"] = res[base]["s_per_step"] / res[name]["s_per_step"]
     print(f"\n# e2e GRPO throughput, {args.recipe} {' '.join(args.overrides)}".rstrip())
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {info['nproc']} x {info['cpu']}, threads={args.threads}")
     print("# load average (1/5/15 min): " + "; ".join(f"{when} {avg}" for when, avg in load))
@@ -320,31 +371,38 @@ def main() -> int:
           f"{args.rounds} runs x {args.steps} steps per framework, first {args.warmup} of each run dropped; "
           f"TRL loss_type={job['config']['loss_type']}, {job['config']['gradient_accumulation_steps']} micro-batch(es) "
           "per step")
-    print("\n| framework | steps measured | s/step (mean ± std) | s/step median | tokens/step | tokens/s "
+    for spec in args.variant:
+        print(f"# variant {spec}")
+    print("\n| run | steps measured | s/step (mean ± std) | s/step median | tokens/step | tokens/s "
           "| tokens/s at median | tokens/s best run | response len | reward mean |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, key in (("credo", "credo"), (f"TRL GRPOTrainer {trl_versions['trl']}", "trl")):
-        s = res[key]
-        print(f"| {name} | {s['steps']} | {s['s_per_step']:.3f} ± {s['s_per_step_std']:.3f} | {s['s_per_step_median']:.3f} "
+    for name, s in res.items():
+        label = f"TRL GRPOTrainer {trl_versions['trl']}" if name == "trl" else name
+        print(f"| {label} | {s['steps']} | {s['s_per_step']:.3f} ± {s['s_per_step_std']:.3f} | {s['s_per_step_median']:.3f} "
               f"| {s['tokens_per_step']:.0f} | {s['tokens_per_s']:.0f} | {s['tokens_per_s_median']:.0f} "
               f"| {s['tokens_per_s_best_run']:.0f} "
               f"| {s['response_len']:.2f} | {s['reward_mean']:.3f} |")
-    print(f"\ncredo / TRL tokens/s: {ratio:.2f}x over all measured steps, {ratio_median:.2f}x at the median step time, "
-          f"{ratio_best:.2f}x best run against best run")
-    for name in ("credo", "trl"):
-        s = res[name]
-        print(f"{name}: tokens/s of each run {s['run_tokens_per_s']}, median s/step {s['run_medians']}; dropped warm-up steps (s) {s['warmup_s']}; "
-              f"process wall time {s['process_wall_s']:.0f} s in all")
-    for title, key, keys in (("credo", "credo", CREDO_BREAKDOWN), ("TRL", "trl", TRL_BREAKDOWN)):
-        print(f"\n{title} mean step-time breakdown (measured steps):")
+    print()
+    for pair, x in ratios.items():
+        print(f"{pair} tokens/s: {x['tokens_per_s']:.2f}x over all measured steps, {x['tokens_per_s_median']:.2f}x at "
+              f"the median step time, {x['tokens_per_s_best_run']:.2f}x best run against best run; "
+              f"step time {x['s_per_step']:.2f}x shorter")
+    for name, s in res.items():
+        print(f"{name}: tokens/s of each run {s['run_tokens_per_s']}, median s/step {s['run_medians']}; dropped warm-up "
+              f"steps (s) {s['warmup_s']}; process wall time {s['process_wall_s']:.0f} s in all")
+    for name in res:
+        keys = TRL_BREAKDOWN if name == "trl" else CREDO_BREAKDOWN
+        print(f"\n{name} mean step-time breakdown (measured steps):")
         print("| part | s/step | share |\n|---|---|---|")
-        for part, m, share in breakdown(runs[key], keys, args.warmup):
+        for part, m, share in breakdown(runs[name], keys, args.warmup):
             print(f"| {part} | {m:.3f} | {share:.0%} |")
-    summary = {"results": res, "ratio": ratio, "ratio_median": ratio_median, "ratio_best_run": ratio_best, "load": load, "machine": info, "trl_venv": trl_versions,
+    summary = {"results": res, "ratios": ratios, "load": load, "machine": info, "trl_venv": trl_versions,
                "args": vars(args), "trl_config": job["config"]}
+    if "credo/trl" in ratios:  # the keys earlier summaries had
+        summary.update(ratio=ratios["credo/trl"]["tokens_per_s"], ratio_median=ratios["credo/trl"]["tokens_per_s_median"],
+                       ratio_best_run=ratios["credo/trl"]["tokens_per_s_best_run"])
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"\nfiles: {out_dir}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -35,6 +35,23 @@ def answer_score(response: str, answer: str) -> float:
     return 1.0 if int(text) == int(answer) else 0.0
 
 
+def final_int(text: str) -> int | None:
+    """The integer after the last '>' of a text, or None (credo.tasks.skills._final_int)."""
+    tail = text.strip().rpartition(">")[2] if ">" in text else None
+    return int(tail) if tail and tail.isdigit() else None
+
+
+def final_int_score(response: str, answer: str) -> float:
+    """credo's `LongTailAddTask.score`: 1.0 when the integer after the last '>' of the response is the sum, which is
+    the integer after the last '>' of the worked answer. Restated and checked like `answer_score`."""
+    got = final_int(response)
+    return 1.0 if got is not None and got == final_int(answer) else 0.0
+
+
+SCORES = {"exact": answer_score, "final_int": final_int_score}
+"""The job's `reward` -> the verifier it restates."""
+
+
 def main(job_path: str, out_path: str) -> int:
     job = json.loads(open(job_path).read())
     import torch
@@ -55,8 +72,10 @@ def main(job_path: str, out_path: str) -> int:
             raise SystemExit(f"prompt {r['prompt']!r} tokenizes to {a} in TRL but {b} in credo")
     model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32)
 
+    score = SCORES[job.get("reward", "exact")]
+
     def exact_match(completions, answer, **_):
-        return [answer_score(c, a) for c, a in zip(completions, answer)]
+        return [score(c, a) for c, a in zip(completions, answer)]
 
     timers: dict[str, float] = {}
     counts = {"tokens": 0, "completion_tokens": 0, "completions": 0}

@@ -96,6 +96,10 @@ def _check_sections_are_mappings(data: dict, cls: type) -> None:
     for f in dataclasses.fields(cls):
         if f.name in data and dataclasses.is_dataclass(f.default_factory) and not isinstance(data[f.name], dict):
             raise ConfigError(f"config key '{f.name}' = {data[f.name]!r}: expected a mapping (the {f.name}: section)")
+    tb = (data.get("rollout") or {}).get("tail_batching") if isinstance(data.get("rollout"), dict) else None
+    if tb is not None and not isinstance(tb, dict):
+        raise ConfigError(f"config key 'rollout.tail_batching' = {tb!r}: expected a mapping ({{}} for the paper's "
+                          "settings) or null")
 
 
 def load_recipe(path: str | Path | None, overrides: list[str] = (), *, validate_names: bool = True) -> Recipe:
@@ -186,6 +190,16 @@ def _check_combinations(r: Recipe) -> None:
         if not isinstance(spec, str) or ":" not in spec:
             raise ConfigError(f"config key 'reward.functions[{i}]' = {spec!r}: expected 'module:function'")
     ro = r.rollout
+    tb = ro.tail_batching
+    if tb is not None and tb.max_responses and tb.max_responses < ro.group_size:
+        raise out_of_range("rollout.tail_batching.max_responses", tb.max_responses,
+                           f">= rollout.group_size ({ro.group_size}), or 0 for group_size + 1")
+    if tb is not None and ro.max_staleness > 0:
+        raise ConfigError("config key 'rollout.tail_batching' is set with rollout.max_staleness > 0: tail batching is a "
+                          "synchronous, on-policy schedule; expected rollout.max_staleness: 0 (or no tail_batching)")
+    if tb is not None and r.stages.rollout != "default":
+        raise ConfigError(f"config key 'rollout.tail_batching' is set but stages.rollout is '{r.stages.rollout}': tail "
+                          "batching schedules the default single-turn rollout source; expected stages.rollout: default")
     if (ro.fp8_weights or ro.dtype is not None) and r.optim.zero_stage >= 3 and ro.backend == "hf":
         raise out_of_range("optim.zero_stage", 3, "<= 2 with rollout.dtype or rollout.fp8_weights on the hf backend "
                            "(the rollout copy is made from full weights)")

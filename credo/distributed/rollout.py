@@ -10,6 +10,8 @@ environment/observation tokens in the response with mask 0 (IPA chunks are the r
                      prefix_embeds=None) -> list[Sample]
         def sync_weights(self, model, version) -> None      # after each optimizer step
         def close(self) -> None
+        # optional, for tail batching (credo.distributed.race): sample until enough groups are complete
+        def generate_race(self, prompts, groups, *, need, groups_needed, max_new_tokens, ...) -> RaceResult
 
 `seeds[i]` seeds prompt i's sampling, so a resumed run draws the same responses as an uninterrupted one.
 `prefix_embeds` ([N, k, d], optional) are soft-prompt embeddings the model reads before prompt i's own token
@@ -187,7 +189,7 @@ class HFBackend:
             return []
         # One RNG stream for the whole call, derived from all seeds: the same prompts and seeds give the
         # same samples (what resume needs) while the batch stays one generate call (what speed needs).
-        block_seed = None if seeds is None else int.from_bytes(hashlib.sha256(repr(list(seeds)).encode()).digest()[:4], "little")
+        block_seed = None if seeds is None else seeds_digest(seeds)
         block = self.max_batch or len(prompts)
         samples: list[Sample] = []
         for start in range(0, len(prompts), block):
@@ -201,6 +203,27 @@ class HFBackend:
                                             prefix_embeds=rows)
         return samples
 
+    def generate_race(self, prompts: list[list[int]], groups: list[int], *, need: int, groups_needed: int,
+                      max_new_tokens: int, temperature: float, top_p: float, seeds: list[int] | None,
+                      chunk_tokens: int = 8):
+        """Tail batching's short round: sample `prompts` until `groups_needed` groups have `need` finished
+        responses (`credo.distributed.race`). Generates `chunk_tokens` tokens per call, carrying the KV cache
+        over; between calls finished rows and the rows of complete groups leave the batch. All requests run in
+        one batch (`max_batch` does not apply). One RNG stream derived from all seeds; `seeds=None` is greedy."""
+        from credo.distributed.race import hf_race
+
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"seeds has length {len(seeds)}, expected {len(prompts)} like prompts")
+        if len(groups) != len(prompts):
+            raise ValueError(f"groups has length {len(groups)}, expected {len(prompts)} like prompts")
+        return hf_race(self, prompts, groups, need=need, groups_needed=groups_needed, max_new_tokens=max_new_tokens,
+                       temperature=temperature, top_p=top_p, seed=None if seeds is None else seeds_digest(seeds),
+                       chunk_tokens=chunk_tokens)
+
+
+def seeds_digest(seeds: list[int]) -> int:
+    """A 32-bit seed for one RNG stream that samples a whole batch, a function of all its requests' seeds."""
+    return int.from_bytes(hashlib.sha256(repr(list(seeds)).encode()).digest()[:4], "little")
 
 def check_prefix_embeds(prefix_embeds: torch.Tensor | None, n: int, model: torch.nn.Module) -> None:
     """`prefix_embeds` is None or [n, k, d] with d the model's embedding width; a ValueError naming it otherwise."""

@@ -161,6 +161,76 @@ class VLLMBackend:
         return [{"prompt_embeds": torch.cat([pre.to(dev, emb.weight.dtype), emb(torch.tensor(p, device=dev))]).cpu()}
                 for pre, p in zip(prefix_embeds, prompts)]
 
+    def generate_race(self, prompts: list[list[int]], groups: list[int], *, need: int, groups_needed: int,
+                      max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+                      seeds: list[int] | None = None, chunk_tokens: int = 8):
+        """Tail batching's short round (`credo.distributed.race`): all requests are submitted at once and the engine
+        is stepped by hand; after each engine step the unfinished requests of complete groups are aborted
+        (`LLMEngine.abort_request`), and once `groups_needed` groups are complete every request still running is.
+        A request's finish step is the engine step whose output finished it. `chunk_tokens` is unused (vLLM
+        checks every step). `decoded_tokens` counts an aborted request's engine steps since it was submitted (its
+        partial tokens are not returned)."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        from credo.distributed.race import RaceResult, complete_groups, race_winners
+
+        if self.llm is None:
+            raise RuntimeError("generate_race called after close()")
+        params = self._sampling_params(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                       seeds=seeds)
+        if len(groups) != len(prompts):
+            raise ValueError(f"groups has length {len(groups)}, expected {len(prompts)} like prompts")
+        engine = self.llm.llm_engine
+        self._races = getattr(self, "_races", 0) + 1
+        internal = []
+        for j, (p, sp) in enumerate(zip(prompts, params)):
+            sp.output_kind = RequestOutputKind.FINAL_ONLY
+            internal.append(engine.add_request(f"race{self._races}-{j}", TokensPrompt(prompt_token_ids=list(p)), sp))
+        n, step, decoded = len(prompts), 0, 0
+        samples, finish, aborted = [None] * n, [None] * n, set()
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                j = int(out.request_id.rsplit("-", 1)[1])
+                if out.finished and j not in aborted and samples[j] is None:
+                    samples[j] = self._sample(prompts[j], out.outputs[0])
+                    finish[j] = step
+                    decoded += len(samples[j].response_ids)
+            step += 1
+            if race_winners(finish, groups, need=need, groups_needed=groups_needed) is not None:
+                stop = [j for j in range(n) if finish[j] is None and j not in aborted]
+            else:
+                complete = complete_groups(finish, groups, need)
+                stop = [j for j in range(n) if finish[j] is None and j not in aborted and groups[j] in complete]
+            if stop:
+                engine.abort_request([internal[j] for j in stop], internal=True)
+                aborted.update(stop)
+                decoded += step * len(stop)
+        return RaceResult(samples, finish, decoded)
+
+    def _sampling_params(self, prompts, *, max_new_tokens: int, temperature: float, top_p: float, seeds):
+        """Checked arguments -> one SamplingParams per prompt (`seeds=None`: greedy)."""
+        from vllm import SamplingParams
+
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"seeds has length {len(seeds)}, expected {len(prompts)} like prompts")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("prompts contains an empty prompt, expected at least one token each")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens is {max_new_tokens}, expected >= 1")
+        if seeds is not None and not (temperature > 0 and 0 < top_p <= 1):
+            raise ValueError(f"temperature={temperature}, top_p={top_p}: expected temperature > 0 and 0 < top_p <= 1")
+        common = dict(n=1, max_tokens=max_new_tokens, logprobs=0, detokenize=False)
+        if seeds is None:
+            return [SamplingParams(temperature=0.0, **common) for _ in prompts]
+        return [SamplingParams(temperature=temperature, top_p=top_p, seed=int(s), **common) for s in seeds]
+
+    def _sample(self, prompt: list[int], comp) -> Sample:
+        """A finished vLLM completion as a `Sample` (logprobs=0: each position holds the sampled token's entry)."""
+        resp = list(comp.token_ids)
+        lps = [float(pos[tok].logprob) for pos, tok in zip(comp.logprobs, resp)]
+        return Sample(list(prompt), resp, [1] * len(resp), lps, comp.finish_reason == "stop", self.version)
+
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
         """Push the trainer's current weights into the engine in place; later samples carry ``version``.
 

@@ -27,10 +27,14 @@ class Request:
     when its last token is decoded; an aborted request's `done` never fires."""
 
     __slots__ = ("prompt_len", "length", "generated", "done", "aborted", "version", "tag", "device",
-                 "submit_time", "start_time", "finish_time", "prefill_tokens")
+                 "submit_time", "start_time", "finish_time", "prefill_tokens", "trained_length")
 
-    def __init__(self, env: simpy.Environment, prompt_len: int, length: int, tag=None, prefill_tokens=None):
+    def __init__(self, env: simpy.Environment, prompt_len: int, length: int, tag=None, prefill_tokens=None,
+                 trained_length=None):
         self.prompt_len, self.length, self.tag = prompt_len, length, tag
+        # the response's own length; `length` may be longer: the steps it holds a slot (an engine that sees a
+        # finish only between chunks of steps, `ModeSpec.finish_quantum`)
+        self.trained_length = length if trained_length is None else trained_length
         # tokens to prefill on admission: the whole prompt, only the new ones of a multi-turn context whose
         # earlier turns sit in the engine's prefix cache, or (after a preemption) the whole context again
         self.prefill_tokens = prompt_len if prefill_tokens is None else prefill_tokens

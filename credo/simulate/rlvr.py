@@ -18,9 +18,11 @@ from credo.simulate.lengths import draw_responses
 from credo.simulate.sim import SimContext, StepRecord, new_prompt, train_phase
 
 
-def _requests(ctx: SimContext, pid: int, ident, n: int) -> list[Request]:
+def _requests(ctx: SimContext, pid: int, ident, n: int, quantum: int = 1) -> list[Request]:
+    """n requests of a prompt; with `quantum` > 1 each holds its slot to the next multiple of `quantum` steps."""
     w = ctx.workload
-    return [Request(ctx.env, w.lengths.prompt_len, n_tok, tag=pid)
+    held = lambda n_tok: min(w.lengths.max_len, -(-n_tok // quantum) * quantum)  # noqa: E731
+    return [Request(ctx.env, w.lengths.prompt_len, held(n_tok), tag=pid, trained_length=n_tok)
             for n_tok in draw_responses(w.lengths, ident, n, ctx.rng)]
 
 
@@ -52,7 +54,7 @@ def _short_round(ctx: SimContext, queue: list, rec: StepRecord):
     env, w, spec = ctx.env, ctx.workload, ctx.spec
     p0, r0 = w.prompts_per_step, w.group_size
     prompts = [new_prompt(ctx) for _ in range(math.ceil(spec.prompt_ratio * p0))]
-    by_prompt = {pid: _requests(ctx, pid, ident, spec.max_responses) for pid, ident in prompts}
+    by_prompt = {pid: _requests(ctx, pid, ident, spec.max_responses, spec.finish_quantum) for pid, ident in prompts}
     done_count = {pid: 0 for pid in by_prompt}
     complete: list[int] = []
     round_over = env.event()
@@ -108,7 +110,7 @@ def run_tail_batching(ctx: SimContext):
             rec.kind = "long"
             taken = [queue.pop(0) for _ in range(w.prompts_per_step)]
             kept = [r for pid, ident in taken for r in _requests(ctx, pid, ident, w.group_size)]
-            ctx.pool.submit_batch(kept)
+            ctx.extra.get("long_pool", ctx.pool).submit_batch(kept)
             yield env.all_of([r.done for r in kept])
             rec.prompt_ids = [pid for pid, _ in taken]
         else:
@@ -116,6 +118,6 @@ def run_tail_batching(ctx: SimContext):
             kept = yield from _short_round(ctx, queue, rec)
         rec.rollout_s = env.now - rec.start
         rec.queue = len(queue)
-        yield from train_phase(ctx, rec, [r.length for r in kept], w.lengths.prompt_len)
+        yield from train_phase(ctx, rec, [r.trained_length for r in kept], w.lengths.prompt_len)
         rec.end = env.now
         ctx.records.append(rec)

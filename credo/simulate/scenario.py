@@ -110,6 +110,11 @@ class ModeSpec:
     """tail_batching: eta_P, prompts launched per short round over P0."""
     max_responses: int = 0
     """tail_batching: R', responses launched per prompt in a short round (0 = R0 + 1)."""
+    finish_quantum: int = 1
+    """tail_batching short rounds: a response frees its slot, and its finish is seen, only every this many decode
+    steps (credo's hf backend races in generate() chunks of rollout.tail_batching.chunk_tokens); 1 = every step."""
+    long_engine: str = ""
+    """tail_batching: the engine of long rounds, '' = `engine`, or 'static' (the hf backend's one generate call)."""
     turn_barrier: bool = True
     """agentic_sync: every turn is a batch barrier (True), or episodes run at their own pace and only the step
     waits for the last one (False: environment-level asynchrony inside a synchronous step)."""
@@ -169,6 +174,10 @@ def _mode(d: dict, i: int, base_costs: dict, workload: Workload) -> ModeSpec:
         raise ValueError(f"{where}.max_batch = {m.max_batch}: expected >= 1 (0 only with engine: static)")
     if m.staleness < 0:
         raise ValueError(f"{where}.staleness = {m.staleness}: expected >= 0")
+    if m.finish_quantum < 1:
+        raise ValueError(f"{where}.finish_quantum = {m.finish_quantum}: expected >= 1")
+    if m.long_engine not in ("", "continuous", "static"):
+        raise ValueError(f"{where}.long_engine = {m.long_engine!r}: expected '', continuous or static")
     if m.mode == "tail_batching":
         m.max_responses = m.max_responses or workload.group_size + 1
         if m.prompt_ratio < 1 or m.max_responses < workload.group_size:

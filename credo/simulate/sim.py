@@ -80,8 +80,13 @@ def make_context(spec: ModeSpec, workload: Workload, steps: int, seed: int, *, p
         pool = pool_factory(env, spec, n_roll)
     else:
         pool = make_pool(env, spec.costs, n_roll, spec.max_batch, static=spec.engine == "static", dispatch=spec.dispatch)
-    return SimContext(env=env, rng=random.Random(seed), spec=spec, workload=workload, steps=steps, pool=pool,
-                      train_devices=n_train, all_devices=n_all)
+    ctx = SimContext(env=env, rng=random.Random(seed), spec=spec, workload=workload, steps=steps, pool=pool,
+                     train_devices=n_train, all_devices=n_all)
+    if spec.long_engine and spec.long_engine != spec.engine and pool_factory is None:
+        static = spec.long_engine == "static"  # the same devices, driven another way in long rounds
+        ctx.extra["long_pool"] = make_pool(env, spec.costs, n_roll, 0 if static else spec.max_batch, static=static,
+                                           dispatch=spec.dispatch)
+    return ctx
 
 
 def trained_tokens(workload: Workload, prompt_len: int, lengths: list[int], pad_width: int | None = None) -> int:

@@ -12,6 +12,7 @@ and the comparison is the mean step time, since aborted responses are not in the
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -32,8 +33,15 @@ def _mode_spec(r, costs: Costs, mode: str) -> ModeSpec:
     else:  # continuous batching, whole step at once (vLLM)
         spec.max_batch = r.rollout.prompts_per_step * r.rollout.group_size * 2
     tb = getattr(r.rollout, "tail_batching", None)
+    if mode == "tail_batching" and tb is not None and r.rollout.backend == "hf":
+        # the hf backend's race: one batch of every request, rows leave between chunks of chunk_tokens; its long
+        # rounds are one generate() call (credo.distributed.race, credo.train.tail_batching)
+        spec.finish_quantum, spec.long_engine = tb.chunk_tokens, "static"
+        race = math.ceil(tb.prompt_ratio * r.rollout.prompts_per_step) * (tb.max_responses or r.rollout.group_size + 1)
+        spec.max_batch = max(spec.max_batch, race)
     if mode == "tail_batching" and tb is not None:
-        spec.prompt_ratio, spec.max_responses = tb.prompt_ratio, tb.max_responses
+        spec.prompt_ratio = tb.prompt_ratio
+        spec.max_responses = tb.max_responses or r.rollout.group_size + 1  # 0 = R0 + 1, as the recipe reads it
     return spec
 
 
@@ -56,7 +64,8 @@ def validate(recipe_path: str, run_dir: str, costs_path: str, *, lengths_from: s
     rows = []
     if mode == "sync":
         lm = LengthModel(kind="replay", replay=[s["pairs"] for s in steps], max_len=r.rollout.max_new_tokens)
-        wl = Workload(prompts_per_step=r.rollout.prompts_per_step, group_size=r.rollout.group_size, lengths=lm)
+        wl = Workload(prompts_per_step=r.rollout.prompts_per_step, group_size=r.rollout.group_size, lengths=lm,
+                      train_padding="packed" if r.algo.packing else "padded")
         res, _ = simulate_mode(Scenario("replay", len(steps), 0, mode, wl, [spec]), spec)
         lines += ["| step | max len | measured rollout (s) | sim rollout (s) | measured train+reward+sync (s) | "
                   "sim (s) | measured step (s) | sim step (s) | error |", "|" + "---|" * 9]
@@ -79,7 +88,8 @@ def validate(recipe_path: str, run_dir: str, costs_path: str, *, lengths_from: s
         if not paths:
             raise ValueError(f"--lengths-from {lengths_from}: no rollout dumps")
         lm = fit_dumps(paths, max_len=r.rollout.max_new_tokens)
-        wl = Workload(prompts_per_step=r.rollout.prompts_per_step, group_size=r.rollout.group_size, lengths=lm)
+        wl = Workload(prompts_per_step=r.rollout.prompts_per_step, group_size=r.rollout.group_size, lengths=lm,
+                      train_padding="packed" if r.algo.packing else "padded")
         sims = [simulate_mode(Scenario("dist", 50, seed, mode, wl, [spec]), spec, seed)[0].step_time_s
                 for seed in range(3)]
         later = [m["perf/step_time_s"] for s, m in zip(steps, measured) if s["step"] != 1] or \

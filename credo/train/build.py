@@ -51,6 +51,7 @@ from credo.train.registry import StageContext, build_stage, resolve, settings_of
 from credo.train.reward import FunctionReward
 from credo.train.rollout import PromptRollout
 from credo.train.scoring import PolicyScorer
+from credo.train.tail_batching import TailBatchingRollout
 from credo.train.setup import (check_context, fault_nan_steps, family_warmups, make_backend, make_run_dir,
                                prepare_policy, reward_function)
 from credo.train.staleness import staleness_lr_factor
@@ -226,8 +227,7 @@ def build_stages(r: Recipe, ctx: StageContext, active: list[Family], grad_accum:
     ro, a, o, st = r.rollout, r.algo, r.optim, r.stages
     out = SimpleNamespace()
     holdout = sum(f.holdout(r) for f in active)  # training problems an active family keeps out (MIPU's validation)
-    ctx.default = PromptRollout(ctx.task, ctx.tokenizer, ctx.backend, seed=r.run.seed, rank=ctx.rank, world=ctx.world,
-                                render=ctx.render, holdout=holdout, **ctx.rollout)
+    ctx.default = default_source(r, ctx, holdout)
     out.source = ctx.source = asynchronous(r, ctx, _stage(r, ctx, "rollout", st.rollout, st.rollout_kwargs))
     out.reward_fn = _default_reward_fn(r, ctx.task)
     ctx.default = None if out.reward_fn is None else FunctionReward(
@@ -240,7 +240,7 @@ def build_stages(r: Recipe, ctx: StageContext, active: list[Family], grad_accum:
     out.scorer = ctx.scorer = PolicyScorer(
         temperature=ro.temperature, chunk_size=a.logprob_chunk_size, hidden_path=o.zero_stage < 3,
         needs_old_log_probs=a.ppo_epochs * a.mini_batches > 1 or ro.max_staleness > 0, ref_model=ctx.ref_model,
-        probes=list(out.probes.values()))
+        probes=list(out.probes.values()), packed=a.packing, micro_batch_tokens=a.micro_batch_tokens)
     ctx.default = OutcomeAdvantage(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs) \
         if algos.ADVANTAGE_INPUTS.get(a.advantage) == "outcome" else None
     out.advantage = _stage(r, ctx, "advantage", st.advantage, st.advantage_kwargs)
@@ -251,8 +251,21 @@ def build_stages(r: Recipe, ctx: StageContext, active: list[Family], grad_accum:
                               norm_len=ro.max_new_tokens)
     out.updater = Updater(ctx.engine, out.scorer, out.objective, ppo_epochs=a.ppo_epochs, mini_batches=a.mini_batches,
                           grad_accum=grad_accum, zero_stage=o.zero_stage, world=ctx.world,
-                          fault_nan_steps=fault_nan_steps())
+                          fault_nan_steps=fault_nan_steps(), micro_batch_tokens=a.micro_batch_tokens,
+                          packed=a.packing)
     return out
+
+
+def default_source(r: Recipe, ctx: StageContext, holdout: int):
+    """The default rollout source: the task's single-turn prompts, scheduled by tail batching when
+    rollout.tail_batching is set."""
+    common = dict(seed=r.run.seed, rank=ctx.rank, world=ctx.world, render=ctx.render, holdout=holdout, **ctx.rollout)
+    tb = r.rollout.tail_batching
+    if tb is None:
+        return PromptRollout(ctx.task, ctx.tokenizer, ctx.backend, **common)
+    return TailBatchingRollout(ctx.task, ctx.tokenizer, ctx.backend, prompt_ratio=tb.prompt_ratio,
+                               max_responses=tb.max_responses or r.rollout.group_size + 1,
+                               chunk_tokens=tb.chunk_tokens, **common)
 
 
 def asynchronous(r: Recipe, ctx: StageContext, source):

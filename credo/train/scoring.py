@@ -40,6 +40,7 @@ import torch
 
 from credo import algos
 from credo.train.batch import Batch
+from credo.train.packing import PackedRows, row_lengths, token_micro_batches
 
 
 class Probe(Protocol):
@@ -51,11 +52,14 @@ class Probe(Protocol):
 
 
 def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature: float, chunk_size: int,
-                   with_entropy: bool, hidden_path: bool = True, prefix_embeds: torch.Tensor | None = None):
+                   with_entropy: bool, hidden_path: bool = True, packed: bool = False,
+                   prefix_embeds: torch.Tensor | None = None):
     """Log-probs (and entropy) of input_ids[:, 1:] at `token_mask` positions.
 
     Args:
         input_ids: [B, L] long. attention_mask: [B, L]. token_mask: [B, L-1] bool, the rows to score.
+        packed: run the model on the samples packed end to end without padding (`credo.train.packing`; the
+            batch must be right-padded); the result is the same, in the same [B, L-1] layout.
         prefix_embeds: [B, k, d] soft-prompt embeddings read before each row's tokens (`Batch.prefix_embeds`), or
             None. Their k positions are dropped from the outputs, so the shapes do not change.
     Returns:
@@ -66,10 +70,16 @@ def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature:
     """
     B, T = token_mask.shape
     zero = torch.zeros(B, T, dtype=torch.float32, device=input_ids.device)
+    if packed and prefix_embeds is not None:
+        raise ValueError("policy_forward: packed rows cannot take prefix_embeds (a soft prefix needs its sample's own "
+                         "padded row)")
     inputs, k = dict(input_ids=input_ids, attention_mask=attention_mask), 0
     if prefix_embeds is not None:
         inputs, k = prefixed_rows(model, input_ids, attention_mask, prefix_embeds), prefix_embeds.shape[1]
-    if hidden_path:
+    if packed:
+        lp_rows, ent_rows = _packed_rows(model, input_ids, attention_mask, token_mask, temperature=temperature,
+                                         chunk_size=chunk_size, with_entropy=with_entropy, hidden_path=hidden_path)
+    elif hidden_path:
         base = getattr(model, model.base_model_prefix)
         hidden = base(**inputs).last_hidden_state[:, k:-1]
         head = model.get_output_embeddings()
@@ -98,13 +108,41 @@ def prefixed_rows(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
                 attention_mask=torch.cat([ones, attention_mask], 1))
 
 
+def _packed_rows(model, input_ids, attention_mask, token_mask, *, temperature: float, chunk_size: int,
+                 with_entropy: bool, hidden_path: bool):
+    """`policy_forward`'s selected log-probs [N] (and entropy [N] or None) from one packed forward, in the order
+    `token_mask` selects them. `use_cache=False`: a cache would make transformers ignore the packed positions."""
+    packed = PackedRows.of(input_ids, attention_mask)
+    where = packed.flat_index(token_mask)
+    labels = input_ids[:, 1:][token_mask]
+    inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False)
+    if hidden_path:
+        base = getattr(model, model.base_model_prefix)
+        hidden = base(**inputs).last_hidden_state
+        head = model.get_output_embeddings()
+        out = algos.logprobs_from_hidden(hidden.flatten(0, 1)[where], head.weight, labels, temperature=temperature,
+                                         chunk_size=chunk_size, with_entropy=with_entropy,
+                                         bias=getattr(head, "bias", None))
+        return out if with_entropy else (out, None)
+    logits = model(**inputs).logits  # ZeRO-3: the model's own head gathers its partitioned weight
+    sel = logits.flatten(0, 1)[where].float() / temperature
+    logp = sel.log_softmax(-1)
+    lp_rows = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return lp_rows, (algos.entropy_from_logits(sel) if with_entropy else None)
+
+
 class PolicyScorer:
     """Scores batches with the policy (and the frozen reference), at one temperature bound at build time."""
 
     def __init__(self, *, temperature: float, chunk_size: int, hidden_path: bool, needs_old_log_probs: bool,
-                 ref_model: torch.nn.Module | None = None, probes: list[Probe] = ()):
+                 ref_model: torch.nn.Module | None = None, probes: list[Probe] = (), packed: bool = False,
+                 micro_batch_tokens: int = 0):
         self.temperature, self.chunk_size, self.hidden_path = temperature, chunk_size, hidden_path
         self.needs_old_log_probs = needs_old_log_probs
+        # algo.packing / algo.micro_batch_tokens: forwards packed (or padded only to their own longest sample), and
+        # the recompute split by the token budget; probes keep the padded forward of the rows they are given
+        self.packed, self.micro_batch_tokens = packed, micro_batch_tokens
+        self.trim = packed or micro_batch_tokens > 0
         self.ref_model = ref_model
         self.probes = list(probes)
         # Without a recompute forward (one on-policy pass), probes that can ride the update's forward do.
@@ -114,11 +152,39 @@ class PolicyScorer:
 
     def __call__(self, model, input_ids, attention_mask, token_mask, *, with_entropy: bool, hidden_path: bool | None = None,
                  prefix_embeds: torch.Tensor | None = None):
-        """Log-probs (and entropy) [B, T] of `model` on the given rows; see `policy_forward`."""
-        return policy_forward(model, input_ids, attention_mask, token_mask, temperature=self.temperature,
-                              chunk_size=self.chunk_size, with_entropy=with_entropy,
-                              hidden_path=self.hidden_path if hidden_path is None else hidden_path,
-                              prefix_embeds=prefix_embeds)
+        """Log-probs (and entropy) [B, T] of `model` on the given rows; see `policy_forward`. With packing or a
+        token budget the rows (right-padded) are cut to their longest sample, or packed, and the outputs padded
+        back to T. Soft prefixes (`prefix_embeds` [B, k, d]) take the padded path (a recipe cannot combine them with
+        packing or a token budget)."""
+        hidden_path = self.hidden_path if hidden_path is None else hidden_path
+        if not self.trim or prefix_embeds is not None:
+            return policy_forward(model, input_ids, attention_mask, token_mask, temperature=self.temperature,
+                                  chunk_size=self.chunk_size, with_entropy=with_entropy, hidden_path=hidden_path,
+                                  prefix_embeds=prefix_embeds)
+        width = int(row_lengths(attention_mask).max())
+        lp, ent = policy_forward(model, input_ids[:, :width], attention_mask[:, :width], token_mask[:, :width - 1],
+                                 temperature=self.temperature, chunk_size=self.chunk_size, with_entropy=with_entropy,
+                                 hidden_path=hidden_path, packed=self.packed)
+        extra = token_mask.shape[1] - (width - 1)
+        return torch.nn.functional.pad(lp, (0, extra)), None if ent is None else torch.nn.functional.pad(ent, (0, extra))
+
+    def _whole_batch(self, model, batch: Batch, *, with_entropy: bool, hidden_path: bool | None = None):
+        """Log-probs (and entropy) [B, T] of the whole batch: one forward, or (with algo.micro_batch_tokens) one per
+        token-budget group of rows."""
+        if not self.micro_batch_tokens or batch.prefix_embeds is not None:
+            return self(model, batch.input_ids, batch.attention_mask, batch.loss_mask, with_entropy=with_entropy,
+                        hidden_path=hidden_path, prefix_embeds=batch.prefix_embeds)
+        lengths = row_lengths(batch.attention_mask).tolist()
+        lp = torch.zeros(batch.loss_mask.shape, dtype=torch.float32, device=batch.input_ids.device)
+        ent = torch.zeros_like(lp) if with_entropy else None
+        for group in token_micro_batches(lengths, self.micro_batch_tokens, packed=self.packed):
+            rows = torch.tensor(group, device=lp.device)
+            lp_g, ent_g = self(model, batch.input_ids[rows], batch.attention_mask[rows], batch.loss_mask[rows],
+                               with_entropy=with_entropy, hidden_path=hidden_path)
+            lp[rows] = lp_g
+            if ent is not None:
+                ent[rows] = ent_g
+        return lp, ent
 
     @torch.no_grad()
     def recompute(self, model: torch.nn.Module, batch: Batch) -> None:
@@ -133,15 +199,18 @@ class PolicyScorer:
                     hooks.enter_context(probe.capture(model))
                 # A probe that never reads the entropy (`needs_entropy = False`) spares its computation.
                 with_entropy = any(getattr(probe, "needs_entropy", True) for probe in self.recompute_probes)
-                lp, ent = self(model, batch.input_ids, batch.attention_mask, batch.loss_mask, with_entropy=with_entropy,
-                               prefix_embeds=batch.prefix_embeds)
+                if self.recompute_probes and self.trim:  # probes capture the padded forward of the whole batch
+                    lp, ent = policy_forward(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                             temperature=self.temperature, chunk_size=self.chunk_size,
+                                             with_entropy=with_entropy, hidden_path=self.hidden_path)
+                else:
+                    lp, ent = self._whole_batch(model, batch, with_entropy=with_entropy)
             if self.needs_old_log_probs:
                 batch.old_log_probs = lp
             for probe in self.recompute_probes:
                 _store_probe_outputs(probe, probe.result(batch, lp, ent), batch)
         if self.ref_model is not None:
-            batch.ref_log_probs, _ = self(self.ref_model, batch.input_ids, batch.attention_mask, batch.loss_mask,
-                                          with_entropy=False, hidden_path=True, prefix_embeds=batch.prefix_embeds)
+            batch.ref_log_probs, _ = self._whole_batch(self.ref_model, batch, with_entropy=False, hidden_path=True)
 
 
     def update_forward(self, model: torch.nn.Module, batch: Batch, rows: torch.Tensor):
@@ -160,8 +229,13 @@ class PolicyScorer:
         with contextlib.ExitStack() as hooks:
             for probe in self.update_probes:
                 hooks.enter_context(probe.capture(model))
-            lp, ent = self(model, batch.input_ids[rows], batch.attention_mask[rows], mask, with_entropy=True,
-                           prefix_embeds=prefix)
+            if prefix is not None:
+                lp, ent = self(model, batch.input_ids[rows], batch.attention_mask[rows], mask, with_entropy=True,
+                               prefix_embeds=prefix)
+            else:  # probes capture the padded forward of the micro-batch, packed or not
+                lp, ent = policy_forward(model, batch.input_ids[rows], batch.attention_mask[rows], mask,
+                                         temperature=self.temperature, chunk_size=self.chunk_size, with_entropy=True,
+                                         hidden_path=self.hidden_path)
         view = _rows_view(batch, rows)
         for probe in self.update_probes:
             outputs = probe.result(view, lp.detach(), ent.detach())

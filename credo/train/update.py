@@ -1,7 +1,9 @@
 """The updater: the epoch / mini-batch / micro-batch loop, and the non-finite skip.
 
 For each of `ppo_epochs` passes, the batch is split into `mini_batches` optimizer steps, each
-accumulated over micro-batches of at most `micro_batch_size` sequences. A mini-batch whose loss or
+accumulated over micro-batches of at most `micro_batch_size` sequences, or (`micro_batch_tokens` > 0) of at
+most that many tokens (`credo.train.packing.token_micro_batches`; every rank runs as many as the rank that needs
+the most, and DeepSpeed is told which micro-batch ends the mini-batch). A mini-batch whose loss or
 gradient is non-finite is skipped as a whole (no weight, moment or LR moves). DeepSpeed specifics
 (backward scaling, ZeRO-0's overflow check) live in `credo.distributed.engine`.
 """
@@ -13,10 +15,12 @@ import math
 
 import torch
 
-from credo.distributed.engine import all_reduce_sum, backward, nan_loss, optimizer_step, reported_grad_norm
+from credo.distributed.engine import (all_reduce_max, all_reduce_sum, backward, nan_loss, optimizer_step,
+                                     reported_grad_norm)
 from credo.train.batch import Batch
 from credo.train.mismatch import step_mismatch_metrics
 from credo.train.objective import Objective
+from credo.train.packing import row_lengths, split_to, token_micro_batches
 from credo.train.scoring import PolicyScorer
 
 log = logging.getLogger("credo")
@@ -32,9 +36,11 @@ class Updater:
     """Runs the policy update of one batch on a DeepSpeed engine; returns its metrics and skip count."""
 
     def __init__(self, engine, scorer: PolicyScorer, objective: Objective, *, ppo_epochs: int, mini_batches: int,
-                 grad_accum: int, zero_stage: int, world: int, fault_nan_steps: frozenset[int] = frozenset()):
+                 grad_accum: int, zero_stage: int, world: int, fault_nan_steps: frozenset[int] = frozenset(),
+                 micro_batch_tokens: int = 0, packed: bool = False):
         self.engine, self.scorer, self.objective = engine, scorer, objective
         self.ppo_epochs, self.mini_batches, self.grad_accum = ppo_epochs, mini_batches, grad_accum
+        self.micro_batch_tokens, self.packed = micro_batch_tokens, packed
         self.zero_stage, self.world = zero_stage, world
         self.fault_nan_steps = fault_nan_steps  # test hook: the loss of these steps is forced to NaN
 
@@ -44,6 +50,7 @@ class Updater:
         counts: dict[str, int] = {}
         skipped = 0
         checked_norm = float("nan")  # the norm checked on ZeRO-0, where DeepSpeed reports none
+        n_micro = 0
         # pi_old for the mismatch metrics: the recompute's, or (one on-policy pass) the first pass's own log-probs
         pi_old = batch.old_log_probs if batch.old_log_probs is not None else torch.zeros_like(batch.rollout_log_probs)
         for epoch in range(self.ppo_epochs):
@@ -51,7 +58,11 @@ class Updater:
                 mb_mask = batch.loss_mask[mb]
                 gt, gs = all_reduce_sum(torch.stack([mb_mask.sum(), (mb_mask.sum(-1) > 0).sum()])).clamp_min(1)
                 bad = None
-                for micro in mb.tensor_split(self.grad_accum):
+                micros = self.micro_batches(batch, mb)
+                n_micro += len(micros)
+                for k, micro in enumerate(micros):
+                    if self.micro_batch_tokens:  # their number varies: DeepSpeed cannot count to the boundary
+                        engine.set_gradient_accumulation_boundary(k == len(micros) - 1)
                     m = batch.loss_mask[micro]
                     # Probes without a recompute to ride take this forward (weights set before the loss).
                     lp, ent = self.scorer.update_forward(engine.module, batch, micro)
@@ -84,6 +95,16 @@ class Updater:
                 if not (engine.was_step_applied() and bad is None):
                     skipped += 1
                     log.error("step %d: optimizer step skipped, non-finite %s", batch.step, bad or "grad_norm")
+        out = self._metrics(sums, counts)
+        out["train/grad_norm"] = reported_grad_norm(engine, checked_norm)
+        out["train/skipped_steps"] = skipped
+        out.update(step_mismatch_metrics(batch, pi_old))
+        if self.micro_batch_tokens:
+            out["perf/micro_batches"] = n_micro
+        return out, skipped
+
+    def _metrics(self, sums: dict, counts: dict) -> dict[str, float]:
+        """The step's loss terms and loss metrics from their per-micro-batch sums, over all ranks; and train/loss."""
         out = {}
         totals = all_reduce_sum(torch.tensor(list(sums.values()), dtype=torch.float64)).tolist()
         passes = self.ppo_epochs * self.mini_batches
@@ -91,7 +112,13 @@ class Updater:
             # loss pieces are sums of globally normalised parts (divide by passes); loss metrics are means
             out[k] = total / passes if counts[k] == 1 else total / (counts[k] * self.world)
         out["train/loss"] = self.objective.total(out)
-        out["train/grad_norm"] = reported_grad_norm(engine, checked_norm)
-        out["train/skipped_steps"] = skipped
-        out.update(step_mismatch_metrics(batch, pi_old))
-        return out, skipped
+        return out
+
+    def micro_batches(self, batch: Batch, mb: torch.Tensor) -> list[torch.Tensor]:
+        """The micro-batches (row indices) of mini-batch `mb`: `grad_accum` equal splits, or token-budget groups."""
+        if not self.micro_batch_tokens:
+            return list(mb.tensor_split(self.grad_accum))
+        lengths = row_lengths(batch.attention_mask[mb]).tolist()
+        groups = token_micro_batches(lengths, self.micro_batch_tokens, packed=self.packed)
+        count = int(all_reduce_max(torch.tensor(len(groups))))
+        return [mb[torch.tensor(g, dtype=torch.long)] for g in split_to(groups, count)]

@@ -211,3 +211,28 @@ def test_generate_rejects_bad_arguments(env):
         env.backend.generate([[1, 5], [1, 6]], max_new_tokens=4, temperature=1.0, top_p=1.0, seeds=[0])
     with pytest.raises(ValueError, match="empty prompt"):
         env.backend.generate([[]], max_new_tokens=4, temperature=1.0, top_p=1.0, seeds=[0])
+
+
+def test_race_aborts_the_rest_and_keeps_what_each_seed_samples(env):
+    """generate_race (tail batching's short round): each request has its own seed, so a request that finished is
+    exactly what `generate` samples from that seed; the race stops once 3 of the 6 prompts have 2 finished
+    responses, aborting the others, and leaves the engine idle for the next call."""
+    from credo.distributed.race import race_winners
+
+    set_weights(env, noise_seed=7, eos_boost=1.5)  # responses end early, after different lengths
+    prompts = [p for p in env.prompts for _ in range(3)]
+    groups = [i for i in range(len(env.prompts)) for _ in range(3)]
+    seeds = [500 + j for j in range(len(prompts))]
+    race = env.backend.generate_race(prompts, groups, need=2, groups_needed=3, max_new_tokens=48, temperature=1.0,
+                                     top_p=1.0, seeds=seeds)
+    plain = env.backend.generate(prompts, max_new_tokens=48, temperature=1.0, top_p=1.0, seeds=seeds)
+    finished = [j for j, s in enumerate(race.samples) if s is not None]
+    assert 6 <= len(finished) < len(prompts)  # the winners' responses, and not every request
+    for j in finished:
+        assert race.samples[j].response_ids == plain[j].response_ids
+        assert race.samples[j].rollout_log_probs == pytest.approx(plain[j].rollout_log_probs, abs=1e-5)
+        assert race.samples[j].policy_version == env.version
+    winners = race_winners(race.finish_steps, groups, need=2, groups_needed=3)
+    assert winners is not None and all(race.samples[j] is not None for _, kept in winners for j in kept)
+    assert race.decoded_tokens < sum(len(s.response_ids) for s in plain)
+    assert not env.backend.llm.llm_engine.has_unfinished_requests()

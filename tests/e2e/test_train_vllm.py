@@ -35,3 +35,26 @@ def test_short_run_vllm(tmp_path):
         # the loss is computed from the trainer's log-probs of the engine's samples; a stale or broken
         # sync shows up as a large train/inference mismatch
         assert row["loss/mismatch_kl_k3"] < 1e-4, row["loss/mismatch_kl_k3"]
+
+
+@pytest.mark.heavy  # a vLLM engine and 5 steps: a minute or more; the race itself is tested in test_vllm_parity.py
+def test_tail_batching_run_vllm(tmp_path):
+    """Tail batching on vLLM: short rounds abort requests in the engine, a long round runs the queued prompts at
+    step 5, and every trained sample comes from the current weights."""
+    from credo.trainer import Trainer
+
+    r = load_recipe("recipes/quickstart.yaml", tiny_overrides(tmp_path / "run", **{
+        "rollout.backend": "vllm", "run.steps": 5, "run.eval_every": 0, "run.dump_rollouts_every": 1,
+        "rollout.tail_batching": "{}", "algo.packing": "true"}))
+    trainer = Trainer(r)
+    try:
+        run_dir = trainer.fit()
+    finally:
+        trainer.close()
+    rows = read_rows(run_dir)
+    assert [row["rollout/long_round"] for row in rows] == [0.0, 0.0, 0.0, 0.0, 1.0]
+    assert all(row["rollout/aborted_responses"] == 9 for row in rows[:4])  # 5 prompts x 5 raced, 4 x 4 kept
+    for row in rows:
+        dumped = [json.loads(x) for x in (run_dir / "rollouts" / f"step_{row['step']}.jsonl").read_text().splitlines()]
+        assert len(dumped) == 16 and {d["policy_version"] for d in dumped} == {row["step"] - 1}
+        assert row["loss/mismatch_kl_k3"] < 1e-4, row["loss/mismatch_kl_k3"]

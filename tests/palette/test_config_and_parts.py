@@ -58,6 +58,8 @@ def test_a_prefix_the_context_cannot_hold_is_an_error_naming_the_key():
      "config key 'stages.rollout' = 'credo.train.rollout:PromptRollout' cannot be used with palette"),
     (["stages.probes=[attention_credit]"], "config key 'stages.probes'"),
     (["rollout.max_staleness=1"], "config key 'rollout.max_staleness' = 1 cannot be used with palette.enabled"),
+    (["algo.packing=true"], "config key 'algo.packing' = True cannot be used with palette.enabled"),
+    (["algo.micro_batch_tokens=512"], "config key 'algo.micro_batch_tokens' = 512 cannot be used with palette"),
     (["mipu.enabled=true"], "config section 'mipu:' is on, which cannot be combined with palette.enabled"),
     (["palette.prior_scale=0"], "config key 'palette.prior_scale' = 0"),
     (["palette.prfix_len=3"], "did you mean 'palette.prefix_len'"),

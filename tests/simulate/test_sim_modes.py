@@ -98,6 +98,24 @@ def test_tail_batching_hand_worked_rounds():
     assert [r.queue for r in recs] == [1, 2, 0]
 
 
+def test_tail_batching_on_the_hf_race_sees_finishes_between_chunks_and_runs_long_rounds_static():
+    # as above, with credo's hf backend: a response frees its slot (and completes its prompt) only at the next
+    # multiple of 8 decode steps, and a long round is one generate() call that holds every row to the longest
+    groups = [[10, 50], [20, 20], [100, 100], [10, 50], [20, 20], [60, 60]]
+    scn = _scenario([{"mode": "tail_batching", "devices": 1, "max_batch": 100, "prompt_ratio": 1.5,
+                      "max_responses": 2, "finish_quantum": 8, "long_engine": "static"}],
+                    {"kind": "empirical", "groups": groups, "order": "cycle", "max_len": 128},
+                    {"decode_step_s": 0.01, "decode_seq_s": 0.001, "train_fixed_s": 1.0}, steps=3, P=2, G=1)
+    recs = simulate(scn)[0].records
+    # short round: 6 rows for 16 steps (prompt 0's 10 seen at 16), its twin aborted in the step in progress (5 rows),
+    # then 4 rows to step 24
+    short = 16 * (0.01 + 6 * 0.001) + (0.01 + 5 * 0.001) + 7 * (0.01 + 4 * 0.001)
+    # long round: prompts 2 (100) and 5 (60), both rows held for 100 steps (continuous: 60 x 2 rows + 40 x 1)
+    assert [r.kind for r in recs] == ["short", "short", "long"]
+    assert [r.rollout_s for r in recs] == pytest.approx([short, short, 100 * (0.01 + 2 * 0.001)])
+    assert [r.max_len for r in recs] == [20, 20, 100]  # trained lengths are the responses' own
+
+
 def test_tail_batching_trains_every_prompt_exactly_once():
     lengths = {"kind": "lognormal", "median": 200, "sigma_prompt": 1.0, "sigma_response": 0.3, "max_len": 4096,
                "prompt_len": 32}

@@ -66,6 +66,10 @@ def check_palette(r) -> None:
     if r.rollout.max_staleness > 0:
         raise ConfigError(f"config key 'rollout.max_staleness' = {r.rollout.max_staleness} cannot be used with "
                           "palette.enabled: the asynchronous sources do not carry the per-sample latents yet")
+    if r.algo.packing or r.algo.micro_batch_tokens:
+        key, value = ("algo.packing", True) if r.algo.packing else ("algo.micro_batch_tokens", r.algo.micro_batch_tokens)
+        raise ConfigError(f"config key '{key}' = {value!r} cannot be used with palette.enabled: a soft prefix is read "
+                          "from its sample's own padded row, not from packed or token-budget rows")
     if r.stages.probes:
         raise ConfigError(f"config key 'stages.probes' = {list(r.stages.probes)} cannot be used with palette.enabled: "
                           "a probe's hooks index token positions, which the soft prefix shifts")
