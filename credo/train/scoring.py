@@ -35,6 +35,7 @@ from typing import ContextManager, Protocol
 import torch
 
 from credo import algos
+from credo.lora import BaseReference
 from credo.train.batch import Batch
 
 
@@ -95,10 +96,15 @@ class PolicyScorer:
         self._merge_tokens: tuple = (None, {})
 
     def __call__(self, model, input_ids, attention_mask, token_mask, *, with_entropy: bool, hidden_path: bool | None = None):
-        """Log-probs (and entropy) [B, T] of `model` on the given rows; see `policy_forward`."""
-        return policy_forward(model, input_ids, attention_mask, token_mask, temperature=self.temperature,
-                              chunk_size=self.chunk_size, with_entropy=with_entropy,
-                              hidden_path=self.hidden_path if hidden_path is None else hidden_path)
+        """Log-probs (and entropy) [B, T] of `model` on the given rows; see `policy_forward`. `model` may be a LoRA
+        run's reference (`credo.lora.BaseReference`): the policy's module, scored with its adapter off."""
+        context = contextlib.nullcontext()
+        if isinstance(model, BaseReference):
+            model, context = model.module, model.adapter_off()
+        with context:
+            return policy_forward(model, input_ids, attention_mask, token_mask, temperature=self.temperature,
+                                  chunk_size=self.chunk_size, with_entropy=with_entropy,
+                                  hidden_path=self.hidden_path if hidden_path is None else hidden_path)
 
     @torch.no_grad()
     def recompute(self, model: torch.nn.Module, batch: Batch) -> None:
