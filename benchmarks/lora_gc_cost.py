@@ -181,7 +181,8 @@ def quickstart_table(a) -> None:
     for name, res in results.items():
         print(f"| {name} | " + " | ".join(f"{res['eval'].get(s, float('nan')):.3f}" for s in steps) +
               f" | {res['step_s']:.3f} | {res['step_s'] / full['step_s']:.3f} | {res['update_s']:.3f} | "
-              f"{res['update_s'] / full['update_s']:.3f} | {res['rss_gb']:.2f} | {res['rss_gb'] / full['rss_gb']:.3f} |")
+              f"{res['update_s'] / full['update_s']:.3f} | {res['rss_gb']:.2f} | "
+              f"{res['rss_gb'] / full['rss_gb']:.3f} |")
 
 
 def main() -> None:

@@ -290,7 +290,8 @@ def _parser() -> argparse.ArgumentParser:
                         "final/, or a checkpoint folder (runs/NAME/.../checkpoints/step_N)")
     p_eval.add_argument("recipe", help="a YAML recipe (its task, evaluator, rollout backend and seeds are used) or a "
                         "task name run with the default recipe (e.g. arithmetic, rg:leg_counting)")
-    p_eval.add_argument("overrides", nargs="*", help="key=value overrides, as for `credo run` (e.g. task.eval_size=500)")
+    p_eval.add_argument("overrides", nargs="*",
+                        help="key=value overrides, as for `credo run` (e.g. task.eval_size=500)")
     p_eval.add_argument("--samples", type=int, default=None,
                         help="samples per held-out problem (overrides run.eval_samples; needs a temperature > 0)")
     p_eval.add_argument("--temperature", type=float, default=None,

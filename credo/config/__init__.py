@@ -18,10 +18,10 @@ from credo.config.sections import (AGG_MODES, AlgoConfig, LoraConfig, ModelConfi
                                    RolloutConfig, RunConfig, SFTConfig, StagesConfig, TaskConfig, TinyModelConfig)
 from credo.errors import ConfigError
 
-__all__ = ["AGG_MODES", "AlgoConfig", "ConfigError", "LoraConfig", "ModelConfig", "OptimConfig", "Recipe", "RewardConfig",
-           "RolloutConfig", "RunConfig", "SFTConfig", "StagesConfig", "TaskConfig", "TinyModelConfig", "check_fields",
-           "checked", "load_recipe", "one_of", "out_of_range", "ranged", "recipe_class", "recipe_to_dict",
-           "recipe_to_yaml", "sft_enabled", "two_betas", "validate_recipe"]
+__all__ = ["AGG_MODES", "AlgoConfig", "ConfigError", "LoraConfig", "ModelConfig", "OptimConfig", "Recipe",
+           "RewardConfig", "RolloutConfig", "RunConfig", "SFTConfig", "StagesConfig", "TaskConfig", "TinyModelConfig",
+           "check_fields", "checked", "load_recipe", "one_of", "out_of_range", "ranged", "recipe_class",
+           "recipe_to_dict", "recipe_to_yaml", "sft_enabled", "two_betas", "validate_recipe"]
 
 
 def __getattr__(name: str):

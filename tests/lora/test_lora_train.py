@@ -50,7 +50,8 @@ def probe_batch(trainer):
 def test_only_the_adapter_trains_on_every_zero_stage(tmp_path, zero_stage):
     from credo.models import load_causal_lm
 
-    trainer = run_lora(tmp_path / "run", **{"optim.zero_stage": zero_stage, "run.steps": 2, "run.save_every": 0})
+    trainer = run_lora(tmp_path / "run", **{"optim.zero_stage": zero_stage, "run.steps": 1, "run.eval_every": 0,
+                                            "run.save_every": 0})
     try:
         module = trainer.engine.module
         base = load_causal_lm(trainer.c.state.policy_path).state_dict()
@@ -64,7 +65,7 @@ def test_only_the_adapter_trains_on_every_zero_stage(tmp_path, zero_stage):
         groups = getattr(opt, "bit16_groups", None) or [g["params"] for g in opt.param_groups]
         assert {id(p) for g in groups for p in g} == {id(p) for n, p in module.named_parameters() if "lora_" in n}
         rows = read_rows(trainer.run_dir)
-        assert rows[-1]["train/kl"] > 0  # the reference (adapter off) is not the policy any more
+        assert rows[-1]["train/kl"] > 0  # the second epoch's policy is not the reference (the adapter off) any more
     finally:
         trainer.close()
 
@@ -90,8 +91,8 @@ def test_final_and_exports_load_with_transformers_and_peft_and_score_as_the_trai
         config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
         assert config["r"] == 4 and config["lora_alpha"] == 8.0
         assert config["base_model_name_or_path"] == trainer.c.state.policy_path
-        with_adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"]),
-                                                 tmp_path / "adapter")
+        base_again = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"])
+        with_adapter = PeftModel.from_pretrained(base_again, tmp_path / "adapter")
         assert torch.allclose(scores(with_adapter.get_base_model(), ids, attn, mask), ours, atol=1e-6)
 
         res = run_cli(["export", str(ckpt), str(tmp_path / "merged")], timeout=300)
@@ -109,3 +110,37 @@ def test_export_adapter_of_a_full_fine_tuning_run_is_an_error(tmp_path):
     assert res.returncode == 0, res.stderr
     res = run_cli(["export", str(tmp_path / "run" / "checkpoints" / "step_00000001"), str(tmp_path / "a"), "--adapter"])
     assert res.returncode == 1 and "was trained without model.lora, so it has no adapter" in res.stderr
+
+
+def test_gradient_checkpointing_in_the_trainer_changes_no_metric(tmp_path):
+    """LoRA runs with and without model.gradient_checkpointing log the same rows (perf/* aside), and with it the
+    update's forwards really are checkpointed: each block runs again in the backward."""
+    from credo.trainer import Trainer
+
+    rows = {}
+    for gc in (False, True):
+        out = tmp_path / f"gc{gc}"
+        trainer = Trainer(load_recipe("recipes/quickstart.yaml", tiny_overrides(out, **{
+            **LORA, "run.steps": 2, "run.eval_every": 0, "run.save_every": 0, "model.gradient_checkpointing": gc})))
+        try:
+            in_update, calls = [False], []  # first block's forwards during the updates only
+            trainer.engine.module.model.layers[0].register_forward_pre_hook(
+                lambda *a: calls.append(1) if in_update[0] else None)
+            update = trainer.updater.update
+
+            def counted_update(batch):
+                in_update[0] = True
+                try:
+                    return update(batch)
+                finally:
+                    in_update[0] = False
+                    assert not trainer.engine.module.training  # the update's train mode does not leak
+
+            trainer.updater.update = counted_update
+            trainer.fit()
+            rows[gc] = [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in read_rows(trainer.run_dir)]
+            u = trainer.updater
+            assert len(calls) == 2 * u.ppo_epochs * u.mini_batches * u.grad_accum * (2 if gc else 1)
+        finally:
+            trainer.close()
+    assert json.dumps(rows[False]) == json.dumps(rows[True])

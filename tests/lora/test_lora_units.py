@@ -75,7 +75,8 @@ def test_merged_weights_equal_peft_merge_and_unload(base_dir):
                               model(input_ids=ids, attention_mask=attn).logits, atol=1e-5)
     # a wrapped layer's weight really moved (B is not 0)
     base = load_causal_lm(base_dir).state_dict()
-    assert not torch.allclose(ours["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.allclose(ours[q], base[q])
 
 
 def test_without_an_adapter_the_state_dict_is_the_models(base_dir):

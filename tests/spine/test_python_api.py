@@ -42,7 +42,8 @@ def test_every_form_of_a_recipe_loads_to_what_the_cli_loads():
         load(str(QUICKSTART), {"run.steps": 7, "optim.lr": 1e-3, "algo.loss_kwargs": {"clip_high": 0.3}}),
         load(data, run={"steps": 7}, optim={"lr": 1e-3}, algo={"loss_kwargs": {"clip_high": 0.3}}),
         load(OmegaConf.create(data), ["run.steps=7"], optim={"lr": 1e-3}, algo={"loss_kwargs": {"clip_high": 0.3}}),
-        load(load_recipe(str(QUICKSTART)), {"run.steps": 7, "optim.lr": 1e-3}, algo={"loss_kwargs": {"clip_high": 0.3}}),
+        load(load_recipe(str(QUICKSTART)), {"run.steps": 7, "optim.lr": 1e-3},
+             algo={"loss_kwargs": {"clip_high": 0.3}}),
     ]
     for r in forms:
         assert recipe_to_dict(r) == recipe_to_dict(cli)
