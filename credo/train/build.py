@@ -174,7 +174,7 @@ def check_run(r: Recipe) -> list[str]:
 
 def check_reward_inputs(r: Recipe, task) -> None:
     """The default reward stage has something to score with, and the reward functions' columns exist."""
-    from credo.rewards.functions import check_columns
+    from credo.rewards.functions import check_columns, is_trl_style
     from credo.rewards.worker import import_reward_fn
 
     if r.stages.reward == "default" and "reward" not in stage_defaults(r):
@@ -182,7 +182,8 @@ def check_reward_inputs(r: Recipe, task) -> None:
     specs = r.reward.functions or ([r.reward.function] if r.reward.function else [])
     keys = [f"reward.functions[{i}]" for i in range(len(r.reward.functions))] or ["reward.function"]
     fns = [import_reward_fn(s, key=k) for s, k in zip(specs, keys)]
-    if fns and getattr(task, "eval_problems", None) is not None:
+    if any(is_trl_style(f) for f in fns) and not any(hasattr(f.parts(), "task") for f in active_families(r)
+                                                        if f.build):
         sample = [task.train(i) for i in range(min(len(task), 8))] + list(task.eval_problems()[:8])
         check_columns(fns, keys, sample, f"task '{r.task.name}'")
 

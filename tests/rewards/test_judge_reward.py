@@ -100,7 +100,8 @@ def test_a_hung_judge_times_out_masks_the_step_and_stops_after_consecutive_failu
     judge(batch)
     assert time.monotonic() - t0 < 2
     assert batch.valid.tolist() == [False] * 4 and batch.rewards.tolist() == [0.0] * 4
-    assert batch.metrics["reward/timeouts"] == 2 and batch.metrics["reward/failures"] == 2
+    # counted in samples (4), as FunctionReward counts them, not in groups (2)
+    assert batch.metrics["reward/timeouts"] == 4 and batch.metrics["reward/failures"] == 4
     hang["on"] = False
     judge(make_batch(["q"] * 4, list("abcd"), 2))  # a good step resets the count
     hang["on"] = True
@@ -121,7 +122,7 @@ def test_a_raising_judge_is_masked_not_fatal():
                         template="{question}{response_a}{response_b}", max_new_tokens=8, temperature=0.0)
     batch = make_batch(["q"] * 4, list("abcd"), 2)
     judge(batch)
-    assert batch.valid.tolist() == [False] * 4 and batch.metrics["reward/failures"] == 2
+    assert batch.valid.tolist() == [False] * 4 and batch.metrics["reward/failures"] == 4
     judge.close()
 
 

@@ -184,8 +184,8 @@ def test_failing_steps_mask_count_and_stop_at_the_default_limit():
             j(batch)
             assert batch.valid.tolist() == [False] * 4 and batch.rewards.tolist() == [0.0] * 4
             m = batch.metrics
-            assert (m["reward/failures"], m["reward/timeouts"], m["reward/unparseable_frac"]) == (2, 0, 0.0)
-            assert type(m["reward/failures"]) is int  # a count of groups
+            assert (m["reward/failures"], m["reward/timeouts"], m["reward/unparseable_frac"]) == (4, 0, 0.0)
+            assert type(m["reward/failures"]) is int  # a count of samples
             assert m["reward/judge_calls"] == 4
         with pytest.raises(RewardFunctionError, match=r"^the judge call failed \(error\) 3 steps in a row "
                            r"\(judge\.max_consecutive_failures=3\) at step 7; the judge is broken$"):

@@ -97,7 +97,7 @@ def test_run_bookkeeping(built):
     assert c.config == recipe_to_dict(r) and c.config["algo"]["ppo_epochs"] == 2
     assert c.config_yaml == recipe_to_yaml(r) and "ppo_epochs: 2" in c.config_yaml
     assert c.tracker_args == dict(total_steps=2, progress=False, plot=False,
-                                  wandb_cfg={"project": "proj", "mode": "disabled"})
+                                  wandb_cfg={"project": "proj", "mode": "disabled"}, tensorboard_dir=None)
 
 
 def test_each_stage_factory_gets_the_context_its_default_and_its_settings(built):

@@ -85,3 +85,16 @@ def test_check_ends_with_one_ok_line_and_shows_the_config_on_request():
     p = run_cli(["check", "recipes/quickstart.yaml", "--show"], timeout=300)
     lines = p.stdout.strip().splitlines()
     assert p.returncode == 0 and lines[-1] == "credo check: OK (recipes/quickstart.yaml)" and "run:" in lines
+
+
+def test_the_issues_multiturn_run_that_trained_nothing_now_stops_before_it_starts():
+    """`credo run recipes/multiturn.yaml env.id=game:GuessTheNumber-v0-easy sft.enabled=false run.steps=3` used to
+    exit 0 with every episode overflowing env.max_total_tokens (and the recipe's low/high dropped by GEM)."""
+    p = run_cli(["run", "recipes/multiturn.yaml", "env.id=game:GuessTheNumber-v0-easy", "sft.enabled=false",
+                 "run.steps=3"], timeout=300)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("credo: config error: config key 'env.kwargs.low' is not a "
+                                                        "setting of 'game:GuessTheNumber-v0-easy'")
+    p = run_cli(["run", "recipes/multiturn.yaml", "env.id=game:GuessTheNumber-v0-easy", "sft.enabled=false",
+                 "run.steps=3", "env.kwargs={max_turns: 3}"], timeout=300)
+    assert p.returncode == 2 and "leaves no room for a turn" in p.stderr.strip().splitlines()[-1]

@@ -97,3 +97,18 @@ def test_disabled_tracker_writes_nothing(tmp_path):
     tracker.log_samples(1, ["p"], ["c"], [1.0])
     tracker.close()
     assert not (tmp_path / "tb").exists() and not (tmp_path / "samples").exists()
+
+
+@pytest.mark.slow
+def test_a_run_writes_tensorboard_events_and_eval_samples(tmp_path):
+    """run.tensorboard and the evaluator's samples, wired through the builder and the trainer."""
+    from credo.config import load_recipe
+    from credo.trainer import train
+    from tests.e2e.common import tiny_overrides
+
+    run_dir = train(load_recipe("recipes/quickstart.yaml", tiny_overrides(tmp_path / "run", **{
+        "run.steps": 2, "run.eval_every": 2, "run.tensorboard": True})))
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    for step in (0, 2):
+        rows = [json.loads(x) for x in (run_dir / "samples" / f"step_{step}.jsonl").read_text().splitlines()]
+        assert rows and all(r["step"] == step and r["reward"] in (0.0, 1.0) for r in rows)
