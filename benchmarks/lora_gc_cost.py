@@ -14,7 +14,9 @@ Two parts:
    and the optimizer state (those are reported separately, as `state MiB`: parameters + optimizer moments
    + gradient buffers the step leaves, measured as the RSS after the warm-up step minus the RSS before the
    model was built). Time: one subprocess holds all four variants and runs `--rounds` rounds, each timing
-   one step of every variant in an order rotated per round; the minimum per variant is kept.
+   one step of every variant in an order rotated per round; the minimum per variant is kept. With `--rounds 0`
+   (a loaded machine) the time is that of each memory process's measured step: CPU seconds are the figure to
+   read then, as the four processes run side by side.
 2. `quickstart`: recipes/quickstart.yaml run as written (full fine-tuning), with LoRA (`--lora-overrides`) and
    with gradient checkpointing, one after the other (warm-up cached and shared): eval/accuracy at every
    evaluation, the median step and update time and the peak RSS from metrics.jsonl.
@@ -102,11 +104,14 @@ def measure_memory(variant: str, batch: int, length: int, lora_r: int) -> dict:
     base = _rss_kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
+    t0, c0 = time.perf_counter(), time.process_time()
     step(model, optimizer, *data)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = _rss_kib("VmHWM")
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return {"variant": variant, "step_mib": (peak - base) / 1024, "state_mib": (base - before_model) / 1024,
-            "trainable": trainable, "params": sum(p.numel() for p in model.parameters())}
+            "trainable": trainable, "params": sum(p.numel() for p in model.parameters()), "wall_s": wall,
+            "cpu_s": cpu}
 
 
 def measure_time(batch: int, length: int, rounds: int, lora_r: int) -> dict:
@@ -128,20 +133,26 @@ def measure_time(batch: int, length: int, rounds: int, lora_r: int) -> dict:
     return {v: {"wall_s": min(wall[v]), "cpu_s": min(cpu[v])} for v in VARIANTS}
 
 
-def _child(args: list[str]) -> dict:
-    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, cwd=REPO)
-    if out.returncode:
-        raise SystemExit(out.stderr[-3000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def _children(arg_lists: list[list[str]]) -> list[dict]:
+    """Run one subprocess per argument list, all at once (each measures only itself), and read their JSON."""
+    procs = [subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=REPO) for args in arg_lists]
+    outs = [p.communicate() for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        if p.returncode:
+            raise SystemExit(err[-3000:])
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
 
 
 def update_table(a) -> None:
     common = ["--batch", str(a.batch), "--length", str(a.length), "--lora-r", str(a.lora_r)]
-    mem = {v: _child(["_memory", v, *common]) for v in VARIANTS}
-    times = _child(["_time", "--rounds", str(a.rounds), *common])
+    mem = dict(zip(VARIANTS, _children([["_memory", v, *common] for v in VARIANTS])))
+    print(json.dumps(mem), flush=True)  # the memory part, before the (longer) timing part
+    # --rounds 0: the time of each memory process's measured step (one step, the four processes side by side)
+    times = _children([["_time", "--rounds", str(a.rounds), *common]])[0] if a.rounds else mem
     print(f"update step: Qwen2 {SHAPE['num_hidden_layers']} layers x {SHAPE['hidden_size']}, vocab "
           f"{SHAPE['vocab_size']}, {mem['full']['params'] / 1e6:.1f}M parameters, fp32; batch {a.batch} x "
-          f"{a.length} tokens, LoRA r {a.lora_r}; {a.rounds} rounds")
+          f"{a.length} tokens, LoRA r {a.lora_r}; " + (f"{a.rounds} rounds" if a.rounds else "time: the memory step"))
     print("| variant | trainable | state MiB | state vs full | step peak MiB | step vs full | wall s | wall vs full "
           "| CPU s | CPU vs full |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -25,10 +25,10 @@ def test_lora_run_killed_between_checkpoints_resumes_exactly(tmp_path):
     uninterrupted = start(kill_recipe(full, **LORA), tmp_path / "full.log")
     try:
         # checkpoints at steps 2 and 4; killed once step 3's row is logged, so step 3 runs again after the resume
-        run_and_kill(kill_recipe(killed, **LORA), has_row(killed, 3), tmp_path / "killed.log")
-        err = wait_ok(start(kill_recipe(killed, **{**LORA, "run.resume": "auto"}), tmp_path / "resumed.log"))
+        run_and_kill(kill_recipe(killed, **LORA), has_row(killed, 3), tmp_path / "killed.log", timeout=600)
+        err = wait_ok(start(kill_recipe(killed, **{**LORA, "run.resume": "auto"}), tmp_path / "resumed.log"), timeout=600)
         assert "resumed from" in err and "step_00000002" in err
-        wait_ok(uninterrupted)
+        wait_ok(uninterrupted, timeout=600)
     finally:
         if uninterrupted.poll() is None:  # its whole process group, as start() made it
             os.killpg(uninterrupted.pid, signal.SIGKILL)

@@ -106,7 +106,7 @@ def test_final_and_exports_load_with_transformers_and_peft_and_score_as_the_trai
 
 def test_export_adapter_of_a_full_fine_tuning_run_is_an_error(tmp_path):
     res = run_cli(["run", "recipes/quickstart.yaml", *tiny_overrides(tmp_path / "run", **{
-        "run.steps": 1, "run.eval_every": 0, "run.save_every": 1})], timeout=300)
+        "run.steps": 1, "run.eval_every": 0, "run.save_every": 1})])
     assert res.returncode == 0, res.stderr
     res = run_cli(["export", str(tmp_path / "run" / "checkpoints" / "step_00000001"), str(tmp_path / "a"), "--adapter"])
     assert res.returncode == 1 and "was trained without model.lora, so it has no adapter" in res.stderr
