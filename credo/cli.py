@@ -273,10 +273,16 @@ def _parser() -> argparse.ArgumentParser:
     p_check.add_argument("--show", action="store_true", help="also print the resolved config (every key's value)")
     p_check.set_defaults(handler=_check, needs_logging=True)
     p_ablate = sub.add_parser("ablate", help="run a sweep of recipe variants over seeds and tabulate")
-    p_ablate.add_argument("sweep", help="path to a sweep YAML (recipes/ablations/*.yaml)")
-    p_ablate.add_argument("--jobs", type=int, default=0, help="runs at once (0: as many as the cores allow)")
-    p_ablate.add_argument("--dry-run", action="store_true", help="print the planned runs and write nothing")
+    p_ablate.add_argument("sweep", help="path to a sweep YAML file (format in docs/reproductions.md)")
+    p_ablate.add_argument("--jobs", type=int, default=0, help="runs at once (default 0: one per GPU, or one per CPU core)")
+    p_ablate.add_argument("--dry-run", action="store_true", help="list the runs and what would happen to each; "
+                          "start nothing, write nothing")
     p_ablate.set_defaults(handler=_ablate, needs_logging=True)
+    from credo.ablate.report_cli import add_report_arguments, report_main
+
+    p_report = sub.add_parser("report", help="remake a sweep's table (markdown) and curves from its results file")
+    add_report_arguments(p_report)
+    p_report.set_defaults(handler=report_main, needs_logging=False)
     p_bon = sub.add_parser("bon", help="best-of-N accuracy of the policy's samples picked by the recipe's judge "
                            "(CE-RM pointwise, credo.families.judges.best_of_n) vs a random and the verifier's pick")
     p_bon.add_argument("recipe", help="path to a YAML recipe with a CE-RM judge (recipes/ce_rm_bon.yaml)")

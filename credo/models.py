@@ -58,12 +58,17 @@ def tiny_model_config(cfg: TinyModelConfig, vocab_size: int, tokenizer):
     )
 
 
+def tiny_model_dir(cfg: TinyModelConfig) -> Path:
+    """Where the tiny model of this config is (or will be) built; holds COMPLETE once built."""
+    key = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode()).hexdigest()[:12]
+    return cache_root() / "models" / f"tiny-{cfg.arch}-{key}"
+
+
 def build_tiny_model(cfg: TinyModelConfig) -> Path:
     """Build (or reuse) the tiny model + tokenizer as a local HF directory keyed by the config hash."""
     from transformers import AutoModelForCausalLM
 
-    key = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode()).hexdigest()[:12]
-    out = cache_root() / "models" / f"tiny-{cfg.arch}-{key}"
+    out = tiny_model_dir(cfg)
     if (out / "COMPLETE").exists():
         return out
     tokenizer = build_char_tokenizer()

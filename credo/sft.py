@@ -94,19 +94,43 @@ def data_digest(r: Recipe) -> dict:
     return d
 
 
+def kernel_fingerprint() -> dict:
+    """What of the host changes a warm-up's bits: the instruction set torch's CPU kernels dispatch to (AVX-512,
+    AVX2, ...; ATEN_CPU_CAPABILITY pins it) and MKL's GEMM code path when pinned (MKL_CBWR). Measured in
+    docs/reproductions.md ("Warm-up determinism"): the thread count and the data order change nothing."""
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "mkl_cbwr": os.environ.get("MKL_CBWR")}
+
+
 def sft_cache_key(r: Recipe, base_path: str) -> str:
     """Key of the warm-up of the model at `base_path` (a folder, a hub id, or 'tiny') under recipe `r`.
 
     It hashes the model's contents (:func:`model_digest`), the data (:func:`data_digest`), the `sft`
-    settings and the warm-up seed; the path itself is not part of it. A hub id not yet downloaded is
-    keyed by its name.
+    settings, the warm-up seed and the CPU kernels (:func:`kernel_fingerprint`: a cache shared by hosts
+    with other instruction sets keeps one warm-up per kernel set, each bitwise what that host trains);
+    the path itself is not part of it. A hub id not yet downloaded is keyed by its name.
     """
     folder = _model_folder(r, base_path)
     model = model_digest(folder) if folder is not None else {"hub_id": base_path}
     # version 3: warm-ups cached before the char tokenizer was loaded as itself had trained without spaces and
     # newlines (AutoTokenizer rebuilt it as a byte-level BPE), and kept that tokenizer; they must not be reused
-    payload = {"model": model, "data": data_digest(r), "sft": asdict(r.sft), "seed": sft_seed(r), "version": 3}
+    payload = {"model": model, "data": data_digest(r), "sft": asdict(r.sft), "seed": sft_seed(r), "version": 3,
+               "kernels": kernel_fingerprint()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def tiny_model_stand_in_key(r: Recipe) -> str:
+    """The warm-up key of a recipe on the built-in tiny model, without building it (a dry run writes nothing).
+
+    Once the model is built this is the trainer's key; before, the tiny config stands in for the model's
+    contents, which groups runs the same way (one config, one model) but is not the trainer's key.
+    """
+    from credo.models import tiny_model_dir
+
+    if (tiny_model_dir(r.model.tiny) / "COMPLETE").exists():
+        return sft_cache_key(r, r.model.path)
+    payload = {"model": {"tiny": asdict(r.model.tiny)}, "data": data_digest(r), "sft": asdict(r.sft), "seed": sft_seed(r),
+               "kernels": kernel_fingerprint()}
+    return "tiny-unbuilt-" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def encode_pair(tokenizer, prompt: str, answer: str) -> tuple[list[int], list[int]]:
@@ -160,7 +184,11 @@ def run_sft(r: Recipe, base_path: str, task, *, log=print) -> tuple[str, str]:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    (tmp / "sft.json").write_text(json.dumps({"key": key, "steps": steps, "final_loss": loss.item() if steps else None}))
+    # what made these exact bits: the same recipe warms up bitwise alike only under the same CPU kernels
+    # (docs/reproductions.md, "Warm-up determinism"); the results of a sweep carry the weights' digest
+    made_by = {**kernel_fingerprint(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+    (tmp / "sft.json").write_text(json.dumps({"key": key, "steps": steps, "final_loss": loss.item() if steps else None,
+                                              "made_by": made_by}))
     (tmp / "COMPLETE").write_text("ok\n")
     try:
         tmp.rename(out)

@@ -1,219 +1,253 @@
-"""A sweep's results: each run reduced to one number per metric, statistics over seeds, tables and curves.
+"""A sweep's results reduced and compared: per-run numbers, statistics over seeds, comparisons, curves.
 
-Outputs in the sweep's output_dir:
+Everything here works on results records (`credo.ablate.results`), so a table is the same whether it is
+made at the end of `credo ablate` or later from the committed results file by `credo report`.
 
-- `table.md`: a row per variant (mean ± sample std over finished seeds, n), then a table per metric with
-  the 95% Student-t confidence interval of each variant's mean and, when the sweep names a baseline, each
-  variant's difference from it with its 95% Welch confidence interval, Welch p-value and a `*` where that
-  interval excludes 0 (statistics in `credo.ablate.stats`);
-- `table.csv`: the same numbers, per metric the columns `<label> mean`, `std`, `n`, `ci95 low`,
-  `ci95 high` and, with a baseline, `diff`, `diff ci95 low`, `diff ci95 high`, `welch df`, `welch p`,
-  `diff ci excludes 0`, `cohen d` (the difference in pooled standard deviations);
-- `curves.png`: per curve key, each variant's mean over seeds against step with its 95% t-interval band.
+- Each run's curve of a metric becomes one number (`reduce_curve`): final, first, best, last_k_mean, gain (last
+  minus first), auc (the area under the curve over the steps it spans, divided by that span: the curve's
+  mean level, in the metric's units) or slope (least-squares slope over the last fifth of the run, per 100
+  steps; over the last two logged points when fewer than two fall in the last fifth).
+- Per variant and metric: mean, standard deviation and Student-t interval over seeds (`credo.ablate.stats`).
+- Each variant against the baseline, and each comparison named in the sweep: the difference of means with
+  its 95% interval and p-value (paired t-test when both variants ran the same seeds and each seed's two runs
+  share a warm-up; Welch's test otherwise), the Holm-adjusted p over the table's comparisons, and Hedges' g
+  with its interval. A verdict needs the adjusted p below 0.05.
 """
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from credo.ablate.plan import Run
-from credo.ablate.spec import Metric, Sweep
-from credo.ablate.stats import MeanCI, WelchDiff, mean_ci, welch_diff
-from credo.tracking import read_metrics
+from credo.ablate.results import curve_points
+from credo.ablate.spec import Comparison, Metric
+from credo.ablate.stats import EffectSize, MeanCI, hedges_g, holm, mean_ci, paired_diff, welch_diff
 
 CONFIDENCE = 0.95
-CSV_STAT_COLUMNS = ("mean", "std", "n", "ci95 low", "ci95 high")
-CSV_DIFF_COLUMNS = ("diff", "diff ci95 low", "diff ci95 high", "welch df", "welch p", "diff ci excludes 0", "cohen d")
+ALPHA = 0.05
+SLOPE_PER = 100
+"""The slope is reported per this many steps."""
+
+
+def reduce_curve(points: list[tuple[int, float]], metric: Metric) -> float | None:
+    """One run's curve, (step, value) pairs sorted by step, to one number (None when it has no point)."""
+    points = [(s, v) for s, v in points if math.isfinite(v)]
+    if not points:
+        return None
+    vals = [v for _, v in points]
+    if metric.reduce == "final":
+        return vals[-1]
+    if metric.reduce == "first":  # e.g. the step-0 eval: the warm-up's level
+        return vals[0]
+    if metric.reduce == "gain":  # e.g. final eval accuracy minus the step-0 eval of the warm-up
+        return vals[-1] - vals[0]
+    if metric.reduce == "best":
+        return max(vals) if metric.mode == "max" else min(vals)
+    if metric.reduce == "auc":
+        if len(points) == 1:
+            return vals[0]
+        area = math.fsum((s1 - s0) * (v0 + v1) / 2 for (s0, v0), (s1, v1) in zip(points, points[1:]))
+        return area / (points[-1][0] - points[0][0])
+    if metric.reduce == "slope":
+        return _tail_slope(points)
+    tail = vals[-metric.k:]
+    return sum(tail) / len(tail)
+
+
+def _tail_slope(points: list[tuple[int, float]]) -> float | None:
+    """Least-squares slope (per SLOPE_PER steps) over the points in the last fifth of the curve's step span."""
+    first, last = points[0][0], points[-1][0]
+    tail = [p for p in points if p[0] >= last - (last - first) / 5]
+    if len(tail) < 2:
+        tail = points[-2:]
+    if len(tail) < 2:
+        return None
+    mx = math.fsum(s for s, _ in tail) / len(tail)
+    my = math.fsum(v for _, v in tail) / len(tail)
+    sxx = math.fsum((s - mx) ** 2 for s, _ in tail)
+    return SLOPE_PER * math.fsum((s - mx) * (v - my) for s, v in tail) / sxx
+
+
+def reduce_metric(rows: list[dict], metric: Metric) -> float | None:
+    """One run's metrics.jsonl rows to one number (None when the run never logged the metric)."""
+    points = sorted((int(r.get("step", 0)), float(r[metric.key])) for r in rows
+                    if isinstance(r.get(metric.key), (int, float)) and not isinstance(r[metric.key], bool))
+    return reduce_curve(points, metric)
 
 
 @dataclass
 class VariantResult:
     variant: str
     n: int
-    """Finished seeds."""
+    """Runs of this variant in the results."""
     seeds: list[int]
-    values: dict[str, list[float]]
-    """Metric label -> one number per finished seed that logged the metric."""
+    values: dict[str, dict[int, float]]
+    """Metric label -> seed -> the run's number (seeds whose run never logged the metric are absent)."""
     stats: dict[str, MeanCI]
-    """Metric label -> statistics of values."""
-    vs_baseline: dict[str, WelchDiff] = field(default_factory=dict)
-    """Metric label -> difference from the baseline; empty for the baseline itself and without one."""
+    """Metric label -> statistics of the values over seeds."""
+    warmups: dict[int, str | None] = field(default_factory=dict)
+    """Seed -> the warm-up key the run started from."""
 
 
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+@dataclass
+class Compared:
+    """Variant a against variant b on one metric."""
+
+    a: str
+    b: str
+    label: str
+    expect: str
+    """'>' or '<' when the direction was named in advance, 'vs' when not (baseline rows: 'vs')."""
+    test: str
+    """'paired' (same seeds, each seed's two runs from one warm-up) or 'Welch'."""
+    n: int
+    """Pairs (paired) or the smaller group's size (Welch)."""
+    diff: float
+    low: float
+    high: float
+    p: float
+    g: EffectSize
+    p_holm: float = math.nan
+    """p adjusted by Holm over the comparisons of its table."""
+
+    @property
+    def shown(self) -> bool:
+        return self.p_holm < ALPHA
+
+    @property
+    def verdict(self) -> str:
+        """What the adjusted test shows: the direction, and for a named comparison whether it is the named one."""
+        if not self.shown:
+            return "not shown"
+        direction = ">" if self.diff > 0 else "<"
+        if self.expect == "vs":
+            return f"{self.a} {direction} {self.b}"
+        return "as named" if direction == self.expect else "reversed"
 
 
-def reduce_metric(rows: list[dict], metric: Metric) -> float | None:
-    """One run's curve of metric.key to one number (None when the run never logged it)."""
-    vals = [float(r[metric.key]) for r in sorted(rows, key=lambda r: r.get("step", 0))
-            if isinstance(r.get(metric.key), (int, float)) and math.isfinite(r[metric.key])]
-    if not vals:
-        return None
-    if metric.reduce == "final":
-        return vals[-1]
-    if metric.reduce == "gain":  # e.g. final eval accuracy minus the step-0 eval of the warm-up
-        return vals[-1] - vals[0]
-    if metric.reduce == "best":
-        return max(vals) if metric.mode == "max" else min(vals)
-    tail = vals[-metric.k:]
-    return sum(tail) / len(tail)
+@dataclass
+class Summary:
+    metrics: list[Metric]
+    variants: list[VariantResult]
+    baseline: str | None
+    vs_baseline: dict[str, dict[str, Compared]]
+    """Metric label -> variant -> its comparison with the baseline (Holm over the variants of that metric)."""
+    named: list[Compared]
+    """The comparisons named in advance, on the first metric (Holm over them)."""
+    records: list[dict]
+
+    def variant(self, name: str) -> VariantResult:
+        return next(v for v in self.variants if v.variant == name)
 
 
-def summarize(sweep: Sweep, runs: list[Run]) -> list[VariantResult]:
-    """Per variant, over its finished runs: each metric's values, their statistics and the baseline difference."""
-    out = []
-    for variant in sweep.variants:
-        done = [r for r in runs if r.variant == variant and r.status == "done"]
-        rows = {r.seed: read_metrics(r.run_dir / "metrics.jsonl") for r in done}
-        values = {m.label: [v for v in (reduce_metric(rows[r.seed], m) for r in done) if v is not None]
-                  for m in sweep.metrics}
-        out.append(VariantResult(variant=variant, n=len(done), seeds=[r.seed for r in done], values=values,
-                                 stats={lab: mean_ci(vals, CONFIDENCE) for lab, vals in values.items()}))
-    base = next((res for res in out if res.variant == sweep.baseline), None)
-    for res in out:
-        if base is not None and res is not base:
-            res.vs_baseline = {lab: welch_diff(vals, base.values[lab], CONFIDENCE) for lab, vals in res.values.items()}
-    return out
+def _variant_result(name: str, recs: list[dict], metrics: list[Metric]) -> VariantResult:
+    values = {}
+    for m in metrics:
+        per_seed = {r["seed"]: reduce_curve(curve_points(r, m.key), m) for r in recs}
+        values[m.label] = {s: v for s, v in per_seed.items() if v is not None}
+    return VariantResult(variant=name, n=len(recs), seeds=[r["seed"] for r in recs], values=values,
+                         stats={lab: mean_ci(list(v.values()), CONFIDENCE) for lab, v in values.items()},
+                         warmups={r["seed"]: r.get("warmup_key") for r in recs})
 
 
-def _fmt(x: float | None, sign: bool = False) -> str:
-    if x is None or math.isnan(x):
-        return "—"
-    if math.isinf(x):
-        return str(x)
-    text = f"{x:.3f}" if x == 0 or 0.01 <= abs(x) < 1000 else f"{x:.3g}"
-    return f"+{text}" if sign and x > 0 else text
+def compare(a: VariantResult, b: VariantResult, label: str, expect: str = "vs") -> Compared:
+    """a against b on one metric: paired when both have the same seeds and each seed's runs share a warm-up."""
+    va, vb = a.values[label], b.values[label]
+    paired = (set(va) == set(vb) and len(va) >= 2 and all(a.warmups.get(s) == b.warmups.get(s) for s in va))
+    xs, ys = list(va.values()), list(vb.values())
+    if paired:
+        seeds = sorted(va)
+        r = paired_diff([va[s] for s in seeds], [vb[s] for s in seeds], CONFIDENCE)
+        test, n = "paired", r.n
+    else:
+        r = welch_diff(xs, ys, CONFIDENCE)
+        test, n = "Welch", min(len(xs), len(ys))
+    return Compared(a=a.variant, b=b.variant, label=label, expect=expect, test=test, n=n, diff=r.diff, low=r.low,
+                    high=r.high, p=r.p, g=hedges_g(xs, ys, CONFIDENCE))
 
 
-def _fmt_p(p: float) -> str:
-    if math.isnan(p):
-        return "—"
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
+def _adjust(family: list[Compared]) -> None:
+    for c, adjusted in zip(family, holm([c.p for c in family])):
+        c.p_holm = adjusted
 
 
-def _interval(low: float, high: float, sign: bool = False) -> str:
-    return "—" if math.isnan(low) else f"[{_fmt(low, sign)}, {_fmt(high, sign)}]"
+def summarize_records(records: list[dict], metrics: list[Metric], *, variants: list[str] | None = None,
+                      baseline: str | None = None, comparisons: list[Comparison] = ()) -> Summary:
+    """Statistics over seeds of each variant, its comparison with the baseline and the named comparisons.
 
+    Args:
+        records: results records of one sweep (one per variant and seed).
+        metrics: how each run becomes one number per column.
+        variants: the order of the rows (default: the order of first appearance); variants named here that
+            have no record appear with n = 0.
+        baseline: the variant every other is compared with, Holm-adjusted per metric over those comparisons.
+        comparisons: named in advance; compared on metrics[0], Holm-adjusted together.
 
-def _overview(sweep: Sweep, results: list[VariantResult]) -> list[str]:
-    labels = [m.label for m in sweep.metrics]
-    lines = ["| variant | n | " + " | ".join(labels) + " |", "|" + "---|" * (len(labels) + 2)]
-    for res in results:
-        cells = []
-        for lab in labels:
-            s = res.stats[lab]
-            cell = _fmt(s.mean) if math.isnan(s.std) else f"{_fmt(s.mean)} ± {_fmt(s.std)}"
-            cells.append(cell + (f" (n={s.n})" if s.n != res.n else ""))
-        lines.append(f"| {res.variant} | {res.n} | " + " | ".join(cells) + " |")
-    return lines + ["", "Mean ± sample standard deviation over seeds; n = finished seeds."]
-
-
-def _metric_table(sweep: Sweep, results: list[VariantResult], label: str) -> list[str]:
-    pct = f"{CONFIDENCE:.0%}"
-    head = ["variant", "n", "mean ± std", f"{pct} CI (t)"]
-    if sweep.baseline:
-        head += [f"Δ vs {sweep.baseline}", f"{pct} CI of Δ (Welch)", "p (Welch)", "CI of Δ excludes 0", "d (pooled std)"]
-    lines = [f"### {label}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for res in results:
-        s = res.stats[label]
-        cells = [res.variant, str(s.n), _fmt(s.mean) if math.isnan(s.std) else f"{_fmt(s.mean)} ± {_fmt(s.std)}",
-                 _interval(s.low, s.high)]
-        if sweep.baseline:
-            d = res.vs_baseline.get(label)
-            cells += (["baseline", "", "", "", ""] if d is None else
-                      [_fmt(d.diff, sign=True), _interval(d.low, d.high, sign=True), _fmt_p(d.p),
-                       "*" if d.excludes_zero else "", _fmt(d.d, sign=True)])
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines + [""]
-
-
-def _method_note(sweep: Sweep) -> list[str]:
-    pct = f"{CONFIDENCE:.0%}"
-    note = (f"{pct} CI (t): Student-t confidence interval of the mean over seeds, mean ± t(0.975, n−1)·s/√n "
-            "(— when n < 2).")
-    if sweep.baseline:
-        note += (f" Δ: the variant's mean minus the mean of the baseline `{sweep.baseline}`, with its {pct} confidence "
-                 "interval and two-sided p-value from Welch's t-test (unequal variances, Welch–Satterthwaite degrees "
-                 f"of freedom); * marks a Δ whose {pct} CI excludes 0; d: Cohen's d, Δ in units of the pooled "
-                 "standard deviation of the two variants' seeds (the testbed's separation). No correction for comparing "
-                 "several variants and metrics.")
-    return [note, ""]
-
-
-def write_tables(sweep: Sweep, results: list[VariantResult]) -> None:
-    """table.md and table.csv in sweep.output_dir (format in this module's docstring)."""
-    lines = [f"# {sweep.name}", ""]
-    if sweep.description:
-        lines += [sweep.description, ""]
-    lines += [f"Base recipe `{sweep.base}`, seeds {sweep.seeds}"
-              + (f", baseline `{sweep.baseline}`" if sweep.baseline else "") + f"; sweep file `{sweep.path}`.", ""]
-    lines += _overview(sweep, results) + ["", "## Per metric", ""] + _method_note(sweep)
-    for m in sweep.metrics:
-        lines += _metric_table(sweep, results, m.label)
-    lines += ["Variants:", ""]
-    for v in sweep.variants:
-        lines.append(f"- `{v}`: " + (" ".join(f"`{o}`" for o in sweep.variants[v]) or "the base recipe"))
-    if sweep.overrides:
-        lines += ["", "Every run: " + " ".join(f"`{o}`" for o in sweep.overrides)]
-    atomic_write(sweep.output_dir / "table.md", "\n".join(lines) + "\n")
-    _write_csv(sweep, results)
-
-
-def _csv_cell(x) -> object:
-    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else x
-
-
-def _write_csv(sweep: Sweep, results: list[VariantResult]) -> None:
-    labels = [m.label for m in sweep.metrics]
-    parts = CSV_STAT_COLUMNS + (CSV_DIFF_COLUMNS if sweep.baseline else ())
-    tmp = sweep.output_dir / "table.csv.tmp"
-    with open(tmp, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["variant", "n"] + [f"{lab} {part}" for lab in labels for part in parts])
-        for res in results:
-            row = [res.variant, res.n]
-            for lab in labels:
-                s = res.stats[lab]
-                row += [s.mean, s.std, s.n, s.low, s.high]
-                if sweep.baseline:
-                    d = res.vs_baseline.get(lab)
-                    row += ([None] * len(CSV_DIFF_COLUMNS) if d is None else
-                            [d.diff, d.low, d.high, d.df, d.p, "true" if d.excludes_zero else "false", d.d])
-            w.writerow([_csv_cell(x) for x in row])
-    os.replace(tmp, sweep.output_dir / "table.csv")
-
-
-def curve_stats(sweep: Sweep, runs: list[Run]) -> dict[str, dict[str, tuple[list[int], list[MeanCI]]]]:
-    """Curve key -> variant -> (steps, statistics over the finished seeds at each step).
-
-    Only steps at which some finished seed logged a finite value appear; a variant with none is left out.
+    Raises:
+        ValueError: two records of one (variant, seed), or a baseline or comparison naming no variant.
     """
-    metrics = {id(r): read_metrics(r.run_dir / "metrics.jsonl") for r in runs if r.status == "done"}
+    seen = set()
+    for r in records:
+        if (r["variant"], r["seed"]) in seen:
+            raise ValueError(f"two results of variant '{r['variant']}' seed {r['seed']}; expected one line per run")
+        seen.add((r["variant"], r["seed"]))
+    order = list(variants or dict.fromkeys(r["variant"] for r in records))
+    for name in [baseline] + [v for c in comparisons for v in (c.a, c.b)]:
+        if name is not None and name not in order:
+            raise ValueError(f"'{name}' names no variant of these results (variants: {', '.join(order)})")
+    results = [_variant_result(v, [r for r in records if r["variant"] == v], metrics) for v in order]
+    by_name = {v.variant: v for v in results}
+    vs_baseline: dict[str, dict[str, Compared]] = {}
+    if baseline is not None:
+        for m in metrics:
+            vs_baseline[m.label] = {v.variant: compare(v, by_name[baseline], m.label) for v in results
+                                    if v.variant != baseline}
+            _adjust(list(vs_baseline[m.label].values()))
+    named = [compare(by_name[c.a], by_name[c.b], metrics[0].label, c.expect) for c in comparisons]
+    _adjust(named)
+    return Summary(metrics=metrics, variants=results, baseline=baseline, vs_baseline=vs_baseline, named=named,
+                   records=records)
+
+
+def warmup_design(records: list[dict]) -> str:
+    """One sentence: whether each seed trained its own warm-up (its variance inside the intervals) or all shared one."""
+    if all(r.get("warmup_key") is None for r in records):
+        return "No SFT warm-up."
+    variants = {r["variant"] for r in records}
+    keys = {v: [r.get("warmup_key") for r in records if r["variant"] == v] for v in variants}
+    shared = all(len({r.get("warmup_key") for r in records if r["seed"] == s}) == 1 for s in {r["seed"] for r in records})
+    if all(len(set(k)) == 1 for k in keys.values()) and any(len(k) > 1 for k in keys.values()):
+        sft_seeds = sorted({r.get("sft_seed") for r in records if r.get("sft_seed") is not None})
+        return (f"Warm-up pinned (warm-up seed {', '.join(map(str, sft_seeds))}): every seed of a variant starts from "
+                "one warm-up, so the intervals leave warm-up variance out.")
+    if all(len(set(k)) == len(k) for k in keys.values()):
+        return ("Each seed trains its own warm-up: the intervals include warm-up variance" + (
+            "." if len(variants) == 1 else "; the variants of a seed share its warm-up, so differences are paired by seed."
+            if shared else "; comparisons between variants whose seeds share a warm-up are paired, the others Welch."))
+    return "Warm-ups are mixed (some seeds share one, some not): see warmup_key in the results file."
+
+
+def curve_stats(records: list[dict], keys: list[str], variants: list[str]) -> dict[str, dict[str, tuple[list[int], list[MeanCI]]]]:
+    """Curve key -> variant -> (steps, statistics over the seeds that logged a finite value at each step)."""
     out: dict[str, dict[str, tuple[list[int], list[MeanCI]]]] = {}
-    for key in sweep.curves or [m.key for m in sweep.metrics]:
+    for key in keys:
         out[key] = {}
-        for variant in sweep.variants:
+        for variant in variants:
             per_step: dict[int, list[float]] = {}
-            for r in runs:
-                for row in metrics.get(id(r), []) if r.variant == variant else []:
-                    v = row.get(key)
-                    if isinstance(v, (int, float)) and math.isfinite(v):
-                        per_step.setdefault(int(row["step"]), []).append(float(v))
+            for r in records:
+                if r["variant"] == variant:
+                    for step, v in curve_points(r, key):
+                        if math.isfinite(v):
+                            per_step.setdefault(step, []).append(v)
             if per_step:
                 steps = sorted(per_step)
                 out[key][variant] = (steps, [mean_ci(per_step[s], CONFIDENCE) for s in steps])
     return out
 
 
-def plot_sweep_curves(sweep: Sweep, runs: list[Run]) -> None:
-    """Mean curve per variant over its finished seeds with a 95% Student-t band, one panel per curve key.
+def plot_curves(records: list[dict], keys: list[str], variants: list[str], path, title: str) -> None:
+    """Mean curve per variant over its seeds with a 95% Student-t band, one panel per key, written to `path`.
 
     At a step that fewer than 2 seeds logged, the band has a gap (no estimate of the spread).
     """
@@ -222,10 +256,10 @@ def plot_sweep_curves(sweep: Sweep, runs: list[Run]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = curve_stats(sweep, runs)
+    curves = curve_stats(records, keys, variants)
     fig, axes = plt.subplots(1, len(curves), figsize=(4.5 * len(curves), 3.4), constrained_layout=True, squeeze=False)
     for ax, (key, by_variant) in zip(axes[0], curves.items()):
-        for i, variant in enumerate(sweep.variants):
+        for i, variant in enumerate(variants):
             if variant not in by_variant:
                 continue
             steps, stats = by_variant[variant]
@@ -236,11 +270,12 @@ def plot_sweep_curves(sweep: Sweep, runs: list[Run]) -> None:
         ax.set_title(key)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{sweep.name}: mean over seeds, {CONFIDENCE:.0%} Student-t band", fontsize=10)
+    fig.suptitle(f"{title}: mean over seeds, {CONFIDENCE:.0%} Student-t band", fontsize=10)
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="outside right upper", fontsize=8)
-    tmp = sweep.output_dir / "curves.tmp.png"
+    path = os.fspath(path)
+    tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=90)
     plt.close(fig)
-    os.replace(tmp, sweep.output_dir / "curves.png")
+    os.replace(tmp, path)

@@ -2,17 +2,19 @@
 
 `--jobs N` runs (default: one per CPU core, or one per gpus_per_run GPUs) go at once, each with run.threads
 and OMP_NUM_THREADS set to cores // jobs (divided again by gpus_per_run under a launcher), so the cores are
-not oversubscribed. Each run's output goes to `log.txt` in its folder.
+not oversubscribed. Each run's output goes to `log.txt` in its folder. Runs start seed by seed (every
+variant of the first seed, then of the next), so a sweep stopped early leaves whole seeds.
 
 Resuming: a run is finished when its process exited 0 and its metrics.jsonl holds the step run.steps;
-the runner then writes `DONE` (with the run's config hash) into its folder. Invoking the same sweep
-again skips finished runs, resumes unfinished or failed ones with run.resume=auto (from their newest
+the runner then writes `DONE` (with the run's config hash) into its folder and the run's line into the
+sweep's results file (credo.ablate.results). Invoking the same sweep again skips finished runs (and runs
+whose results line has the current config hash, even when their folder is gone), resumes unfinished or failed ones with run.resume=auto (from their newest
 good checkpoint), and restarts from scratch an unfinished run whose config has changed. A finished run
 whose config has changed stops the sweep before anything starts (its results would no longer match the
 sweep file). Runs that share a warm-up (same model, task, sft and seed) wait for the first of them to
 finish the warm-up, so it is trained once and then read from the cache.
 
-Besides the tables and curves of `credo.ablate.report`, output_dir holds `sweep.json` (each run's
+Besides the tables and curves (credo.ablate.outputs, made from the results records), output_dir holds `sweep.json` (each run's
 overrides, config hash, status, exit code and, for a failed run, the end of its log) and a copy of the
 sweep file. A failed run is reported with the last lines of its log; the table holds the others.
 """
@@ -30,8 +32,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from credo.ablate.outputs import atomic_write, record_runs, recorded, write_outputs
 from credo.ablate.plan import RESULT_NEUTRAL, Run, plan_runs
-from credo.ablate.report import atomic_write, plot_sweep_curves, summarize, write_tables
+from credo.ablate.results import git_commit
 from credo.ablate.spec import Sweep, _fail, load_sweep
 from credo.config import recipe_to_dict
 from credo.tracking import read_metrics
@@ -175,7 +178,7 @@ def _start(run: Run, slot: int, sweep: Sweep, lock_fd: int, gpus: list[str]) -> 
     run.run_dir.mkdir(parents=True, exist_ok=True)
     argv = _train_argv(sweep.base, _invocation_overrides(run), sweep.launcher)
     atomic_write(run.run_dir / "sweep_run.json", json.dumps(
-        {"variant": run.variant, "seed": run.seed, "config_hash": run.config_hash, "argv": argv,
+        {"variant": run.variant, "seed": run.seed, "config_hash": run.config_hash, "argv": argv, "commit": git_commit(),
          "config": recipe_to_dict(run.recipe)}, indent=1) + "\n")
     log = open(run.run_dir / "log.txt", "a")
     log.write(f"{ATTEMPT_MARK}{time.strftime('%Y-%m-%d %H:%M:%S')} ({run.action}): {' '.join(argv)}\n")
@@ -190,7 +193,7 @@ def _start(run: Run, slot: int, sweep: Sweep, lock_fd: int, gpus: list[str]) -> 
     return _Job(run=run, proc=proc, slot=slot, started=time.time(), log=log)
 
 
-def _finish(job: _Job, rc: int) -> None:
+def _finish(job: _Job, rc: int, sweep: Sweep) -> None:
     run = job.run
     job.log.close()
     run.exit_code, run.wall_s = rc, round(time.time() - job.started, 1)
@@ -198,6 +201,7 @@ def _finish(job: _Job, rc: int) -> None:
         run.status, run.error_tail = "done", ""
         atomic_write(run.run_dir / "DONE", json.dumps({"config_hash": run.config_hash, "wall_s": run.wall_s,
                                                         "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
+        record_runs(sweep, [run])
     else:
         run.status = "failed"
         why = "" if rc != 0 else f"exited 0 but metrics.jsonl has no step {run.recipe.run.steps}\n"
@@ -227,7 +231,10 @@ def _stop(jobs: list[_Job], grace_s: float = 10.0) -> None:
 def _schedule(runs: list[Run], sweep: Sweep, *, jobs: int, lock_fd: int, gpus: list[str], poll_s: float) -> None:
     from tqdm import tqdm
 
-    pending = [r for r in runs if r.action in ("new", "resume", "restart")]
+    # seed by seed: the variants of a seed (which share its warm-up) finish close together, so a sweep stopped
+    # early leaves whole seeds, the pairs of a paired comparison
+    seeds = {s: i for i, s in enumerate(sweep.seeds)}
+    pending = sorted((r for r in runs if r.action in ("new", "resume", "restart")), key=lambda r: seeds[r.seed])
     warm = {r.warmup_group for r in runs if r.action == "done"}
     running: list[_Job] = []
     bar = tqdm(total=len(runs), initial=len(runs) - len(pending), desc=f"ablate {sweep.name}", unit="run",
@@ -243,7 +250,7 @@ def _schedule(runs: list[Run], sweep: Sweep, *, jobs: int, lock_fd: int, gpus: l
                         warm.add(job.run.warmup_group)
                     continue
                 running.remove(job)
-                _finish(job, rc)
+                _finish(job, rc, sweep)
                 bar.update(1)
                 if job.run.status == "done":
                     warm.add(job.run.warmup_group)
@@ -271,6 +278,19 @@ def _schedule(runs: list[Run], sweep: Sweep, *, jobs: int, lock_fd: int, gpus: l
         raise
     finally:
         bar.close()
+
+
+def _classify_all(sweep: Sweep, runs: list[Run]) -> dict:
+    """Each run's action; a run recorded in the results file with its current config is done. Returns those records."""
+    in_results = recorded(sweep, runs)
+    for r in runs:
+        r.action = classify(r)
+        if r.action != "stale" and (r.variant, r.seed) in in_results:  # recorded with this config: no rerun
+            r.action, r.wall_s = "done", in_results[(r.variant, r.seed)].get("wall_s")
+        elif r.action == "done":
+            r.wall_s = _read_json(r.run_dir / "DONE").get("wall_s")
+        r.status = "done" if r.action == "done" else r.status
+    return in_results
 
 
 def _print_plan(runs: list[Run], sweep: Sweep, *, jobs: int, threads: int) -> None:
@@ -307,12 +327,8 @@ def run_sweep(path: str | Path, *, jobs: int = 0, dry_run: bool = False, poll_s:
     jobs = max(1, min(jobs, n_runs))
     procs = sweep.gpus_per_run if sweep.launcher else 1  # a launcher starts a process per GPU
     threads = max(1, cores // (jobs * procs))
-    runs = plan_runs(sweep, threads=threads)
-    for r in runs:
-        r.action = classify(r)
-        if r.action == "done":
-            r.status = "done"
-            r.wall_s = _read_json(r.run_dir / "DONE").get("wall_s")
+    runs = plan_runs(sweep, threads=threads, build=not dry_run)
+    in_results = _classify_all(sweep, runs)
     stale = [r for r in runs if r.action == "stale"]
     if stale:
         lines = [f"  {r.run_dir}: " + ("; ".join(r.stale_diff[:4]) or "config hash differs") for r in stale]
@@ -334,6 +350,8 @@ def run_sweep(path: str | Path, *, jobs: int = 0, dry_run: bool = False, poll_s:
         print(f"credo: error: sweep folder {sweep.output_dir} is in use by another `credo ablate` (or by runs it started "
               "that are still going); wait for them or stop them, then invoke again", file=sys.stderr)
         return 1
+    # finished runs whose results line is missing (a deleted results file, runs from before it existed)
+    record_runs(sweep, [r for r in runs if r.action == "done" and (r.variant, r.seed) not in in_results])
     if sweep.path.resolve() != (sweep.output_dir / "sweep.yaml").resolve():
         shutil.copyfile(sweep.path, sweep.output_dir / "sweep.yaml")
     _print_plan(runs, sweep, jobs=jobs, threads=threads)
@@ -355,9 +373,7 @@ def run_sweep(path: str | Path, *, jobs: int = 0, dry_run: bool = False, poll_s:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         write_sweep_json(sweep, runs, jobs=jobs, threads=threads)
-        write_tables(sweep, summarize(sweep, runs))
-        if any(r.status == "done" for r in runs):
-            plot_sweep_curves(sweep, runs)
+        write_outputs(sweep, runs)
         lock.close()
     failed = [r for r in runs if r.status == "failed"]
     for r in failed:
@@ -365,5 +381,6 @@ def run_sweep(path: str | Path, *, jobs: int = 0, dry_run: bool = False, poll_s:
               + "\n".join("  | " + l for l in r.error_tail.splitlines()), file=sys.stderr)
     print("\n" + (sweep.output_dir / "table.md").read_text())
     n_done = sum(r.status == "done" for r in runs)
-    print(f"credo ablate: {n_done}/{len(runs)} runs finished, {len(failed)} failed; table in {sweep.output_dir / 'table.md'}")
+    print(f"credo ablate: {n_done}/{len(runs)} runs finished, {len(failed)} failed; table in {sweep.output_dir / 'table.md'}, "
+          f"results in {sweep.results}")
     return code or (1 if failed else 0)

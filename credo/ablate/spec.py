@@ -20,10 +20,22 @@ the metrics to report and, optionally, the baseline variant the others are compa
       - {key: eval/accuracy, reduce: best}             # max (mode: min for the smallest)
       - {key: train/reward_mean, reduce: last_k_mean, k: 5}   # mean of the last k logged values
       - {key: eval/accuracy, reduce: gain}             # the last logged value minus the first (gain over the start)
+      - {key: eval/accuracy, reduce: first}            # the first logged value (the step-0 eval: the warm-up's level)
+      - {key: eval/accuracy, reduce: auc}              # area under the curve / its step span (the curve's mean level)
+      - {key: eval/accuracy, reduce: slope}            # least-squares slope over the last fifth, per 100 steps
     curves: [eval/accuracy, train/reward_mean]         # optional; default: the metric keys
     output_dir: runs/ablations/tricks_or_traps         # optional; default runs/ablations/<name>
     launcher: torchrun --standalone --nproc_per_node 8 # optional; what starts `-m credo.cli run` (default: this python)
     gpus_per_run: 8                                    # optional; GPUs per run (CUDA_VISIBLE_DEVICES), default 1
+    results: docs/results/tricks_or_traps.jsonl        # optional; the raw results, one JSON line per finished run
+                                                       # (credo.ablate.results); default <output_dir>/results.jsonl
+    warmup_seed: run                                   # optional; the SFT warm-up's seed: run (default: each run's
+                                                       # seed, so the intervals include warm-up variance), an integer
+                                                       # (one warm-up pinned for every seed: a paired design whose
+                                                       # intervals leave warm-up variance out), or recipe (sft.seed
+                                                       # as the recipe and the variants set it)
+    comparisons: ["grpo > lite_ppo", "grpo vs dapo"]   # optional; named in advance: a > b expects a above b on the
+                                                       # first metric, a vs b names no direction; Holm-adjusted as a family
 """
 
 from __future__ import annotations
@@ -41,10 +53,12 @@ import yaml
 from credo.config import ConfigError
 
 SWEEP_KEYS = ("name", "description", "base", "overrides", "seeds", "variants", "grid", "baseline", "metrics", "curves",
-              "output_dir", "launcher", "gpus_per_run")
+              "output_dir", "launcher", "gpus_per_run", "results", "warmup_seed", "comparisons")
 METRIC_KEYS = ("key", "reduce", "k", "mode", "label")
-REDUCES = ("final", "best", "last_k_mean", "gain")
+REDUCES = ("final", "best", "last_k_mean", "gain", "auc", "slope", "first")
 RUNNER_KEYS = ("run.seed", "run.output_dir", "run.resume")  # set per run by the runner
+WARMUP_SEED_KEY = "sft.seed"  # set per run by the runner unless warmup_seed is 'recipe'
+COMPARISON_RE = re.compile(r"^\s*(\S+)\s+(>|<|vs)\s+(\S+)\s*$")
 DEFAULT_SEEDS = [0, 1, 2, 3, 4]
 """Five seeds: a 95% t-interval's half-width is t(0.975, 4)·s/√5 = 1.24·s, against 2.48·s with three."""
 DEFAULT_METRICS = [{"key": "eval/accuracy", "reduce": "final"}, {"key": "eval/accuracy", "reduce": "best"},
@@ -57,13 +71,26 @@ class Metric:
     key: str
     """Metric name in metrics.jsonl, e.g. eval/accuracy."""
     reduce: str
-    """How one run's curve becomes one number: final, best, last_k_mean or gain (last minus first)."""
+    """How one run's curve becomes one number: final, best, last_k_mean, gain (last minus first), auc, slope or first."""
     k: int = 1
     """Number of last logged values averaged by last_k_mean."""
     mode: str = "max"
     """Whether best is the largest (max) or the smallest (min) value."""
     label: str = ""
     """Column name in the tables."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two variants compared on the first metric, named in the sweep file before it runs."""
+
+    a: str
+    b: str
+    expect: str
+    """'>' (a expected above b), '<' (below) or 'vs' (no direction named)."""
+
+    def __str__(self) -> str:
+        return f"{self.a} {self.expect} {self.b}"
 
 
 @dataclass
@@ -84,6 +111,12 @@ class Sweep:
     """GPUs given to each run (CUDA_VISIBLE_DEVICES) when GPUs are present."""
     baseline: str | None = None
     """The variant every other variant's difference of means is measured from (None: no difference columns)."""
+    results: Path | None = None
+    """The raw results file, one JSON line per finished run (default: <output_dir>/results.jsonl)."""
+    warmup_seed: int | str = "run"
+    """The SFT warm-up's seed: 'run' (each run's seed), an integer (pinned for all runs) or 'recipe' (left as set)."""
+    comparisons: list[Comparison] = field(default_factory=list)
+    """Comparisons named in advance, on the first metric; Holm-adjusted together."""
 
 
 def _fail(path: Path, msg: str) -> ConfigError:
@@ -174,9 +207,48 @@ def _metric(path: Path, i: int, spec) -> Metric:
         raise _fail(path, f"{where}.mode = {mode!r}, expected max or min")
     if "mode" in spec and reduce != "best":
         raise _fail(path, f"{where}.mode is only used by reduce: best")
-    label = spec.get("label") or {"final": f"{spec['key']} final", "best": f"{spec['key']} {'best' if mode == 'max' else 'min'}",
-                                  "last_k_mean": f"{spec['key']} last-{k} mean", "gain": f"{spec['key']} gain"}[reduce]
+    label = spec.get("label") or default_label(spec["key"], reduce, k, mode)
     return Metric(key=spec["key"], reduce=reduce, k=k, mode=mode, label=str(label))
+
+
+def default_label(key: str, reduce: str, k: int = 1, mode: str = "max") -> str:
+    """A metric's column name when the sweep gives none, e.g. 'eval/accuracy final'."""
+    return {"final": f"{key} final", "best": f"{key} {'best' if mode == 'max' else 'min'}",
+            "last_k_mean": f"{key} last-{k} mean", "gain": f"{key} gain", "auc": f"{key} mean over the run (AUC)",
+            "slope": f"{key} slope, last fifth (per 100 steps)", "first": f"{key} first"}[reduce]
+
+
+def parse_comparison(text, variants, where: str) -> Comparison:
+    """'a > b', 'a < b' or 'a vs b' between two variant names; ValueError naming `where` otherwise."""
+    m = COMPARISON_RE.match(text) if isinstance(text, str) else None
+    if m is None:
+        raise ValueError(f"{where} = {text!r}, expected 'A > B', 'A < B' or 'A vs B' with two variant names")
+    a, expect, b = m.groups()
+    for v in (a, b):
+        if v not in variants:
+            raise ValueError(f"{where}: '{v}' names no variant (known variants: {', '.join(variants)})")
+    if a == b:
+        raise ValueError(f"{where}: compares '{a}' with itself")
+    return Comparison(a=a, b=b, expect=expect)
+
+
+def _design_keys(path: Path, data: dict, variants: dict[str, list[str]]) -> tuple:
+    """results, warmup_seed and comparisons, checked."""
+    results = data.get("results")
+    if results is not None and (not isinstance(results, str) or not results.endswith(".jsonl")):
+        raise _fail(path, f"results = {results!r}, expected a file path ending in .jsonl")
+    warmup_seed = data.get("warmup_seed", "run")
+    if warmup_seed not in ("run", "recipe") and (not isinstance(warmup_seed, int) or isinstance(warmup_seed, bool)):
+        raise _fail(path, f"warmup_seed = {warmup_seed!r}, expected run (each run's seed), an integer (one pinned "
+                          "warm-up) or recipe (sft.seed as the recipe sets it)")
+    spec = data.get("comparisons", [])
+    if not isinstance(spec, list):
+        raise _fail(path, f"comparisons is a {type(spec).__name__}, expected a list such as ['grpo > reinforce']")
+    try:
+        comparisons = [parse_comparison(c, variants, f"comparisons[{i}]") for i, c in enumerate(spec)]
+    except ValueError as e:
+        raise _fail(path, str(e)) from None
+    return (Path(results) if results else None), warmup_seed, comparisons
 
 
 def _variants(path: Path, data: dict) -> dict[str, list[str]]:
@@ -202,6 +274,21 @@ def _baseline(path: Path, data: dict, variants: dict[str, list[str]]) -> str | N
         raise _fail(path, f"baseline = {baseline!r} does not name a variant of this sweep (known variants: "
                           f"{', '.join(variants)})")
     return baseline
+
+
+def _check_runner_keys(path: Path, overrides: list[str], variants: dict[str, list[str]], warmup_seed) -> None:
+    """No override may set what the runner sets per run (the seed, the folder, and the warm-up seed unless
+    warmup_seed is 'recipe')."""
+    for where, ovs in [("overrides", overrides)] + [(f"variants.{v}", o) for v, o in variants.items()]:
+        for ov in ovs:
+            key = ov.split("=", 1)[0].strip()
+            if key in RUNNER_KEYS:
+                raise _fail(path, f"{where}: '{ov}' sets {key}, which credo ablate sets per run "
+                                  "(seeds: lists the seeds; output_dir: names the sweep folder)")
+            if key == WARMUP_SEED_KEY and warmup_seed != "recipe":
+                raise _fail(path, f"{where}: '{ov}' sets {key}, which the sweep's warmup_seed sets (now "
+                                  f"{warmup_seed!r}); give warmup_seed: <n> to pin one warm-up, or warmup_seed: recipe "
+                                  "to let the recipe and the variants set sft.seed")
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -242,11 +329,8 @@ def load_sweep(path: str | Path) -> Sweep:
     variants = _variants(path, data)
     baseline = _baseline(path, data, variants)
     overrides = _override_list(path, "overrides", data.get("overrides"))
-    for where, ovs in [("overrides", overrides)] + [(f"variants.{v}", o) for v, o in variants.items()]:
-        for ov in ovs:
-            if ov.split("=", 1)[0].strip() in RUNNER_KEYS:
-                raise _fail(path, f"{where}: '{ov}' sets {ov.split('=', 1)[0].strip()}, which credo ablate sets per run "
-                                  "(seeds: lists the seeds; output_dir: names the sweep folder)")
+    results, warmup_seed, comparisons = _design_keys(path, data, variants)
+    _check_runner_keys(path, overrides, variants, warmup_seed)
     metrics_spec = data.get("metrics", DEFAULT_METRICS)
     if not isinstance(metrics_spec, list) or not metrics_spec:
         raise _fail(path, "metrics must be a non-empty list of {key, reduce[, k, mode, label]}")
@@ -270,4 +354,5 @@ def load_sweep(path: str | Path) -> Sweep:
         raise _fail(path, f"gpus_per_run = {gpus_per_run!r}, expected an integer >= 1")
     return Sweep(path=path, name=name, description=description.strip(), base=base, overrides=overrides, seeds=list(seeds),
                  variants=variants, metrics=metrics, curves=curves, output_dir=Path(out), launcher=shlex.split(launcher),
-                 gpus_per_run=gpus_per_run, baseline=baseline)
+                 gpus_per_run=gpus_per_run, baseline=baseline, results=results or Path(out) / "results.jsonl",
+                 warmup_seed=warmup_seed, comparisons=comparisons)

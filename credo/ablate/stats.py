@@ -1,8 +1,10 @@
-"""Statistics over seeds for `credo ablate`: Student-t intervals of a mean and Welch's two-sample t-test.
+"""Statistics over seeds for `credo ablate` and `credo report`.
 
-Both treat the seeds of a variant as independent draws of the metric. The statistics (means, variances,
-standard errors, Welch-Satterthwaite degrees of freedom, t) are computed here; scipy supplies only the
-Student-t distribution's quantile (`scipy.special.stdtrit`) and tail (`scipy.special.stdtr`).
+Student-t intervals of a mean, Welch's two-sample t-test, the paired t-test (variants that share each seed's
+warm-up), Hedges' g with its noncentral-t interval, and Holm-Bonferroni adjusted p-values over one table's
+comparisons. The seeds of a variant are independent draws of the metric. The statistics (means, variances,
+standard errors, degrees of freedom, t) are computed here; scipy supplies only the Student-t distribution's
+quantile and tail (`scipy.special.stdtrit`, `stdtr`), the noncentral t's cdf (`nctdtr`) and log-gamma.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scipy.special import stdtr, stdtrit
+from scipy.special import gammaln, nctdtr, stdtr, stdtrit
 
 NAN = float("nan")
 
@@ -116,8 +118,13 @@ def welch_diff(a: list[float], b: list[float], confidence: float = 0.95) -> Welc
         b: one number per seed of the baseline.
         confidence: the interval's coverage, 0.95 for a 95% interval.
     """
-    n_a, mean_a, var_a = _mean_var(a)
-    n_b, mean_b, var_b = _mean_var(b)
+    return welch_from_moments(*_mean_var(a), *_mean_var(b), confidence=confidence)
+
+
+def welch_from_moments(n_a: int, mean_a: float, var_a: float, n_b: int, mean_b: float, var_b: float,
+                       confidence: float = 0.95) -> WelchDiff:
+    """`welch_diff` from each group's size, mean and sample variance (divisor n - 1) instead of its values:
+    for a published table that kept only those (benchmarks/legacy_table_stats.py)."""
     diff = mean_a - mean_b
     if n_a < 2 or n_b < 2:
         return WelchDiff(diff=diff, low=NAN, high=NAN, df=NAN, t=NAN, p=NAN)
@@ -132,3 +139,133 @@ def welch_diff(a: list[float], b: list[float], confidence: float = 0.95) -> Welc
     t = diff / se
     half = t_quantile(0.5 + confidence / 2, df) * se
     return WelchDiff(diff=diff, low=diff - half, high=diff + half, df=df, t=t, p=two_sided_p(t, df), d=d)
+
+
+# ------------------------------------------------------------------ paired differences, effect size, Holm
+
+
+@dataclass(frozen=True)
+class PairedDiff:
+    """mean(a - b) over matched pairs (the same seed and warm-up) with the paired t-test."""
+
+    n: int
+    """Number of pairs."""
+    diff: float
+    """Mean of the per-pair differences (= mean(a) - mean(b) over the pairs)."""
+    low: float
+    """Lower end of the Student-t confidence interval of the mean difference; nan when n < 2."""
+    high: float
+    """Upper end of that interval."""
+    df: float
+    """n - 1; nan when n < 2."""
+    t: float
+    """diff / (sd of the differences / sqrt(n)); +-inf when every pair differs by the same nonzero amount."""
+    p: float
+    """Two-sided p-value of t (as scipy.stats.ttest_rel gives it)."""
+
+
+def paired_diff(a: list[float], b: list[float], confidence: float = 0.95) -> PairedDiff:
+    """The paired t-test of a against b, a[i] and b[i] being one pair (e.g. one seed with its warm-up).
+
+    Pairing removes what the two members of a pair share (here the warm-up and the seed's data order) from
+    the comparison: the statistic is the one-sample t of the differences a[i] - b[i]. Edge cases: n < 2
+    gives diff only; differences that are all equal give se = 0, the interval the point diff, and
+    t = +-inf, p = 0 (nan, nan when they are all 0).
+    """
+    if len(a) != len(b):
+        raise ValueError(f"paired_diff: {len(a)} values against {len(b)}; expected one value of each per pair")
+    n, mean, var = _mean_var([x - y for x, y in zip(a, b)])
+    if n < 2:
+        return PairedDiff(n=n, diff=mean, low=NAN, high=NAN, df=NAN, t=NAN, p=NAN)
+    se = math.sqrt(var / n)
+    if se == 0:
+        t = math.copysign(math.inf, mean) if mean != 0 else NAN
+        return PairedDiff(n=n, diff=mean, low=mean, high=mean, df=n - 1, t=t, p=0.0 if mean != 0 else NAN)
+    half = t_quantile(0.5 + confidence / 2, n - 1) * se
+    t = mean / se
+    return PairedDiff(n=n, diff=mean, low=mean - half, high=mean + half, df=n - 1, t=t, p=two_sided_p(t, n - 1))
+
+
+@dataclass(frozen=True)
+class EffectSize:
+    """Hedges' g: the difference of two groups' means in pooled standard deviations, bias-corrected."""
+
+    g: float
+    """J(df) * (mean_a - mean_b) / s_pooled; +-inf when both groups have zero variance and the means differ."""
+    low: float
+    """Lower end of its confidence interval (noncentral t); nan when undefined (n < 2 in a group, or g infinite)."""
+    high: float
+    """Upper end of that interval."""
+
+
+def hedges_correction(df: float) -> float:
+    """J(df) = Gamma(df/2) / (sqrt(df/2) Gamma((df-1)/2)), the exact small-sample bias factor of Cohen's d
+    (Hedges 1981); about 1 - 3 / (4 df - 1). df = n_a + n_b - 2 > 1."""
+    return math.exp(gammaln(df / 2) - gammaln((df - 1) / 2)) / math.sqrt(df / 2)
+
+
+def _ncp_for_cdf(q: float, df: float, t: float) -> float:
+    """The noncentrality lambda at which P(T <= t) = q for T ~ noncentral t(df, lambda); the cdf falls as lambda rises."""
+    def excess(ncp: float) -> float:
+        return float(nctdtr(df, ncp, t)) - q
+
+    lo, hi = t - 2.0, t + 2.0
+    while excess(lo) < 0:
+        lo -= 2 * (t - lo + 1)
+    while excess(hi) > 0:
+        hi += 2 * (hi - t + 1)
+    for _ in range(200):  # bisection: the cdf is monotone in lambda; stop at the float resolution
+        mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def hedges_g(a: list[float], b: list[float], confidence: float = 0.95) -> EffectSize:
+    """Hedges' g of a against b with its confidence interval (groups treated as independent).
+
+    d = (mean_a - mean_b) / s_p, s_p = sqrt(((n_a-1) s_a^2 + (n_b-1) s_b^2) / (n_a + n_b - 2)); g = J(df) d.
+    Interval: t = d / sqrt(1/n_a + 1/n_b) follows a noncentral t with df = n_a + n_b - 2 degrees of freedom
+    and noncentrality delta * sqrt(...) under normality; the interval of delta inverts its cdf at t
+    (Steiger & Fouladi 1997) and is scaled by J like g. At n = 5 per group it is wide (g = 3 gives about
+    [1.1, 4.8]): a separation of 3 std is a point estimate, its lower end the guaranteed part.
+    """
+    return hedges_g_from_moments(*_mean_var(a), *_mean_var(b), confidence=confidence)
+
+
+def hedges_g_from_moments(n_a: int, mean_a: float, var_a: float, n_b: int, mean_b: float, var_b: float,
+                          confidence: float = 0.95) -> EffectSize:
+    """`hedges_g` from each group's size, mean and sample variance (divisor n - 1) instead of its values."""
+    if n_a < 2 or n_b < 2:
+        return EffectSize(g=NAN, low=NAN, high=NAN)
+    df = n_a + n_b - 2
+    pooled = math.sqrt(((n_a - 1) * var_a + (n_b - 1) * var_b) / df)
+    diff = mean_a - mean_b
+    if pooled == 0:
+        g = math.copysign(math.inf, diff) if diff != 0 else NAN
+        return EffectSize(g=g, low=NAN, high=NAN)
+    j, scale = hedges_correction(df), math.sqrt(1 / n_a + 1 / n_b)
+    d = diff / pooled
+    alpha = 1 - confidence
+    t = d / scale
+    low, high = _ncp_for_cdf(1 - alpha / 2, df, t) * scale, _ncp_for_cdf(alpha / 2, df, t) * scale
+    return EffectSize(g=j * d, low=j * low, high=j * high)
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values, in the order given; nan stays nan and is not counted in the family.
+
+    With the m finite p-values sorted ascending p_(1) <= ... <= p_(m), the adjusted value of p_(k) is
+    max over j <= k of min(1, (m - j + 1) p_(j)): a comparison is declared at level alpha exactly when Holm's
+    step-down procedure (reject p_(k) while p_(k) <= alpha / (m - k + 1)) rejects it. Controls the chance of
+    any false verdict in the family at alpha, with no assumption about how the comparisons depend on one another.
+    """
+    finite = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    m = len(finite)
+    out = [NAN] * len(p_values)
+    running = 0.0
+    for k, (p, i) in enumerate(finite):
+        running = max(running, min(1.0, (m - k) * p))
+        out[i] = running
+    return out

@@ -64,6 +64,11 @@ def test_micro_sweep_tabulates_and_resumes(tmp_path, capsys, monkeypatch):
     shutil.rmtree(cut / "checkpoints")
     metrics = (cut / "metrics.jsonl").read_text().splitlines()
     (cut / "metrics.jsonl").write_text("\n".join(metrics[:2]) + "\n")
+    # nor a results line: a run is recorded when it finishes (a recorded run is not run again)
+    results = out / "results.jsonl"
+    lines = [l for l in results.read_text().splitlines() if (json.loads(l)["variant"], json.loads(l)["seed"]) != ("lite_ppo", 1)]
+    assert len(lines) == 3
+    results.write_text("\n".join(lines) + "\n")
     assert ablate.run_sweep(path, jobs=2, poll_s=0.2) == 0
     assert [json.loads(l)["step"] for l in (cut / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
     assert (cut / "DONE").exists() and "run.resume=auto" in (cut / "log.txt").read_text()

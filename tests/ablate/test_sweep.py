@@ -85,7 +85,8 @@ def test_unknown_override_key_fails_before_any_run(tmp_path, fake_trainer):
 def test_bad_value_and_bad_metric_are_named(tmp_path):
     with pytest.raises(ConfigError, match=r"variant 'a' \(seed 0\): config key 'algo.agg_mode' = 'sum'"):
         ablate.plan_runs(ablate.load_sweep(write_sweep(tmp_path, variants={"a": ["algo.agg_mode=sum"]})), threads=1)
-    with pytest.raises(ConfigError, match=r"metrics\[0\].reduce = 'median', expected one of final, best, last_k_mean, gain"):
+    with pytest.raises(ConfigError, match=r"metrics\[0\].reduce = 'median', expected one of final, best, last_k_mean, gain, "
+                                          r"auc, slope, first"):
         ablate.load_sweep(write_sweep(tmp_path, metrics=[{"key": "eval/accuracy", "reduce": "median"}]))
     with pytest.raises(ConfigError, match=r"unknown key 'metrics\[0\].kk'"):
         ablate.load_sweep(write_sweep(tmp_path, metrics=[{"key": "eval/accuracy", "reduce": "last_k_mean", "kk": 3}]))
@@ -139,6 +140,7 @@ def test_reduce_metric_by_hand():
     assert ablate.reduce_metric(rows, M("train/loss", "final")) is None
     # gain: the last logged accuracy (step 4) minus the first (step 0, the warm-up's start)
     assert ablate.reduce_metric(rows, M("eval/accuracy", "gain")) == pytest.approx(0.3 - 0.1)
+    assert ablate.reduce_metric(rows, M("eval/accuracy", "first")) == 0.1
 
 
 def test_baseline_must_name_a_variant(tmp_path):
@@ -172,8 +174,9 @@ def mean_std(xs):
 
 def test_sweep_runs_tabulates_and_second_invocation_starts_nothing(tmp_path, fake_trainer, capsys):
     lrs = {"a": 1e-4, "b": 2e-4, "c": 1.2e-3}
-    path = write_sweep(tmp_path, variants={"a": ["optim.lr=0.0001"], "b": {"optim.lr": 0.0002}, "c": ["optim.lr=0.0012"]},
-                       baseline="a")
+    # c warms up differently (sft.lr), so its seeds share no warm-up with a's: Welch; b shares each seed's: paired
+    path = write_sweep(tmp_path, variants={"a": ["optim.lr=0.0001"], "b": {"optim.lr": 0.0002},
+                                           "c": ["optim.lr=0.0012", "sft.lr=0.002"]}, baseline="a")
     assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
     out = tmp_path / "sweep"
     rows = {r["variant"]: r for r in read_csv(out / "table.csv")}
@@ -193,36 +196,46 @@ def test_sweep_runs_tabulates_and_second_invocation_starts_nothing(tmp_path, fak
         assert float(row["eval/accuracy best mean"]) == pytest.approx(mean)  # increasing curve: best = final
         assert float(row["train/reward_mean last-2 mean mean"]) == pytest.approx(sum(rewards) / 2)
         assert row["train/reward_mean last-2 mean n"] == "2"
-    assert rows["a"]["eval/accuracy final diff"] == "" and rows["a"]["eval/accuracy final welch p"] == ""
-    (mean_a, std_a), md_rows = stats["a"], {}
-    for variant, marked in (("b", False), ("c", True)):
-        mean, std = stats[variant]
-        # Welch: se^2 = std^2 / 2 + std_a^2 / 2; the seeds spread every variant alike (seed / 10), so the
-        # variances are equal and the Welch-Satterthwaite df is 2 (n - 1) = 2
-        diff, se = mean - mean_a, math.sqrt(std ** 2 / 2 + std_a ** 2 / 2)
-        t = diff / se
-        p = 1 - abs(t) / math.sqrt(2 + t * t)  # 2 (1 - F(|t|)) with the 2-df closed form above
-        row = rows[variant]
-        assert float(row["eval/accuracy final diff"]) == pytest.approx(diff)
-        assert float(row["eval/accuracy final welch df"]) == pytest.approx(2.0)
-        assert float(row["eval/accuracy final diff ci95 low"]) == pytest.approx(diff - T2 * se)
-        assert float(row["eval/accuracy final diff ci95 high"]) == pytest.approx(diff + T2 * se)
-        assert float(row["eval/accuracy final welch p"]) == pytest.approx(p)
-        assert row["eval/accuracy final diff ci excludes 0"] == ("true" if marked else "false")
-        # Cohen's d: diff / pooled std, pooled variance ((2-1) std^2 + (2-1) std_a^2) / (2 + 2 - 2)
-        d = diff / math.sqrt((std ** 2 + std_a ** 2) / 2)
-        assert float(row["eval/accuracy final cohen d"]) == pytest.approx(d)
-        md_rows[variant] = (f"| {variant} | 2 | {mean:.3f} ± {std:.3f} | [{mean - T1 * std / math.sqrt(2):.3f}, "
-                            f"{mean + T1 * std / math.sqrt(2):.3f}] | {diff:+.3f} | [{diff - T2 * se:+.3f}, "
-                            f"{diff + T2 * se:+.3f}] | {p:.3f} | {'*' if marked else ''} | {d:+.3f} |")
+    assert rows["a"]["eval/accuracy final diff"] == "" and rows["a"]["eval/accuracy final p"] == ""
+    mean_a, std_a = stats["a"]
+    j2 = 1 / math.sqrt(math.pi)  # Hedges' J at df = 2 + 2 - 2: Gamma(1) / (sqrt(1) Gamma(1/2))
+    # b: each seed's pair differs by exactly 1000 * (2e-4 - 1e-4) = 0.1, so the paired test has no spread:
+    # the interval is the point 0.1 and p = 0; Holm over {b, c} keeps 0
+    b = rows["b"]
+    assert b["eval/accuracy final test"] == "paired"
+    assert float(b["eval/accuracy final diff"]) == pytest.approx(0.1)
+    assert (float(b["eval/accuracy final diff ci95 low"]), float(b["eval/accuracy final diff ci95 high"])) == \
+        pytest.approx((0.1, 0.1))
+    assert float(b["eval/accuracy final p"]) < 1e-12 and float(b["eval/accuracy final p holm"]) < 1e-12  # rounding
+    assert b["eval/accuracy final verdict"] == "b > a"
+    # Hedges' g: diff / pooled std (equal spreads: the pooled std is std_a) times J
+    assert float(b["eval/accuracy final hedges g"]) == pytest.approx(j2 * 0.1 / std_a)
+    # c: Welch, se^2 = std^2 / 2 + std_a^2 / 2 with equal variances (seed / 10 spreads every variant alike): df 2
+    mean_c, std_c = stats["c"]
+    diff, se = mean_c - mean_a, math.sqrt(std_c ** 2 / 2 + std_a ** 2 / 2)
+    t = diff / se
+    p = 1 - abs(t) / math.sqrt(2 + t * t)  # 2 (1 - F(|t|)) with the 2-df closed form above
+    c = rows["c"]
+    assert c["eval/accuracy final test"] == "Welch"
+    assert float(c["eval/accuracy final diff"]) == pytest.approx(diff)
+    assert float(c["eval/accuracy final diff ci95 low"]) == pytest.approx(diff - T2 * se)
+    assert float(c["eval/accuracy final diff ci95 high"]) == pytest.approx(diff + T2 * se)
+    assert float(c["eval/accuracy final p"]) == pytest.approx(p)
+    # Holm over {b, c}: the smaller p (b's, ~0) is doubled, the larger (c's) multiplied by 1
+    assert float(c["eval/accuracy final p holm"]) == pytest.approx(p)
+    assert float(c["eval/accuracy final hedges g"]) == pytest.approx(j2 * diff / std_a)
     table = (out / "table.md").read_text()
-    assert f"| a | 2 | {stats['a'][0]:.3f} ± {stats['a'][1]:.3f} |" in table
-    final_section = table.split("### eval/accuracy final")[1].split("###")[0]
-    assert ("| variant | n | mean ± std | 95% CI (t) | Δ vs a | 95% CI of Δ (Welch) | p (Welch) | CI of Δ excludes 0 "
-            "| d (pooled std) |") in final_section
+    assert f"| a | 2 | {mean_a:.3f} ± {std_a:.3f} |" in table
+    final_section = table.split("**eval/accuracy final**")[1].split("**")[0]
+    assert ("| variant | n | mean ± std | 95% CI | Δ vs a [95% CI] | test | p | p (Holm) | Hedges' g [95% CI] | verdict |"
+            in final_section)
     assert "| a | 2 |" in final_section and "| baseline |" in final_section
-    assert md_rows["b"] in final_section and md_rows["c"] in final_section
-    assert "Student-t" in table and "Welch" in table
+    c_row = (f"| c | 2 | {mean_c:.3f} ± {std_c:.3f} | [{mean_c - T1 * std_c / math.sqrt(2):.3f}, "
+             f"{mean_c + T1 * std_c / math.sqrt(2):.3f}] | {diff:+.3f} [{diff - T2 * se:+.3f}, {diff + T2 * se:+.3f}] | "
+             f"Welch | {p:.3f} | {p:.3f} | {j2 * diff / std_a:+.1f} [")
+    assert c_row in final_section
+    assert "Holm" in table and "Welch" in table and "paired" in table
+    assert "Each seed trains its own warm-up: the intervals include warm-up variance; comparisons" in table
     assert (out / "curves.png").stat().st_size > 0
     status = json.loads((out / "sweep.json").read_text())
     assert status["baseline"] == "a"
@@ -238,18 +251,15 @@ def test_sweep_runs_tabulates_and_second_invocation_starts_nothing(tmp_path, fak
     capsys.readouterr()
     assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
     printed = capsys.readouterr().out
-    assert "6 finished, 0 to run" in printed and md_rows["c"] in printed  # the table is printed, CI columns included
+    assert "6 finished, 0 to run" in printed and c_row in printed  # the table is printed, CI columns included
     assert all(len(invocations(out / "runs" / v / f"seed{s}")) == 1 for v in "abc" for s in (0, 1))
 
 
 def test_curve_bands_are_t_intervals_over_seeds(tmp_path, fake_trainer):
     path = write_sweep(tmp_path, curves=["eval/accuracy", "train/reward_mean"])
     assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
-    sweep = ablate.load_sweep(path)
-    runs = ablate.plan_runs(sweep, threads=1)
-    for r in runs:
-        r.status = "done"
-    curves = ablate.curve_stats(sweep, runs)
+    records = ablate.read_results(tmp_path / "sweep" / "results.jsonl")
+    curves = ablate.curve_stats(records, ["eval/accuracy", "train/reward_mean"], ["a", "b"])
     steps, stats = curves["eval/accuracy"]["b"]
     assert steps == [0, 1, 2, 3]
     for step, s in zip(steps, stats):
@@ -271,10 +281,11 @@ def test_failed_run_is_reported_others_tabulated_and_rerun_resumes_it(tmp_path, 
     # one seed of b: a mean and a difference, but no spread, so no interval and no p-value
     b = rows["b"]
     assert float(b["eval/accuracy final mean"]) == pytest.approx(acc(2e-4, 0, 3))
-    assert b["eval/accuracy final std"] == b["eval/accuracy final ci95 low"] == b["eval/accuracy final welch p"] == ""
+    assert b["eval/accuracy final std"] == b["eval/accuracy final ci95 low"] == b["eval/accuracy final p"] == ""
+    assert b["eval/accuracy final test"] == "Welch"  # seeds {0} against {0, 1}: no pairing
     assert float(b["eval/accuracy final diff"]) == pytest.approx(acc(2e-4, 0, 3) - (acc(1e-4, 0, 3) + acc(1e-4, 1, 3)) / 2)
-    assert f"| b | 1 | {acc(2e-4, 0, 3):.3f} | — | {acc(2e-4, 0, 3) - acc(1e-4, 0, 3) - 0.05:+.3f} | — | — |  |" in (
-        out / "table.md").read_text()
+    assert (f"| b | 1 | {acc(2e-4, 0, 3):.3f} | — | {acc(2e-4, 0, 3) - acc(1e-4, 0, 3) - 0.05:+.3f} — | Welch | — | — | — "
+            "| not shown |") in (out / "table.md").read_text()
     runs = {(r["variant"], r["seed"]): r for r in json.loads((out / "sweep.json").read_text())["runs"]}
     assert runs[("b", 1)]["status"] == "failed" and "injected failure" in runs[("b", 1)]["error_tail"]
     assert not (out / "runs" / "b" / "seed1" / "DONE").exists()
@@ -301,20 +312,20 @@ def test_sigterm_midway_then_rerun_finishes_without_redoing(tmp_path):
                             text=True)
     out = tmp_path / "sweep"
     first = out / "runs" / "a" / "seed0"
-    deadline = time.time() + 120
+    deadline = time.time() + 300  # generous: on a shared 2-core machine at load ~50 two fake runs took ~2 min
     second = out / "runs" / "a" / "seed1"
     while not invocations(second) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
     assert (first / "DONE").exists() and invocations(second)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err
     status = {(r["variant"], r["seed"]): r["status"] for r in json.loads((out / "sweep.json").read_text())["runs"]}
     assert status[("a", 0)] == "done" and status[("a", 1)] == "interrupted" and status[("b", 1)] == "pending"
     assert not (second / "DONE").exists()
 
     rc = subprocess.run([sys.executable, "-c", driver], cwd=REPO, env={**env, "FAKE_TRAIN_STEP_S": "0"}, capture_output=True,
-                        text=True, timeout=120)
+                        text=True, timeout=300)
     assert rc.returncode == 0, rc.stderr
     assert len(invocations(first)) == 1  # finished before the kill: not redone
     assert [c["resume"] for c in invocations(second)] == [None, "auto"]
@@ -361,8 +372,8 @@ def test_runs_sharing_a_warmup_wait_for_the_first(tmp_path, fake_trainer, monkey
 
 def test_different_warmups_run_at_once(tmp_path, fake_trainer, monkeypatch):
     monkeypatch.setenv("FAKE_TRAIN_WARMUP_S", "1.0")
-    # seeds 0 and 1 with no fixed sft.seed: each seed needs its own warm-up
-    path = write_sweep(tmp_path, variants={"a": ["optim.lr=0.0001", "sft.seed=null"]})
+    # seeds 0 and 1 under the default warmup_seed (run): each seed needs its own warm-up
+    path = write_sweep(tmp_path, variants={"a": ["optim.lr=0.0001"]})
     assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
     runs = tmp_path / "sweep" / "runs" / "a"
     assert abs(invocations(runs / "seed0")[0]["start"] - invocations(runs / "seed1")[0]["start"]) < 0.9
@@ -393,8 +404,11 @@ def test_tricks_or_traps_sweep_validates_every_run():
     assert by["batch_norm"].algo.advantage == "reinforce_pp" and by["batch_norm"].algo.advantage_kwargs["token_weighted"] is False
     dapo = by["dapo"].algo
     assert dapo.loss_kwargs == {"clip_low": 0.2, "clip_high": 0.28} and dapo.overlong_filter and dapo.agg_mode == "token-mean"
-    # the base recipe fixes sft.seed: all 21 runs share one warm-up, as the trainer's SFT cache key says
-    assert len({r.warmup_group for r in runs}) == 1
+    # warmup_seed defaults to the run's seed: one warm-up per seed, shared by the variants of that seed (the
+    # trainer's SFT cache key says so), so warm-up variance is inside the intervals and differences are paired
+    assert len({r.warmup_group for r in runs}) == len(sweep.seeds)
+    assert all(len({r.warmup_group for r in runs if r.seed == s}) == 1 for s in sweep.seeds)
+    assert {r.recipe.sft.seed for r in runs} == set(sweep.seeds)
 
 
 def test_qwen3_4b_recipe_and_sweep_load():

@@ -34,7 +34,7 @@ def test_every_testbed_sweep_plans_valid_runs(path):
     sweep.seeds = sweep.seeds[:1]  # every variant's recipe validates; the other seeds differ only in run.seed
     runs = ablate.plan_runs(sweep, threads=1)
     assert len(runs) == len(sweep.variants)
-    if "gpu" not in path.parts:  # the CPU sweeps: one cached warm-up for every run (sft.seed fixed)
+    if "gpu" not in path.parts:  # the CPU sweeps: the variants of a seed share its warm-up (paired by seed)
         assert len({r.warmup_group for r in runs}) == 1
 
 
@@ -58,3 +58,12 @@ def test_gpu_configs_are_at_paper_scale():
     assert r.model.path == "Qwen/Qwen3-4B-Base" and r.model.dtype == "bfloat16" and r.rollout.backend == "vllm"
     assert (r.rollout.prompts_per_step, r.rollout.group_size, r.optim.lr) == (128, 8, 1e-6)
     assert r.rollout.max_new_tokens >= 4096 and not r.sft.enabled
+
+
+def test_every_sweep_in_recipes_writes_its_results_under_docs():
+    """Issue 33: the per-run results behind every table are committed, one file per sweep, docs/results/<name>.jsonl."""
+    sweeps = [p for p in (REPO / "recipes").rglob("*.yaml") if {"variants", "grid"} & set(yaml.safe_load(p.read_text()))]
+    assert len(sweeps) >= 20
+    for path in sweeps:
+        sweep = ablate.load_sweep(path)
+        assert sweep.results == Path("docs") / "results" / f"{sweep.name}.jsonl", path
