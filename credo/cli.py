@@ -129,7 +129,7 @@ def list_names() -> str:
 
 
 def _env_ids() -> str:
-    from credo.families.multiturn.envs import BUILTIN_ENVS
+    from credo.families.multiturn.envs import ADAPTERS, BUILTIN_ENVS
 
     try:
         from credo.families.multiturn.envs import gem_ids
@@ -137,7 +137,8 @@ def _env_ids() -> str:
         gem = _names(f"  GEM ids ({len(gem_ids())}, gem.make)", gem_ids(), indent="    ")
     except Exception:  # noqa: BLE001 - gem not installed
         gem = "  GEM ids: pip install 'credo[envs]' to list them"
-    return _names("environments (env.id, with stages.rollout: multiturn)", sorted(BUILTIN_ENVS)) + "\n" + gem
+    return _names("environments (env.id, with stages.rollout: multiturn)", sorted(BUILTIN_ENVS)
+                  + [f"{prefix}<id>" for prefix in ADAPTERS]) + "\n" + gem
 
 
 def _recipes() -> str:
@@ -232,8 +233,8 @@ def _check(args) -> int:
     notes = check_run(recipe)
     if args.show:
         print(recipe_to_yaml(recipe), end="")
-    for note in notes:
-        print(f"credo: note: {note}")
+    for note in notes:  # a note that starts 'warning:' is printed as one
+        print(f"credo: {note}" if note.startswith("warning:") else f"credo: note: {note}")
     print(f"credo check: OK ({args.recipe}{', ' + str(len(args.overrides)) + ' overrides' if args.overrides else ''})")
     return 0
 

@@ -9,7 +9,8 @@ names such as env ids) and checks what they point at (`preflight`):
     model.lora        target_modules wrap linear layers below the output head (on an empty model)
     reward.function(s) import, and accept fn(responses, problems) or TRL's fn(completions, **kwargs)
     task.name         a built-in task, or a reasoning-gym dataset (did-you-mean on a typo); its kwargs build
-    rollout.backend   vllm is installed for 'vllm'; run.wandb needs wandb
+    rollout.backend   vllm is installed for 'vllm'; run.wandb needs wandb; cluster.engine 'ray' needs ray
+    cluster.*.resources  each role a node can host (this machine's resources for a Ray the run starts itself)
     run.resume        a checkpoint path exists
     run.output_dir    its nearest existing parent is a folder
 
@@ -57,6 +58,8 @@ def preflight(r: Recipe) -> list[str]:
         from credo.models import resolve_model_path
 
         check_model_options(r, resolve_model_path(r.model.path, r.model.tiny))
+    notes += check_cluster_placement(r, ("rollout", "reward") if r.stages.reward == "default" else ("rollout",))
+    notes += async_warnings(r)
     for fam in active_families(r):
         parts = fam.parts()
         if parts is not None and hasattr(parts, "preflight"):
@@ -104,6 +107,29 @@ def _check_algo_names(r: Recipe) -> None:
         raise ConfigError(f"config key 'rollout.group_size' = {r.rollout.group_size} is out of range: expected >= 2 with "
                           f"algo.advantage = '{a.advantage}', whose baseline is the group mean (a group of one gets "
                           "advantage 0 and no gradient); use more samples per prompt or a batch estimator (reinforce_pp)")
+
+
+def reads_behaviour_policy(loss: str, loss_kwargs: dict) -> bool:
+    """Whether policy loss `loss` with `loss_kwargs` uses the sampler's log-probs mu (`rollout_log_probs`): a
+    correction (TIS, MIS: decoupled PPO is ppo + tis), the ratio against mu (`behaviour_ratio`, TOPR and CISPO as ROLL
+    runs them), or a kernel that reads them itself (IPA's chunk filter, MIPU's weights)."""
+    from credo import algos
+
+    if loss_kwargs.get("correction") in ("tis", "mis") or loss_kwargs.get("behaviour_ratio"):
+        return True
+    return "rollout_log_probs" in inspect.signature(algos.POLICY_LOSSES[loss]).parameters
+
+
+def async_warnings(r: Recipe) -> list[str]:
+    """Warnings on an asynchronous recipe (rollout.max_staleness > 0) whose loss ignores the behaviour policy: it
+    then treats samples of a policy S versions old as if the recomputed pi_old had drawn them."""
+    a, s = r.algo, r.rollout.max_staleness
+    if s == 0 or reads_behaviour_policy(a.policy_loss, a.loss_kwargs):
+        return []
+    return [f"warning: rollout.max_staleness = {s} with algo.policy_loss '{a.policy_loss}', which ignores the behaviour "
+            "policy (its ratio is against the recomputed pi_old, not the sampler's mu); set algo.loss_kwargs.correction: "
+            "tis (decoupled PPO) or mis, or behaviour_ratio: true (TOPR, CISPO), or a loss that reads the sampler's "
+            "log-probs (ipa, mipu)"]
 
 
 def _check_kwargs(fn, kwargs: dict, key: str, reserved: set[str]) -> None:
@@ -161,6 +187,24 @@ def _check_dependencies(r: Recipe) -> None:
     if r.model.lora.r and importlib.util.find_spec("peft") is None:
         raise ConfigError(f"config key 'model.lora.r' = {r.model.lora.r} but peft is not installed "
                           "(pip install 'credo[lora]'); or model.lora.r=0 for full fine-tuning")
+    if r.cluster.engine == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("config key 'cluster.engine' = 'ray' but ray is not installed (pip install 'credo[ray]'); "
+                          "or use cluster.engine=local")
+
+
+def check_cluster_placement(r: Recipe, roles: tuple[str, ...]) -> list[str]:
+    """With cluster.engine: ray, each of `roles` can be placed: against this machine's resources when the trainer
+    starts its own Ray (cluster.address ''), else noted as checked at start-up against the live cluster."""
+    c = r.cluster
+    if c.engine != "ray":
+        return []
+    if c.address:
+        return [f"cluster placement of {', '.join(roles)} not checked here (cluster.address = '{c.address}'): "
+                "checked against the live cluster's nodes at start-up, before any worker starts"]
+    from credo.distributed.ray.config import check_placement, local_nodes
+
+    check_placement(c, local_nodes(c), roles)
+    return []
 
 
 def _check_reward(spec: str | None, key: str) -> None:

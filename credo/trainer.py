@@ -169,12 +169,16 @@ class Trainer:
             finally:
                 self.tracker.close()
                 self.reward.close()
+                if c.cluster is not None:  # Ray workers stop with the run (and the local Ray it started)
+                    c.cluster.close()
         barrier()
         return self.run_dir
 
     def close(self) -> None:
         self.source.close()
         self.reward.close()
+        if self.c.cluster is not None:
+            self.c.cluster.close()
         gc.unfreeze()  # let a process that goes on (tests, notebooks) collect this trainer
 
 

@@ -7,12 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-HEAVY = ("deepspeed", "vllm", "transformers")
+HEAVY = ("deepspeed", "vllm", "transformers", "ray")
 
 
 def test_import_is_light():
     code = (
-        "import sys, credo.algos, credo.credit\n"
+        "import sys, credo, credo.algos, credo.credit, credo.config\n"
         f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
         "assert not heavy, heavy\n"
         "print('ok')\n"

@@ -14,7 +14,8 @@ Contract of a registry entry (what :func:`register_policy_loss` expects)::
   ``rollout_log_probs`` (``[B, T]`` log mu of the sampler) with ``correction`` (None | ``"tis"`` |
   ``"mis"``), ``correction_level`` (``"token"`` | ``"sequence"`` | ``"geometric"``),
   ``correction_cap``, ``correction_low``, ``correction_high`` (see
-  :func:`credo.algos.corrections.train_infer_correction`), and ``agg_mode``, ``global_tokens``,
+  :func:`credo.algos.corrections.train_infer_correction`), ``behaviour_ratio`` (the ratio against mu instead of
+  pi_old), and ``agg_mode``, ``global_tokens``,
   ``global_seqs``, ``norm_len`` (see :func:`credo.algos.aggregation.aggregate`).
 
 The easy way to satisfy the contract is to write only the per-token loss and wrap it with
@@ -80,6 +81,10 @@ def per_token_policy_loss(token_loss_fn: Callable) -> Callable:
 
         loss = aggregate(token_loss * weights * w_correction, mask, agg_mode, ...)
 
+    With ``behaviour_ratio=True`` the kernel's ``old_log_probs`` is the sampler's ``rollout_log_probs`` (mu): its
+    ratio is pi_theta / mu, as ROLL computes it without the old-log-prob recompute (ROLL Flash, arXiv 2510.11345),
+    so TOPR's and CISPO's truncated IS weights correct for a stale behaviour policy in asynchronous training.
+
     and adds ``ratio_mean/max/min`` (pi_theta/pi_old over masked tokens; 1 when the mask is
     empty) and the correction metrics to the kernel's metrics (a kernel metric of the same name
     wins, e.g. a chunk ratio). Extra keywords go to the kernel. A kernel that declares a
@@ -108,6 +113,7 @@ def per_token_policy_loss(token_loss_fn: Callable) -> Callable:
         correction_cap: float = 2.0,
         correction_low: float = 0.5,
         correction_high: float = 2.0,
+        behaviour_ratio: bool = False,
         agg_mode: str = "token-mean",
         global_tokens=None,
         global_seqs=None,
@@ -133,6 +139,11 @@ def per_token_policy_loss(token_loss_fn: Callable) -> Callable:
             rollout = masked_fill_zero(rollout_log_probs.detach(), m)
         elif correction is not None:
             raise ValueError(f"correction={correction!r} needs rollout_log_probs (log-probs of the sampler)")
+        if behaviour_ratio:  # ROLL without the old-log-prob recompute: the kernel's ratio is pi_theta / mu
+            if rollout is None or correction is not None:
+                raise ValueError("behaviour_ratio=True needs rollout_log_probs and no correction (the ratio is taken "
+                                 f"against the sampler's log-probs already), got correction={correction!r}")
+            old = rollout
         if wants_rollout:
             kwargs["rollout_log_probs"] = rollout
 

@@ -47,3 +47,17 @@ def one_of(default: Any, choices: tuple) -> Any:
 def two_betas(b: list) -> bool:
     return len(b) == 2 and all(isinstance(x, (int, float)) and 0 <= x < 1 for x in b)
 
+
+
+def resource_request(value: Any) -> bool:
+    """A Ray resource request: {name: amount > 0}, e.g. {CPU: 1}, {GPU: 1}, {decode_gpu: 1}."""
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and k and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+        for k, v in value.items())
+
+
+def ray_address(value: Any) -> bool:
+    """'' (start a local Ray), 'auto', 'host:port' or 'ray://host:port'."""
+    import re
+
+    return value in ("", "auto") or bool(re.fullmatch(r"(ray://)?[\w.\-]+:\d+", value))

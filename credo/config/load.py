@@ -4,6 +4,7 @@
                                                 cannot work together are ConfigErrors naming the key
     recipe_class(families)         -> type      the core `Recipe` with each family's section added after it
     validate_recipe(r)                          the field ranges, the core combinations, each family's checks
+    check_cluster(cluster)                      the cluster: section's values and combinations (no Ray needed)
 
 Unknown keys and wrong types are OmegaConf's structured-config errors, worded with the key's path and the
 closest valid key. Names (losses, estimators, stages, env ids, reward functions) are resolved by
@@ -22,7 +23,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from credo.config.sections import Recipe
+from credo.config.sections import DEFAULT_RESOURCES, ROLES, ClusterConfig, Recipe
 from credo.errors import ConfigError
 
 
@@ -206,6 +207,57 @@ def _check_combinations(r: Recipe) -> None:
     if (ro.fp8_weights or ro.dtype is not None) and r.optim.zero_stage >= 3 and ro.backend == "hf":
         raise out_of_range("optim.zero_stage", 3, "<= 2 with rollout.dtype or rollout.fp8_weights on the hf backend "
                            "(the rollout copy is made from full weights)")
+    check_cluster(r.cluster)
+
+
+def check_cluster(cfg: ClusterConfig) -> None:
+    """Each field's range, then the settings that cannot work together, naming the key (`cluster.*`)."""
+    check_fields(cfg, "cluster")
+    if cfg.engine == "local":
+        return
+    for role in ROLES:
+        for name in getattr(cfg, role).resources:
+            if name.lower() in ("cpu", "gpu") and name not in ("CPU", "GPU"):
+                raise ConfigError(f"config key 'cluster.{role}.resources' has '{name}': Ray's names are case-sensitive, "
+                                  f"expected '{name.upper()}'")
+    ro = cfg.rollout
+    if ro.workers < 1:
+        raise ConfigError("config key 'cluster.rollout.workers' = 0: expected >= 1 with cluster.engine: ray")
+    el = ro.elastic
+    if el.max and not 1 <= el.min <= ro.workers <= el.max:
+        raise ConfigError(f"config key 'cluster.rollout.elastic' = {{min: {el.min}, max: {el.max}}} with rollout.workers="
+                          f"{ro.workers}: expected 1 <= min <= workers <= max")
+    if el.min and not el.max:
+        raise ConfigError(f"config key 'cluster.rollout.elastic.min' = {el.min} without elastic.max: expected max >= min")
+    if not ro.per_sample_seeds and (ro.workers > 1 or el.max):
+        raise ConfigError("config key 'cluster.rollout.per_sample_seeds' = false: one RNG stream per call makes the tokens "
+                          "depend on how prompts are split, so it needs rollout.workers: 1 and no elastic pool")
+    if cfg.sync_transport == "nccl":
+        if cfg.sync == "delta":
+            raise ConfigError("config key 'cluster.sync' = 'delta' with sync_transport 'nccl': a delta is an index/value "
+                              "list sent through the object store; NCCL broadcasts dense tensors (use sync: full)")
+        if "GPU" not in (ro.resources or DEFAULT_RESOURCES):
+            raise ConfigError(f"config key 'cluster.sync_transport' = 'nccl' needs GPU rollout workers, but "
+                              f"cluster.rollout.resources = {dict(ro.resources) or DEFAULT_RESOURCES} asks for no GPU")
+        raise ConfigError("config key 'cluster.sync_transport' = 'nccl': the collective path is documented in "
+                          "docs/cluster.md but not built in this version; use object_store (works on GPU too)")
+
+
+def _check_async(r: Recipe) -> None:
+    """Asynchronous training's settings (docs/async.md): what the overlap workers can run."""
+    ro = r.rollout
+    if ro.max_staleness == 0 or ro.async_mode != "overlap":
+        return
+    if ro.backend != "hf":
+        raise ConfigError(f"config key 'rollout.backend' = '{ro.backend}' with rollout.async_mode: overlap: the local "
+                          "rollout workers run the hf backend; expected rollout.backend: hf, or async_mode: fixed_lag")
+    if r.stages.rollout != "default":
+        raise ConfigError(f"config key 'stages.rollout' = '{r.stages.rollout}' with rollout.async_mode: overlap: the "
+                          "rollout workers sample the task's single-turn prompts; expected stages.rollout: default, or "
+                          "async_mode: fixed_lag (any rollout source)")
+    if r.optim.zero_stage >= 3:
+        raise out_of_range("optim.zero_stage", 3, "<= 2 with rollout.async_mode: overlap (the workers take the full "
+                           "weights)")
 
 
 def validate_recipe(r: Recipe, *, check_registries: bool = False) -> None:
@@ -216,6 +268,7 @@ def validate_recipe(r: Recipe, *, check_registries: bool = False) -> None:
 
     check_fields(r, "")
     _check_combinations(r)
+    _check_async(r)
     for fam in families_of(r):
         if fam.check is not None:
             fam.check(r)

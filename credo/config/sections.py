@@ -1,4 +1,4 @@
-"""The core sections of a recipe: run, model, task, sft, rollout, algo, optim, reward, stages.
+"""The core sections of a recipe: run, model, task, sft, rollout, algo, optim, reward, stages, cluster.
 
 Each field carries a one-line doc right under it and its valid range beside it (`credo.config.fields`).
 A family's own section (critic:, mipu:, env:, judge:, ...) lives in its folder under credo/families/ and
@@ -14,9 +14,10 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from credo.config.fields import checked, one_of, ranged, two_betas
+from credo.config.fields import checked, one_of, ranged, ray_address, resource_request, two_betas
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+ASYNC_MODES = ("fixed_lag", "overlap")
 
 
 @dataclass
@@ -144,6 +145,23 @@ class RolloutConfig:
     fp8_weights: bool = False
     """Simulate FP8 (e4m3, per-output-channel scales) linear-layer weights in the rollout copy at every sync
     (MIPU's FP8 rollout regime); the trainer's weights stay as they are."""
+    max_staleness: int = ranged(0, ge=0, note="0 = synchronous")
+    """Asynchronous training (docs/async.md): the most policy versions a trained sample may lag the trainer (S);
+    0 = every sample of step k comes from the weights after step k-1, as without this key."""
+    async_mode: str = one_of("fixed_lag", ASYNC_MODES)
+    """With max_staleness > 0: fixed_lag (one process, deterministic: step k trains on a batch sampled by the policy
+    of step k-1-S exactly) or overlap (worker processes generate ahead, at most S versions, while the trainer trains)."""
+    stale_policy: str = one_of("drop", ("drop", "keep"))
+    """overlap: a sample that ends up staler than max_staleness is dropped (counted in async/dropped_stale) or kept."""
+    async_workers: int = ranged(1, ge=1)
+    """overlap: rollout worker processes, each with its own copy of the policy."""
+    prompt_replication: bool = True
+    """overlap with async_workers > 1: spread each prompt's samples over the workers (ROLL Flash's prompt replication);
+    false: each request goes whole to one worker, so groups can finish out of order (and some end up stale)."""
+    async_request_prompts: int = ranged(0, ge=0, note="0 = a step's prompts per request")
+    """overlap: prompts per generation request; 1 = ROLL Flash's per-prompt dispatch (no batch barrier)."""
+    async_timeout_s: float = ranged(600.0, gt=0)
+    """overlap: the longest wait for a rollout worker (its start-up, a result) before the run stops naming it."""
 
 
 @dataclass
@@ -194,6 +212,11 @@ class OptimConfig:
     """After warm-up: constant, or linear / cosine decay to min_lr_ratio * lr at the last optimizer step."""
     min_lr_ratio: float = ranged(0.0, ge=0, le=1)
     """Final learning rate of a decaying lr_schedule, as a fraction of optim.lr."""
+    staleness_lr_scaling: bool = False
+    """Scale the learning rate with the staleness bound: lr * staleness_ref / max(rollout.max_staleness, staleness_ref)
+    (docs/async.md: an inference from eta_max ~ 1/S, arXiv 2607.01083, not a rule the paper states)."""
+    staleness_ref: int = ranged(1, ge=1)
+    """S_ref of staleness_lr_scaling: the staleness at which optim.lr is used unscaled."""
 
 
 @dataclass
@@ -230,6 +253,86 @@ class StagesConfig:
     """Probes on the log-prob recompute, or on the update's forward when there is none (registered names or 'package.module:factory'); an output named 'weights' scales the loss per token."""
     probe_kwargs: dict = field(default_factory=dict)
     """Keyword arguments per probe, keyed by its entry in `probes`."""
+
+
+# ---------------------------------------------------------------- cluster: where each role runs (docs/cluster.md)
+ROLES = ("rollout", "reward", "judge", "env")
+"""The roles a cluster places, in the order they are checked and reported."""
+DEFAULT_RESOURCES = {"CPU": 1}
+"""A role's Ray request per worker when its `resources` is left empty."""
+
+
+@dataclass
+class ElasticConfig:
+    min: int = ranged(0, ge=0)
+    """Fewest rollout workers the pool may shrink to while workers leave (>= 1 when elastic)."""
+    max: int = ranged(0, ge=0)
+    """Most rollout workers at once, dedicated and opportunistic; 0 = a fixed pool of rollout.workers."""
+
+
+@dataclass
+class RoleConfig:
+    workers: int = ranged(1, ge=0)
+    """Workers (Ray actors) of this role; 0 = the role stays in the trainer process."""
+    resources: dict = checked(None, resource_request, "a mapping of resource name to an amount > 0, e.g. {GPU: 1}",
+                              factory=dict)
+    """Ray resources each worker asks for: {CPU: 1}, {GPU: 1}, or custom node labels such as {decode_gpu: 1};
+    empty = {CPU: 1}. (Empty by default so a recipe's mapping replaces it rather than merging into it.)"""
+    max_restarts: int = ranged(3, ge=0)
+    """Restarts of this role's workers (killed, crashed or hung) over the run before it stops with an error."""
+
+
+@dataclass
+class RolloutRoleConfig(RoleConfig):
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    """Workers may join and leave a running job (ROSE's opportunistic capacity): {min, max}; max 0 = a fixed pool."""
+    per_sample_seeds: bool = True
+    """Each prompt's tokens depend on its own seed only, so any worker count draws the same tokens. False = one RNG
+    stream per call like the local hf backend: bit-identical to a local run, but only with one worker."""
+    threads: int = ranged(1, ge=1)
+    """torch intra-op threads of each rollout worker (match run.threads for bitwise parity with a local run)."""
+
+
+@dataclass
+class RewardRoleConfig(RoleConfig):
+    workers: int = ranged(4, ge=0)
+    """Cap of the elastic reward pool: stateless Ray tasks running at once (the pool grows with the queue to it)."""
+
+
+@dataclass
+class EnvRoleConfig(RoleConfig):
+    max_concurrency: int = ranged(64, ge=1)
+    """Env calls one env worker runs at once (threads), so one hung env step blocks only its own episode."""
+
+
+@dataclass
+class ClusterConfig:
+    engine: str = one_of("local", ("local", "ray"))
+    """local: rollout, rewards, judges and envs run in the trainer processes; ray: on Ray workers placed by role."""
+    address: str = checked("", ray_address, "'' (start a local Ray), 'auto', 'host:port' or 'ray://host:port'")
+    """Ray cluster to join: 'auto' (the one `ray start` made on this node), 'ray://host:port', or '' to start a local
+    Ray in the trainer with num_cpus CPUs and no dashboard."""
+    num_cpus: int = ranged(0, ge=0)
+    """CPUs of a local Ray started by address '' (0 = all of this machine's)."""
+    sync: str = one_of("full", ("full", "delta"))
+    """Weight push after each update: full (every tensor) or delta (only the elements that changed in the rollout
+    dtype since the last push: indices and values); the workers' weights are bitwise the same either way."""
+    sync_transport: str = one_of("object_store", ("object_store", "nccl"))
+    """object_store: one ray.put of the weights, every worker reads it (CPU or GPU). nccl: a collective broadcast
+    from trainer rank 0 to GPU workers; documented in docs/cluster.md, not built in this version (refused)."""
+    startup_timeout_s: float = ranged(300.0, gt=0)
+    """Longest wait for a worker to be placed and to load its model; past it the run stops naming the role."""
+    call_timeout_s: float = ranged(600.0, gt=0)
+    """Longest wait for one rollout/judge call or weight push; past it the worker is deemed hung, killed and restarted,
+    and its work redone (reward calls use reward.timeout_s and env calls env.step_timeout_s)."""
+    rollout: RolloutRoleConfig = field(default_factory=RolloutRoleConfig)
+    """Rollout workers: each holds the policy in an hf or vllm backend and samples its share of a step's prompts."""
+    reward: RewardRoleConfig = field(default_factory=RewardRoleConfig)
+    """Reward functions as an elastic pool of stateless Ray tasks (RollArc's serverless principle)."""
+    judge: RoleConfig = field(default_factory=RoleConfig)
+    """LLM judges (stateful models) as a pool of actors."""
+    env: EnvRoleConfig = field(default_factory=EnvRoleConfig)
+    """Multi-turn environments held by env actors, so env steps leave the trainer processes."""
 
 
 @dataclass
@@ -300,6 +403,8 @@ class Recipe:
     """Reward-call isolation."""
     stages: StagesConfig = field(default_factory=StagesConfig)
     """Which stage of each kind a step runs (built-ins by default; plug-ins by name or import spec)."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Where rollout, rewards, judges and envs run: in the trainer (engine: local) or on Ray workers (docs/cluster.md)."""
     families: list = field(default_factory=list)
     """Families from outside credo, as 'package.module:attr' naming a `credo.family.Family`; each adds its recipe
     section, stages and hooks (the built-in families in credo/families/ are always present)."""

@@ -21,6 +21,8 @@ from typing import Protocol
 
 import torch
 
+from credo.distributed.seeded_sampling import SeededGumbelSampler
+
 
 @dataclass
 class Sample:
@@ -77,10 +79,14 @@ class HFBackend:
     under a forked RNG seeded from `seeds`, so results do not depend on the global RNG (vLLM instead
     seeds each request). Padding, the EOS cut and the sampler log-probs are tensor operations: with a
     small model, per-sample Python work after `generate()` cost as much as a quarter of the sampling.
+
+    `per_sample_seeds=True` instead draws each prompt's tokens from its own seed (Gumbel-max with counter-based
+    noise, credo.distributed.seeded_sampling), so a prompt's tokens do not depend on which other prompts share
+    its call: what a rollout spread over several workers needs. Off by default (today's runs stay bit-identical).
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch: int = 0, dtype: str | None = None,
-                 fp8_weights: bool = False):
+                 fp8_weights: bool = False, per_sample_seeds: bool = False):
         if max_batch < 0:
             raise ValueError(f"max_batch must be >= 0 (0 = all prompts in one generate call), got {max_batch}")
         # with a dtype or FP8 weights the sampler is a copy of the policy at that precision (an induced
@@ -94,6 +100,7 @@ class HFBackend:
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id
         self.max_batch = max_batch
+        self.per_sample_seeds = per_sample_seeds
         self.version = 0
         self._gen_configs: dict = {}
 
@@ -107,38 +114,49 @@ class HFBackend:
     def close(self) -> None:
         pass
 
-    def _generation_config(self, max_new_tokens: int, temperature: float, top_p: float, greedy: bool):
+    def _generation_config(self, max_new_tokens: int, temperature: float, top_p: float, mode: str):
         # Built once per setting: passing kwargs makes transformers copy and re-validate the model's
-        # generation config on every call.
-        key = (max_new_tokens, temperature, top_p, greedy)
+        # generation config on every call. mode 'seeded' decodes greedily over Gumbel-perturbed scores.
+        key = (max_new_tokens, temperature, top_p, mode)
         if key not in self._gen_configs:
             from transformers import GenerationConfig
 
-            sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+            sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if mode == "sample" \
+                else dict(do_sample=False)
             self._gen_configs[key] = GenerationConfig(
-                max_new_tokens=max_new_tokens, eos_token_id=self.eos_id, pad_token_id=self.pad_id, output_scores=True,
-                return_dict_in_generate=True, disable_compile=True, **sampling)
+                max_new_tokens=max_new_tokens, eos_token_id=self.eos_id, pad_token_id=self.pad_id,
+                output_scores=mode != "seeded", return_dict_in_generate=True, disable_compile=True, **sampling)
         return self._gen_configs[key]
 
     @torch.no_grad()
     def _generate_block(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                        seed: int | None) -> list[Sample]:
+                        seed: int | None, sample_seeds: list[int] | None = None) -> list[Sample]:
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
         attn = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
-        config = self._generation_config(max_new_tokens, temperature, top_p, greedy=seed is None)
+        mode = "seeded" if sample_seeds is not None else "greedy" if seed is None else "sample"
+        config = self._generation_config(max_new_tokens, temperature, top_p, mode)
+        sampler = processors = None
+        if sample_seeds is not None:
+            from transformers import LogitsProcessorList
+
+            sampler = SeededGumbelSampler(sample_seeds, temperature, top_p)
+            processors = LogitsProcessorList([sampler])
         was_training = self.model.training
         self.model.eval()
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
-            out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=config)
+            out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=config,
+                                      logits_processor=processors)
         self.model.train(was_training)
         gen = out.sequences[:, width:]
         # scores are the processed logits the sampler drew from (temperature/top-p applied); taken step by
         # step on the device, so neither a [B, T, V] log-softmax nor a copy of the scores to the CPU is made
-        if out.scores:
+        if sampler is not None:
+            tok_logp = sampler.finish(gen).cpu().tolist()
+        elif out.scores:
             tok_logp = torch.stack([s.float().log_softmax(-1).gather(-1, tok[:, None])[:, 0]
                                     for s, tok in zip(out.scores, gen.unbind(1))], 1).cpu().tolist()
         else:
@@ -163,6 +181,10 @@ class HFBackend:
         block = self.max_batch or len(prompts)
         samples: list[Sample] = []
         for start in range(0, len(prompts), block):
+            if self.per_sample_seeds and seeds is not None:  # no RNG stream: each row's noise comes from its seed
+                samples += self._generate_block(prompts[start:start + block], max_new_tokens, temperature, top_p, None,
+                                                sample_seeds=list(seeds[start:start + block]))
+                continue
             seed = None if block_seed is None else block_seed + start
             samples += self._generate_block(prompts[start:start + block], max_new_tokens, temperature, top_p, seed)
         return samples

@@ -115,6 +115,88 @@ class ScoredGroup:
                 for i in range(n)]
 
 
+def _check(value, n: int, name: str) -> list[float]:
+    if isinstance(value, ScoredGroup):
+        return value.finish(n)
+    return check_rewards(value, n, name)
+
+
+def _log_first(status: str, value, *, step: int, name: str, timeout_s: float, seen_kinds: set[str]) -> None:
+    """Log the first failure of each kind (with its traceback); later ones are only counted."""
+    kind = "timeout" if status == "timeout" else type(value).__name__
+    if kind in seen_kinds:
+        return
+    seen_kinds.add(kind)
+    detail = f"a call exceeded reward.timeout_s={timeout_s}" if status == "timeout" else f"{kind}: {value}"
+    log.warning("reward function '%s' failed at step %d (%s); its samples are masked (a group that raises is "
+                "retried sample by sample). Further failures of this kind are counted, not logged.", name,
+                step, detail, exc_info=value if status == "error" else None)
+
+
+def _per_sample(status: str, value, n: int, name: str) -> list[tuple[str, object]]:
+    """A call's outcome as one (status, (reward, parts) or None) per sample."""
+    if status != "ok":
+        return [(status, None)] * n
+    rewards = _check(value, n, name)
+    parts = getattr(value, "parts", {})
+    return [("ok", (rewards[i], {k: v[i] for k, v in parts.items()})) for i in range(n)]
+
+
+def tally(groups: list[tuple], run: Callable[[list[tuple]], list[tuple[str, object]]], *, step: int, name: str,
+          timeout_s: float, max_failure_frac: float, names: tuple = (), seen_kinds: set[str]) -> RewardResult:
+    """The `RewardResult` of `groups`, shared by every reward worker. `run(calls)` runs the function once per call's
+    arguments and returns each outcome in order: ('ok', value) | ('error', exc) | ('timeout', None). A group whose
+    call raised is run again sample by sample (one more `run` for all such samples); failed samples are masked and
+    counted, the first failure of each kind logged (`seen_kinds` remembers them), a broken contract or more than
+    `max_failure_frac` failed samples raised (RewardFunctionError)."""
+    outcomes = run(groups)
+    singles: list[tuple] = []
+    for group, (status, value) in zip(groups, outcomes):
+        if status != "ok":
+            _log_first(status, value, step=step, name=name, timeout_s=timeout_s, seen_kinds=seen_kinds)
+            if status == "error" and len(group[0]) > 1:
+                singles += [tuple(a[i:i + 1] if a is not None else None for a in group) for i in range(len(group[0]))]
+    single_outcomes = iter(run(singles) if singles else [])
+    per_sample: list[tuple[str, object]] = []
+    for group, (status, value) in zip(groups, outcomes):
+        n = len(group[0])
+        if status == "error" and n > 1:
+            for _ in range(n):
+                per_sample += _per_sample(*next(single_outcomes), 1, name)
+        else:
+            per_sample += _per_sample(status, value, n, name)
+    return _result(per_sample, names, step=step, name=name, max_failure_frac=max_failure_frac)
+
+
+def _result(per_sample: list[tuple[str, object]], names: tuple, *, step: int, name: str,
+            max_failure_frac: float) -> RewardResult:
+    parts: dict[str, list[float]] = {part: [] for part in names}
+    for status, value in per_sample:
+        for part, values in parts.items():
+            values.append(value[1][part] if status == "ok" else math.nan)
+    failures = sum(status == "error" for status, _ in per_sample)
+    timeouts = sum(status == "timeout" for status, _ in per_sample)
+    bad = failures + timeouts
+    if per_sample and bad / len(per_sample) > max_failure_frac:
+        raise RewardFunctionError(
+            f"{bad} of {len(per_sample)} samples failed their reward call at step {step}, above "
+            f"reward.max_failure_frac={max_failure_frac}; the reward function '{name}' is broken"
+        )
+    rewards = [value[0] if status == "ok" else 0.0 for status, value in per_sample]
+    valid = [status == "ok" for status, _ in per_sample]
+    return RewardResult(rewards, valid, failures, timeouts, parts or None)
+
+
+def note_failure(status: str, value, *, name: str, timeout_s: float, seen_kinds: set[str]) -> None:
+    """Log the first failed `run_one` outcome of each kind (later ones are counted by the caller, not logged)."""
+    kind = "timeout" if status == "timeout" else type(value).__name__
+    if status != "ok" and kind not in seen_kinds:
+        seen_kinds.add(kind)
+        log.warning("'%s' failed (%s); its samples are masked. Further failures of this kind are counted, "
+                    "not logged.", name, f"a call exceeded reward.timeout_s={timeout_s}"
+                    if status == "timeout" else f"{kind}: {value}", exc_info=value if status == "error" else None)
+
+
 _worker_ids = itertools.count()
 
 
@@ -186,73 +268,21 @@ class RewardWorker:
             if call.done.is_set():
                 return call.status, call.value
 
-    def _check(self, value, n: int) -> list[float]:
-        if isinstance(value, ScoredGroup):
-            return value.finish(n)
-        return check_rewards(value, n, self.name)
-
     def _submit(self, args: tuple) -> _Call:
         call = _Call(args)
         self._queue.put(call)
         return call
 
-    def _log_first(self, status: str, value, step: int) -> None:
-        """Log the first failure of each kind (with its traceback); later ones are only counted."""
-        kind = "timeout" if status == "timeout" else type(value).__name__
-        if kind in self._seen_kinds:
-            return
-        self._seen_kinds.add(kind)
-        detail = f"a call exceeded reward.timeout_s={self.timeout_s}" if status == "timeout" else f"{kind}: {value}"
-        log.warning("reward function '%s' failed at step %d (%s); its samples are masked (a group that raises is "
-                    "retried sample by sample). Further failures of this kind are counted, not logged.", self.name,
-                    step, detail, exc_info=value if status == "error" else None)
-
-    def _score_group(self, group: tuple, call: _Call, step: int) -> list[tuple[str, object]]:
-        """One (status, value-for-one-sample-or-None) per sample of `group`: the group call's result, or, when it
-        raised, the outcome of a call per sample. 'ok' values are (reward, parts) pairs."""
-        n = len(group[0])
-        status, value = self._wait(call)
-        if status == "ok":
-            rewards = self._check(value, n)
-            parts = getattr(value, "parts", {})
-            return [("ok", (rewards[i], {k: v[i] for k, v in parts.items()})) for i in range(n)]
-        self._log_first(status, value, step)
-        if status == "timeout" or n == 1:
-            return [(status, None)] * n
-        singles = [self._submit(tuple(a[i:i + 1] if a is not None else None for a in group)) for i in range(n)]
-        out = []
-        for single in singles:
-            s_status, s_value = self._wait(single)
-            if s_status == "ok":
-                out.append(("ok", (self._check(s_value, 1)[0], {k: v[0] for k, v in getattr(s_value, "parts", {}).items()})))
-            else:
-                out.append((s_status, None))
-        return out
+    def _run(self, calls: list[tuple]) -> list[tuple[str, object]]:
+        """Each call's outcome, in order; all are queued before the first is awaited."""
+        return [self._wait(call) for call in [self._submit(args) for args in calls]]
 
     def __call__(self, groups: list[tuple], *, step: int) -> RewardResult:
         """Score `groups`, a list of (responses, problems) pairs (or (responses, problems, completion_ids) for a
         `WeightedRewards`); results are flattened in order."""
-        calls = [self._submit(g) for g in groups]
-        rewards: list[float] = []
-        valid: list[bool] = []
-        parts: dict[str, list[float]] = {name: [] for name in getattr(self.fn, "names", ())}
-        failures = timeouts = 0
-        for group, call in zip(groups, calls):
-            for status, value in self._score_group(group, call, step):
-                ok = status == "ok"
-                rewards.append(value[0] if ok else 0.0)
-                valid.append(ok)
-                for name, values in parts.items():
-                    values.append(value[1][name] if ok else math.nan)
-                failures += status == "error"
-                timeouts += status == "timeout"
-        bad = failures + timeouts
-        if rewards and bad / len(rewards) > self.max_failure_frac:
-            raise RewardFunctionError(
-                f"{bad} of {len(rewards)} samples failed their reward call at step {step}, above "
-                f"reward.max_failure_frac={self.max_failure_frac}; the reward function '{self.name}' is broken"
-            )
-        return RewardResult(rewards, valid, failures, timeouts, parts or None)
+        return tally(groups, self._run, step=step, name=self.name, timeout_s=self.timeout_s,
+                     max_failure_frac=self.max_failure_frac, names=getattr(self.fn, "names", ()),
+                     seen_kinds=self._seen_kinds)
 
     def run_one(self, *args) -> tuple[str, object]:
         """Run `fn(*args)` once under the timeout, without the reward-list checks (a batched judge's generate call).
@@ -260,15 +290,8 @@ class RewardWorker:
         Returns:
             ('ok', value), ('error', exception) or ('timeout', None); the first failure of each kind is logged.
         """
-        call = _Call(args)
-        self._queue.put(call)
-        status, value = self._wait(call)
-        kind = "timeout" if status == "timeout" else type(value).__name__
-        if status != "ok" and kind not in self._seen_kinds:
-            self._seen_kinds.add(kind)
-            log.warning("'%s' failed (%s); its samples are masked. Further failures of this kind are counted, "
-                        "not logged.", self.name, f"a call exceeded reward.timeout_s={self.timeout_s}"
-                        if status == "timeout" else f"{kind}: {value}", exc_info=value if status == "error" else None)
+        status, value = self._wait(self._submit(args))
+        note_failure(status, value, name=self.name, timeout_s=self.timeout_s, seen_kinds=self._seen_kinds)
         return status, value
 
     def close(self) -> None:

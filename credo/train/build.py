@@ -44,7 +44,9 @@ from credo.rewards.worker import RewardWorker
 from credo.tasks import make_task
 from credo.tasks.render import prompt_renderer
 from credo.train.advantage import OutcomeAdvantage
+from credo.train.cluster import open_cluster
 from credo.train.evaluate import Evaluator
+from credo.train.fixed_lag import FixedLagSource
 from credo.train.objective import Objective
 from credo.train.registry import StageContext, build_stage, resolve, settings_of
 from credo.train.reward import FunctionReward
@@ -52,6 +54,7 @@ from credo.train.rollout import PromptRollout
 from credo.train.scoring import PolicyScorer
 from credo.train.setup import (check_context, fault_nan_steps, make_backend, make_run_dir, prepare_policy,
                                reward_function)
+from credo.train.staleness import staleness_lr_factor
 from credo.train.state import RESUME_FIXED_KEYS, TrainState
 from credo.train.update import Updater, grad_accum_steps
 
@@ -76,6 +79,8 @@ class Components:
     evaluate: Any
     hooks: list
     """Step hooks (`credo.train.hooks`) the trainer calls around each step."""
+    cluster: Any
+    """The run's Ray parts (`credo.train.cluster.Cluster`) with cluster.engine: ray; None with the local engine."""
     # run bookkeeping the loop needs
     steps: int
     eval_every: int
@@ -94,8 +99,12 @@ class Components:
 def build(r: Recipe) -> Components:
     notes = preflight(r)  # seconds, before the process group, the warm-up or any model load
     if int(os.environ.get("RANK", 0)) == 0:
-        for note in notes:
-            logging.getLogger("credo").info(note)
+        log = logging.getLogger("credo")
+        for note in notes:  # 'warning: ...' notes (an asynchronous loss that ignores the behaviour policy) warn
+            if note.startswith("warning: "):
+                log.warning(note[len("warning: "):])
+            else:
+                log.info(note)
     rank, world = setup_distributed(verbose=r.run.verbose)
     torch.set_num_threads(r.run.threads or max(1, (os.cpu_count() or 1) // world))
     if r.rollout.prompts_per_step % world:
@@ -121,19 +130,34 @@ def build(r: Recipe) -> Components:
             load_causal_lm(policy_path, r.model.dtype).to(device()).eval().requires_grad_(False)
     ro, a, o = r.rollout, r.algo, r.optim
     grad_accum = grad_accum_steps(ro.prompts_per_step // world * ro.group_size, a.mini_batches, a.micro_batch_size)
-    engine = build_engine(model, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
+    lr = o.lr * (staleness_lr_factor(ro.max_staleness, o.staleness_ref) if o.staleness_lr_scaling else 1.0)
+    engine = build_engine(model, lr=lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
                           zero_stage=o.zero_stage, warmup_steps=o.warmup_steps, micro_batch=a.micro_batch_size,
                           grad_accum=grad_accum, bf16=r.model.dtype == "bfloat16", lr_schedule=o.lr_schedule,
                           total_steps=r.run.steps * a.ppo_epochs * a.mini_batches, min_lr_ratio=o.min_lr_ratio)
     sampling = dict(prompts_per_step=ro.prompts_per_step, group_size=ro.group_size, max_new_tokens=ro.max_new_tokens,
                     temperature=ro.temperature, top_p=ro.top_p)
+    cluster = open_cluster(r)  # None with the local engine
+    try:
+        return _bind(r, rank, world, run_dir, policy_path, sft_key, tokenizer, task, engine, render, ref, sampling,
+                     grad_accum, cluster)
+    except BaseException:
+        if cluster is not None:
+            cluster.close()
+        raise
+
+
+def _bind(r: Recipe, rank, world, run_dir, policy_path, sft_key, tokenizer, task, engine, render, ref, sampling,
+          grad_accum, cluster) -> Components:
+    """The stages, the trainer state, the hooks and the evaluator, bound once the engines exist."""
+    a, o = r.algo, r.optim
     ctx = StageContext(rank=rank, world=world, seed=r.run.seed, tokenizer=tokenizer, task=task,
-                       backend=make_backend(r, engine, tokenizer, policy_path), engine=engine, rollout=sampling,
+                       backend=make_backend(r, engine, tokenizer, policy_path, cluster), engine=engine, rollout=sampling,
                        render=render, task_config=r.task, policy_path=policy_path, dtype=r.model.dtype,
                        zero_stage=o.zero_stage, advantage_kwargs=dict(a.advantage_kwargs), ref_model=ref,
                        reward_isolation=dict(timeout_s=r.reward.timeout_s, workers=r.reward.workers,
-                                             max_failure_frac=r.reward.max_failure_frac))
-    parts = build_stages(r, ctx, active, grad_accum)
+                                             max_failure_frac=r.reward.max_failure_frac), cluster=cluster)
+    parts = build_stages(r, ctx, active_families(r), grad_accum)
     config = recipe_to_dict(r)
     stateful = {name: stage for name, stage in (("source", parts.source), ("advantage", parts.advantage),
                                                 ("reward", parts.reward),
@@ -143,7 +167,7 @@ def build(r: Recipe) -> Components:
                              max_consecutive_skips=r.run.max_consecutive_skips,
                              defaults=recipe_to_dict(type(r)()),
                              fixed_keys=RESUME_FIXED_KEYS + tuple(k for f in families_of(r) for k in f.fixed_on_resume))
-    hooks = step_hooks(r, ctx, active, parts)
+    hooks = step_hooks(r, ctx, active_families(r), parts) + ([cluster.hook] if cluster is not None else [])
     for hook in hooks:  # a hook with state joins the trainer state (checkpoints, resume, rollback)
         if hasattr(hook, "state_dict"):
             parts.state.components[hook.name] = hook
@@ -151,7 +175,8 @@ def build(r: Recipe) -> Components:
     return Components(
         rank=rank, world=world, run_dir=run_dir, tokenizer=tokenizer, task=task, engine=engine, source=parts.source,
         reward=parts.reward, advantage=parts.advantage, scorer=parts.scorer, objective=parts.objective,
-        updater=parts.updater, state=parts.state, evaluate=make_evaluator(r, ctx, active, parts), hooks=hooks,
+        updater=parts.updater, state=parts.state, evaluate=make_evaluator(r, ctx, active_families(r), parts),
+        hooks=hooks, cluster=cluster,
         steps=r.run.steps, eval_every=r.run.eval_every, save_every=r.run.save_every,
         keep_last=r.run.keep_last, overlong_filter=a.overlong_filter, dump_every=r.run.dump_rollouts_every,
         resume=r.run.resume, allow_config_change=r.run.allow_config_change, config=config,
@@ -204,17 +229,18 @@ def build_stages(r: Recipe, ctx: StageContext, active: list[Family], grad_accum:
     """The source, reward, probes, scorer, advantage stage, objective and updater, in the order each needs the last."""
     ro, a, o, st = r.rollout, r.algo, r.optim, r.stages
     out = SimpleNamespace()
-    out.source = build_source(r, ctx, active)
+    out.source = ctx.source = asynchronous(r, ctx, build_source(r, ctx, active))
     out.reward_fn = default_reward_fn(r, ctx.task)
     ctx.default = None if out.reward_fn is None else FunctionReward(
-        RewardWorker(out.reward_fn, timeout_s=r.reward.timeout_s, workers=r.reward.workers,
-                     max_failure_frac=r.reward.max_failure_frac), ctx.tokenizer, ro.group_size)
+        (ctx.cluster is not None and ctx.cluster.reward_worker(r, out.reward_fn))
+        or RewardWorker(out.reward_fn, timeout_s=r.reward.timeout_s, workers=r.reward.workers,
+                        max_failure_frac=r.reward.max_failure_frac), ctx.tokenizer, ro.group_size)
     out.reward = _stage(r, ctx, "reward", st.reward, st.reward_kwargs)
     ctx.default = None
     out.probes = {spec: _stage(r, ctx, "probe", spec, st.probe_kwargs.get(spec, {})) for spec in st.probes}
     out.scorer = ctx.scorer = PolicyScorer(
         temperature=ro.temperature, chunk_size=a.logprob_chunk_size, hidden_path=o.zero_stage < 3,
-        needs_old_log_probs=a.ppo_epochs * a.mini_batches > 1, ref_model=ctx.ref_model,
+        needs_old_log_probs=a.ppo_epochs * a.mini_batches > 1 or ro.max_staleness > 0, ref_model=ctx.ref_model,
         probes=list(out.probes.values()))
     ctx.default = OutcomeAdvantage(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs) \
         if algos.ADVANTAGE_INPUTS.get(a.advantage) == "outcome" else None
@@ -238,6 +264,20 @@ def build_source(r: Recipe, ctx: StageContext, active: list[Family]):
                                 render=ctx.render, holdout=holdout, **ctx.rollout)
     ctx.source = _stage(r, ctx, "rollout", r.stages.rollout, r.stages.rollout_kwargs)
     return ctx.source
+
+
+def asynchronous(r: Recipe, ctx: StageContext, source):
+    """The rollout source as rollout.max_staleness asks (docs/async.md): itself when 0 (synchronous), else wrapped to
+    train on batches up to S policy versions old, generated in this process (fixed_lag) or ahead by rollout worker
+    processes (overlap)."""
+    ro = r.rollout
+    if ro.max_staleness == 0:
+        return source
+    if ro.async_mode == "fixed_lag":
+        return FixedLagSource(source, ro.max_staleness, last_step=r.run.steps)
+    from credo.train.overlap import overlap_source
+
+    return overlap_source(r, ctx, source)
 
 
 def _stage(r: Recipe, ctx: StageContext, kind: str, spec: str, kwargs: dict):

@@ -82,6 +82,9 @@ class StageContext:
     """The PolicyScorer (built before the advantage stage)."""
     source: Any = None
     """The rollout source (built before every other stage)."""
+    cluster: Any = None
+    """The run's Ray parts (`credo.train.cluster.Cluster`: `track`, `check_role`, `cfg`) with cluster.engine: ray;
+    None with the local engine. A family that moves work onto Ray workers builds them through it."""
 
 
 @dataclass(frozen=True)

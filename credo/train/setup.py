@@ -3,7 +3,8 @@
     make_run_dir(r, world)                      the run folder (refuses a folder that holds a run, unless resuming)
     prepare_policy(r, task, rank, world)        the base policy's folder: the cached warm-up's output, or the model
     check_context(r, base_path, task)           every prompt + rollout.max_new_tokens fits the model's context
-    make_backend(r, engine, tokenizer, path)    the rollout engine: hf (the trainer's own module) or vLLM
+    make_backend(r, engine, tokenizer, path)    the rollout engine: hf (the trainer's own module), vLLM, or Ray
+                                                rollout workers (cluster.engine: ray)
     reward_function(r, task)                    the group reward function: reward.functions, reward.function or
                                                 the task's verifier
     fault_nan_steps()                           the test hook CREDO_FAULT_NAN_STEP
@@ -116,8 +117,12 @@ def check_context(r: Recipe, base_path: str, task) -> None:
             f" > the model's context of {limit} tokens (max_position_embeddings); shorten prompts or max_new_tokens")
 
 
-def make_backend(r: Recipe, engine, tokenizer, policy_path: str):
+def make_backend(r: Recipe, engine, tokenizer, policy_path: str, cluster=None):
+    """The rollout engine: Ray rollout workers when `cluster` (cluster.engine: ray), else hf (sampling from the
+    trainer's own module) or vLLM in this process."""
     ro = r.rollout
+    if cluster is not None:
+        return cluster.rollout_backend(r, engine, policy_path)
     if ro.backend == "hf":
         return HFBackend(engine.module, tokenizer, max_batch=ro.hf_max_batch, dtype=ro.dtype, fp8_weights=ro.fp8_weights)
     from credo.distributed.vllm_backend import VLLMBackend

@@ -192,7 +192,11 @@ class TrainState:
             if k in self.components:
                 self.components[k].load_state_dict(state)
         saved_files = meta.get("component_files", {})
-        for k, c in self._file_components().items():
+        files = self._file_components()
+        for k in saved_files:  # saved as files, whatever its state holds now (a fresh fixed-lag source: no batches)
+            if k in self.components and k not in files:
+                files[k] = _TorchFiles(self.components[k])
+        for k, c in files.items():
             if k in saved_files:
                 c.load_files(path / k)
             else:  # a checkpoint written before this component kept state (an older credo)

@@ -14,7 +14,7 @@ Active when `env.id` is set (with `stages.rollout: multiturn`). See docs/multitu
 
 from dataclasses import asdict
 
-from credo.families.multiturn.config import EnvConfig, TurnCreditSettings, check_env
+from credo.families.multiturn.config import LATENCY_KEYS, EnvConfig, TurnCreditSettings, check_env
 from credo.family import Family, StageEntry
 
 
@@ -24,7 +24,12 @@ def _active(r) -> bool:
 
 
 def _warmup_digest(r) -> dict:
-    return {"env": asdict(r.env)}  # the warm-up trains on the env's expert episodes
+    # the warm-up trains on the env's expert episodes; how episodes are scheduled and the simulated step latency
+    # (which the demonstrations skip) do not change them
+    env = asdict(r.env)
+    env.pop("trajectory_async")
+    env["kwargs"] = {k: v for k, v in env["kwargs"].items() if k not in LATENCY_KEYS}
+    return {"env": env}
 
 
 FAMILY = Family(

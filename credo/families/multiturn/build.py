@@ -16,6 +16,16 @@ def check_names(r) -> None:
 
 
 def preflight(r) -> list[str]:
+    """The env role's placement with cluster.engine: ray (env actors), then `check_episodes`."""
+    notes = []
+    if r.cluster.engine == "ray" and r.cluster.env.workers:
+        from credo.preflight import check_cluster_placement
+
+        notes = check_cluster_placement(r, ("env",))
+    return notes + check_episodes(r)
+
+
+def check_episodes(r) -> list[str]:
     """What `credo run` would meet before its first step: a warm-up (or IPA resampling) needs the env's scripted
     expert; env.max_total_tokens must fit the model's context and leave room for a turn after the first prompt."""
     from credo.config import sft_enabled

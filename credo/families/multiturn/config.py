@@ -12,8 +12,9 @@ from credo.errors import ConfigError
 @dataclass
 class EnvConfig:
     id: Optional[str] = None
-    """Multi-turn environment (GEM's protocol, docs/multiturn.md): 'credo:GuessNumber-v0' or 'credo:Mastermind-v0'
-    (built-in) or a gem.make id such as 'game:GuessTheNumber-v0-easy'; null = no environment (single-turn tasks).
+    """Multi-turn environment (GEM's protocol, docs/multiturn.md): 'credo:GuessNumber-v0', 'credo:Mastermind-v0',
+    'credo:Shop-v0[-tiny|-easy|-hard]' (built-in; docs/shop.md), 'shopsim:<id>' (the real ShopSimulator) or a
+    gem.make id such as 'game:GuessTheNumber-v0-easy'; null = no environment (single-turn tasks).
     Needs stages.rollout: multiturn."""
     kwargs: dict = field(default_factory=dict)
     """Constructor overrides of the environment (gem.make(id, **kwargs)), e.g. {max_turns: 5}."""
@@ -38,11 +39,18 @@ class EnvConfig:
     fraction of each game's training episodes starts from a prefix of the noiseless expert's episode on the same
     seed, replayed through the env (anchor uniform over the expert's turns but its last). 0 = every episode from
     the start. Needs an env with a scripted expert; evaluation always starts from the start."""
+    trajectory_async: bool = False
+    """Trajectory-level asynchrony (RollArc): each episode's next turn is sampled as soon as its own env step returns,
+    with the other episodes ready then, instead of one generate call per turn after the batch's slowest env step.
+    false = turn-synchronous (the default)."""
     eval_episodes: int = ranged(64, ge=1)
     """Held-out episodes (fixed seeds disjoint from training) per evaluation; eval/return is their mean return."""
 
 
 CREDITS = ("mc_rebn", "mc", "grpo", "ipa")
+LATENCY_KEYS = ("latency_s", "latency_sigma")
+"""env.kwargs of the built-in games' simulated step latency (envs/latency.py): left out of the warm-up's expert
+demonstrations and of its cache key."""
 
 
 @dataclass

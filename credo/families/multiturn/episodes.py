@@ -147,35 +147,38 @@ def model_turn(eps: list[Episode], live: list[int], backend, tok, cfg, *, temper
 def env_step(eps: list[Episode], acting: list[int], tok, observation, cfg, turn: int) -> int:
     """Step the `acting` episodes' envs with their last action (in threads, each with a deadline); record the turn
     reward, end the episode or append the observation (mask 0). Returns the steps' timeouts."""
-    timeouts = 0
     results = call_with_deadline([lambda e=eps[i]: e.env.step(e.actions[-1]) for i in acting], cfg.step_timeout_s)
     for i, (status, res) in zip(acting, results):
-        e = eps[i]
-        timeouts += status == "timeout"
-        if status != "ok":
-            e.turn_rewards.append(0.0)
-            e.end, e.error = "failed", f"step {turn}: {status} {res!r}"
-            continue
-        obs, reward, terminated, truncated, info = res
-        e.turn_rewards.append(float(reward))
-        e.observations.append(observation_text(obs, info))
-        if terminated:
-            e.end = "terminated"
-        elif truncated:
-            e.end = "env_truncated"
-        elif len(e.prefix_actions) + len(e.turn_spans) >= cfg.max_turns:
-            e.end = "max_turns"
-        else:
-            ids = tok(observation(e.observations[-1]), add_special_tokens=False)["input_ids"]
-            # the next turn needs room for at least one token after the observation
-            if len(e.prompt_ids) + len(e.response_ids) + len(ids) + 1 > cfg.max_total_tokens:
-                e.end = "max_total_tokens"
-                continue
-            e.response_ids += ids
-            e.response_mask += [0] * len(ids)
-            e.log_probs += [0.0] * len(ids)
-            e.chunk_ids += [-1] * len(ids)
-    return timeouts
+        apply_env_step(eps[i], status, res, tok, observation, cfg, turn)
+    return sum(status == "timeout" for status, _ in results)
+
+
+def apply_env_step(e: Episode, status: str, res, tok, observation, cfg, turn: int) -> None:
+    """Record one env step's outcome (`call_with_deadline`'s status and result) in episode `e`: its turn reward, and
+    its end or the observation appended (mask 0)."""
+    if status != "ok":
+        e.turn_rewards.append(0.0)
+        e.end, e.error = "failed", f"step {turn}: {status} {res!r}"
+        return
+    obs, reward, terminated, truncated, info = res
+    e.turn_rewards.append(float(reward))
+    e.observations.append(observation_text(obs, info))
+    if terminated:
+        e.end = "terminated"
+    elif truncated:
+        e.end = "env_truncated"
+    elif len(e.prefix_actions) + len(e.turn_spans) >= cfg.max_turns:
+        e.end = "max_turns"
+    else:
+        ids = tok(observation(e.observations[-1]), add_special_tokens=False)["input_ids"]
+        # the next turn needs room for at least one token after the observation
+        if len(e.prompt_ids) + len(e.response_ids) + len(ids) + 1 > cfg.max_total_tokens:
+            e.end = "max_total_tokens"
+            return
+        e.response_ids += ids
+        e.response_mask += [0] * len(ids)
+        e.log_probs += [0.0] * len(ids)
+        e.chunk_ids += [-1] * len(ids)
 
 
 def episode_stats(eps: list[Episode], timeouts: int, *, resampled: bool) -> dict[str, float]:

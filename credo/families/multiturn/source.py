@@ -38,6 +38,7 @@ from credo.train.batch import Batch
 from credo.families.multiturn.episodes import (Episode, call_with_deadline, env_step, episode_stats, model_turn,
                                                reset_episodes)
 from credo.families.multiturn.resample import choose_prefixes, expert_actions
+from credo.families.multiturn.trajectories import play_trajectories
 from credo.train.rollout import step_problem_indices, step_seed
 
 EVAL_SEED_BASE = 10**10
@@ -107,6 +108,11 @@ class MultiTurnRollout:
                for s, p in zip(env_seeds, prefixes or [[]] * len(env_seeds))]
         first = lambda obs: self.render(Problem(prompt=self.prompt_text(obs), answer=""))
         timeouts = reset_episodes(eps, self.tokenizer, first, self.observation, c)
+        if c.trajectory_async:  # no per-turn barrier: each episode advances as its own env step returns
+            more, calls = play_trajectories(eps, self.backend, self.tokenizer, c, self.observation,
+                                            temperature=temperature, top_p=top_p, sample_seeds=sample_seeds)
+            self.generate_calls += calls
+            return eps, episode_stats(eps, timeouts + more, resampled=prefixes is not None)
         for turn in range(c.max_turns):
             live = [i for i, e in enumerate(eps) if not e.done]  # a resampled episode ends its turns early
             if not live:
@@ -220,7 +226,24 @@ def multiturn_source(ctx, **kwargs) -> MultiTurnRollout:
         raise ConfigError(f"config key 'stages.rollout_kwargs': the multiturn source takes its settings from the env: "
                           f"section, got {sorted(kwargs)}")
     return MultiTurnRollout(ctx.section, ctx.tokenizer, ctx.backend, seed=ctx.seed, rank=ctx.rank, world=ctx.world,
-                            render=ctx.render, **ctx.rollout)
+                            render=ctx.render, env_factory=ray_env_factory(ctx), **ctx.rollout)
+
+
+def ray_env_factory(ctx):
+    """With cluster.engine: ray and cluster.env.workers >= 1, the envs live in env actors (`RayEnvPool`: env steps
+    leave the trainer process; failures and timeouts keep their meaning); None keeps them in this process."""
+    cluster = ctx.cluster
+    if cluster is None or not cluster.cfg.env.workers:
+        return None
+    import functools
+
+    from credo.distributed.ray.envs import RayEnvPool
+
+    cluster.check_role("env")  # a ConfigError naming the role, before any env actor starts
+    e = ctx.section
+    pool = RayEnvPool.from_cluster(cluster.cfg, functools.partial(make_env, e.id, **dict(e.kwargs)),
+                                   timeout_s=e.step_timeout_s)
+    return cluster.track(pool).make_env
 
 
 

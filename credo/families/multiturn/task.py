@@ -13,6 +13,7 @@ import random
 
 from credo.config import ConfigError
 from credo.families.multiturn.envs import make_env
+from credo.families.multiturn.envs.latency import without_latency
 from credo.tasks import Problem
 
 DEMO_SEED_BASE = 5 * 10**9
@@ -27,7 +28,7 @@ class EnvTask:
         return 10**6
 
     def train(self, i: int) -> Problem:
-        env = make_env(self.cfg.id, **dict(self.cfg.kwargs))
+        env = make_env(self.cfg.id, **without_latency(dict(self.cfg.kwargs)))  # demonstrations: no simulated waits
         if not hasattr(env, "expert_action"):
             raise ConfigError(f"config key 'env.id' = '{self.cfg.id}' has no scripted expert for the warm-up: "
                               "expected sft.enabled: false (or an env with expert_action)")

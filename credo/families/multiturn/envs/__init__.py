@@ -4,21 +4,36 @@
     env.step(action_text) -> (observation, reward, terminated, truncated, info)
 
 `make_env(id, **kwargs)` resolves an id: `credo:<Name>` is a built-in env of this package (no extra
-packages), anything else is handed to `gem.make` (e.g. `game:GuessTheNumber-v0-easy`, `rg:chain_sum`;
-`pip install 'credo[envs]'`). An unknown id is a `ConfigError` that lists close ids.
+packages), `<prefix>:<id>` with a prefix of ADAPTERS wraps another package's env (`shopsim:<id>`: the real
+ShopSimulator, a ConfigError naming the install when it is absent), anything else is handed to `gem.make`
+(e.g. `game:GuessTheNumber-v0-easy`, `rg:chain_sum`; `pip install 'credo[envs]'`). An unknown id is a `ConfigError` that lists close ids.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 from typing import Any, Callable
 
 from credo.config import ConfigError
 from credo.families.multiturn.envs.guess import GuessNumberEnv
 from credo.families.multiturn.envs.mastermind import MastermindEnv
+from credo.families.multiturn.envs.shop import SHOP_ENVS, shopsim_env
 
-BUILTIN_ENVS: dict[str, Callable[..., Any]] = {"credo:GuessNumber-v0": GuessNumberEnv, "credo:Mastermind-v0": MastermindEnv}
+BUILTIN_ENVS: dict[str, Callable[..., Any]] = {"credo:GuessNumber-v0": GuessNumberEnv, "credo:Mastermind-v0": MastermindEnv,
+                                               **SHOP_ENVS}
+ADAPTERS: dict[str, Callable[[str], Callable[..., Any]]] = {"shopsim:": shopsim_env}
+"""id prefix -> a function of the whole id giving the env's constructor; it raises a ConfigError when the package
+behind the adapter is not installed (so `credo check` says so before any warm-up)."""
+
+
+def builtin_constructor(env_id: str) -> Callable[..., Any] | None:
+    """The constructor of a built-in or adapter id, or None for an id that goes to gem."""
+    for prefix, adapter in ADAPTERS.items():
+        if env_id.startswith(prefix):
+            return adapter(env_id)
+    return BUILTIN_ENVS.get(env_id)
 
 
 def gem_ids() -> list[str]:
@@ -37,6 +52,8 @@ def gem_ids() -> list[str]:
 
 def check_env_id(env_id: str) -> None:
     """`env_id` is a built-in or registered GEM id, else a ConfigError naming close ids."""
+    if builtin_constructor(env_id) is not None:  # adapter ids (shopsim:) never reach gem
+        return
     known = list(BUILTIN_ENVS) if env_id.startswith("credo:") else gem_ids()
     if env_id not in known:
         close = difflib.get_close_matches(env_id, sorted(set(known) | set(BUILTIN_ENVS)), n=5, cutoff=0.5)
@@ -47,8 +64,11 @@ def check_env_id(env_id: str) -> None:
 
 def env_class(env_id: str):
     """The class `make_env(env_id)` instantiates (a built-in's, or the one GEM's registry names)."""
-    if env_id in BUILTIN_ENVS:
-        return BUILTIN_ENVS[env_id]
+    constructor = builtin_constructor(env_id)
+    while isinstance(constructor, functools.partial):  # a preset (the shop's levels): the class it binds
+        constructor = constructor.func
+    if constructor is not None:
+        return constructor
     gem_ids()  # imports gem, quietly
     import importlib
 
@@ -83,9 +103,10 @@ def check_env_kwargs(env_id: str, kwargs: dict) -> None:
 def make_env(env_id: str, **kwargs):
     """A fresh environment for `env_id` with constructor overrides `kwargs` (GEM merges them over its defaults)."""
     check_env_id(env_id)
-    if env_id in BUILTIN_ENVS:
+    constructor = builtin_constructor(env_id)
+    if constructor is not None:
         try:
-            return BUILTIN_ENVS[env_id](**kwargs)
+            return constructor(**kwargs)
         except TypeError as e:
             raise ConfigError(f"config key 'env.kwargs' for '{env_id}': {e}") from None
     import gem

@@ -19,26 +19,32 @@ from __future__ import annotations
 import random
 import re
 
+from credo.families.multiturn.envs.latency import SimulatedLatency
+
 NUMBER = re.compile(r"-?\d+")
 
 
 class GuessNumberEnv:
     """Guess an integer in [low, high] within `max_turns` guesses from higher/lower feedback."""
 
-    def __init__(self, low: int = 1, high: int = 7, max_turns: int = 3):
+    def __init__(self, low: int = 1, high: int = 7, max_turns: int = 3, latency_s: float = 0.0,
+                 latency_sigma: float = 1.0):
         if low > high:
             raise ValueError(f"env.kwargs: low = {low} > high = {high}, expected low <= high")
         if max_turns < 1:
             raise ValueError(f"env.kwargs.max_turns = {max_turns}, expected >= 1")
         self.low, self.high, self.max_turns = low, high, max_turns
         self.target, self.turn, self.lo, self.hi = low, 0, low, high
+        self.latency = SimulatedLatency(latency_s, latency_sigma)  # env.kwargs.latency_s: a simulated step time
 
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
         self.target = random.Random(seed).randint(self.low, self.high)  # a private RNG: safe from threads
         self.turn, self.lo, self.hi = 0, self.low, self.high
+        self.latency.reset(seed)
         return f"guess {self.low}-{self.high}", {"suffix": ""}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        self.latency.wait()
         self.turn += 1
         found = NUMBER.findall(action)
         if not found:  # GEM: a format error costs -0.1 and ends the episode

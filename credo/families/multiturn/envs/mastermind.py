@@ -22,6 +22,8 @@ import random
 import re
 from collections import Counter
 
+from credo.families.multiturn.envs.latency import SimulatedLatency
+
 
 def pegs(guess: tuple[int, ...], code: tuple[int, ...]) -> tuple[int, int]:
     """(black, white) pegs of `guess` against `code`."""
@@ -33,7 +35,8 @@ def pegs(guess: tuple[int, ...], code: tuple[int, ...]) -> tuple[int, int]:
 class MastermindEnv:
     """Find a code of `positions` digits in 1..`colours` within `max_turns` guesses from peg feedback."""
 
-    def __init__(self, positions: int = 2, colours: int = 3, max_turns: int = 4):
+    def __init__(self, positions: int = 2, colours: int = 3, max_turns: int = 4, latency_s: float = 0.0,
+                 latency_sigma: float = 1.0):
         if not 1 <= colours <= 9:
             raise ValueError(f"env.kwargs.colours = {colours}, expected 1..9 (one digit per colour)")
         if positions < 1 or max_turns < 1:
@@ -42,13 +45,16 @@ class MastermindEnv:
         self.codes = list(itertools.product(range(1, colours + 1), repeat=positions))
         self.action = re.compile(f"[1-{colours}]{{{positions}}}")
         self.code, self.turn, self.history = self.codes[0], 0, []
+        self.latency = SimulatedLatency(latency_s, latency_sigma)  # env.kwargs.latency_s: a simulated step time
 
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
         self.code = random.Random(seed).choice(self.codes)  # a private RNG: safe from threads
         self.turn, self.history = 0, []
+        self.latency.reset(seed)
         return f"code {self.positions}x1-{self.colours}", {"suffix": ""}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        self.latency.wait()
         self.turn += 1
         found = self.action.findall(action)
         if not found:  # GEM: a format error costs -0.1 and ends the episode

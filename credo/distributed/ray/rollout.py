@@ -1,0 +1,298 @@
+"""`RayRolloutBackend`: the rollout backend protocol (credo.distributed.rollout) over a pool of Ray actors.
+
+    backend = RayRolloutBackend(policy_path, workers=2, resources={"CPU": 1}, sync="delta")
+    samples = backend.generate(prompts, max_new_tokens=..., temperature=..., top_p=..., seeds=seeds)
+    backend.sync_weights(engine.module, step)
+
+`generate` cuts the prompts into shards (contiguous, `shards_per_worker` per worker), hands each to an idle worker
+and gathers the Samples in the caller's order. A shard whose worker dies, hangs past `call_timeout_s` or leaves is
+handed to another worker with the same seeds; with per-sample seeding (the default) its tokens are the same as they
+would have been, so a fault or a change of pool size does not change the step's result. A lost worker is replaced
+(counted in `cluster/<role>_restarts`) and gets the current weights before its next shard; so does a joining one.
+
+Weights travel through the Ray object store: one `ray.put` per push, every worker reads it. `sync='delta'` sends
+only the elements whose bits changed in the wire dtype since the last push (credo.distributed.ray.weights).
+The wire dtype is the rollout dtype (`dtype`), or the trainer's with FP8 weights (they are quantised from it).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import torch
+
+from credo.distributed.ray.config import ClusterConfig, resources_of
+from credo.distributed.ray.rollout_worker import RolloutWorker
+from credo.distributed.ray.runtime import ClusterWorkerError, WorkerGroup, loss_errors, user_error
+from credo.distributed.ray.weights import diff_state, nbytes, wire_state
+from credo.distributed.rollout import Sample
+from credo.distributed.rollout_copy import DTYPES
+
+
+class RayRolloutBackend:
+    """Rollouts on `workers` Ray actors, each holding the model of `model_path` (see the module docstring).
+
+    Args:
+        model_path: the policy folder (or the judge's, with role='judge'); every worker loads it.
+        workers: actors at start; resources: the Ray request of each ({CPU: 1}, {GPU: 1}, {decode_gpu: 1}).
+        engine: 'hf' or 'vllm'; model_dtype: the trainer's dtype; dtype: the rollout dtype (None: the trainer's).
+        fp8_weights, max_batch, per_sample_seeds: as `HFBackend` (per_sample_seeds=False needs one worker).
+        threads: torch threads per worker; sync: 'full' or 'delta'.
+        elastic: (min, max) workers while they join and leave; None = a fixed pool.
+        shards_per_worker: shards of a call per worker (more: finer load balance and less work redone on a loss).
+        initial_model: push these weights at start (version 0) instead of trusting the folder's to be the trainer's.
+    """
+
+    def __init__(self, model_path: str, *, workers: int = 1, resources: dict | None = None, engine: str = "hf",
+                 model_dtype: str = "float32", dtype: str | None = None, fp8_weights: bool = False, max_batch: int = 0,
+                 per_sample_seeds: bool = True, threads: int = 1, sync: str = "full", role: str = "rollout",
+                 max_restarts: int = 3, startup_timeout_s: float = 300.0, call_timeout_s: float = 600.0,
+                 elastic: tuple[int, int] | None = None, shards_per_worker: int = 1, initial_model=None,
+                 vllm_kwargs: dict | None = None):
+        if sync not in ("full", "delta"):
+            raise ValueError(f"sync is {sync!r}, expected 'full' or 'delta'")
+        if workers < 1 or shards_per_worker < 1:
+            raise ValueError(f"workers={workers}, shards_per_worker={shards_per_worker}: expected >= 1 each")
+        if not per_sample_seeds and (workers > 1 or elastic):
+            raise ValueError("per_sample_seeds=False draws one RNG stream per call: the tokens would depend on the "
+                             "split over workers, so it needs workers=1 and no elastic pool")
+        self.role, self.sync_mode, self.call_timeout_s = role, sync, call_timeout_s
+        self.per_sample_seeds, self.shards_per_worker = per_sample_seeds, shards_per_worker
+        self.elastic = elastic
+        self.wire_dtype = DTYPES[model_dtype if fp8_weights or dtype is None else dtype]
+        self.group = WorkerGroup(role, RolloutWorker, args=(str(model_path),), kwargs=dict(
+            engine=engine, model_dtype=model_dtype, dtype=dtype, fp8_weights=fp8_weights, max_batch=max_batch,
+            per_sample_seeds=per_sample_seeds, threads=threads, vllm_kwargs=vllm_kwargs),
+            resources=resources or {"CPU": 1}, max_restarts=max_restarts, startup_timeout_s=startup_timeout_s)
+        self._lock = threading.RLock()
+        self.active: list[int] = []
+        self.leaving: set[int] = set()
+        self.version = 0
+        self._last: dict[str, torch.Tensor] | None = None  # wire state of the last push (None: the folder's weights)
+        self._full_ref = None
+        self.sync_metrics: dict = {}
+        self.running: set[int] = set()  # slots with a shard in flight
+        self.redone_shards = 0  # shards handed out again after their worker died, hung or left
+        try:
+            self.active = self.group.start(workers)
+            if initial_model is not None:
+                self.sync_weights(initial_model, 0)
+        except BaseException:
+            self.group.close()
+            raise
+
+    @classmethod
+    def from_cluster(cls, cluster: ClusterConfig, model_path: str, *, role: str = "rollout", **kwargs) -> "RayRolloutBackend":
+        """Built from the recipe's `cluster:` section (the rollout or judge role); kwargs: engine, dtypes, initial_model."""
+        rc = getattr(cluster, role)
+        extra = {}
+        if role == "rollout":
+            el = rc.elastic
+            extra = dict(per_sample_seeds=rc.per_sample_seeds, threads=rc.threads, sync=cluster.sync,
+                         elastic=(el.min, el.max) if el.max else None)
+        return cls(model_path, workers=rc.workers, resources=resources_of(rc), role=role, max_restarts=rc.max_restarts,
+                   startup_timeout_s=cluster.startup_timeout_s, call_timeout_s=cluster.call_timeout_s, **extra, **kwargs)
+
+    # ------------------------------------------------------------------------------------ generate
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float,
+                 seeds: list[int] | None) -> list[Sample]:
+        """Sample one response per prompt on the pool; Samples in the caller's order. `seeds=None` decodes greedily."""
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"seeds has length {len(seeds)}, expected {len(prompts)} like prompts")
+        if not prompts:
+            return []
+        self.group.check()
+        kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+        with self._lock:
+            n_workers = len(self.active)
+        if not self.per_sample_seeds and n_workers > 1 and seeds is not None:  # greedy decoding splits freely
+            raise RuntimeError(f"role '{self.role}' has {n_workers} workers but per_sample_seeds=False")
+        n_shards = min(len(prompts), n_workers * self.shards_per_worker)
+        bounds = [len(prompts) * i // n_shards for i in range(n_shards + 1)]
+        pending = deque(range(bounds[i], bounds[i + 1]) for i in range(n_shards))
+        out: list[Sample | None] = [None] * len(prompts)
+        inflight: dict = {}  # ref -> (slot, handle, shard, dispatched at)
+        try:
+            while pending or inflight:
+                self._dispatch(pending, inflight, prompts, seeds, kwargs)
+                self._collect(pending, inflight, out)
+        finally:
+            self.running.clear()
+        return out  # type: ignore[return-value]
+
+    def _dispatch(self, pending: deque, inflight: dict, prompts, seeds, kwargs) -> None:
+        with self._lock:
+            busy = {slot for slot, *_ in inflight.values()}
+            idle = [s for s in self.active if s not in busy and s not in self.leaving]
+        if pending and not idle and not inflight:
+            raise ClusterWorkerError(f"role '{self.role}': no worker left to run {len(pending)} shard(s)")
+        self.group.stats.queue(max(0, len(pending) - len(idle)))
+        for slot in idle:
+            if not pending:
+                break
+            handle = self.group.handles.get(slot)
+            if handle is None:  # left between the two looks
+                continue
+            shard = pending.popleft()
+            ref = handle.generate.remote([prompts[i] for i in shard], None if seeds is None else [seeds[i] for i in shard],
+                                         kwargs)
+            inflight[ref] = (slot, handle, shard, time.monotonic())
+            self.running.add(slot)
+
+    def _collect(self, pending: deque, inflight: dict, out: list) -> None:
+        import ray
+
+        now = time.monotonic()
+        first_deadline = min(t + self.call_timeout_s for *_, t in inflight.values())
+        ready, _ = ray.wait(list(inflight), num_returns=1, timeout=max(0.0, min(first_deadline - now, 1.0)))
+        for ref in ready:
+            slot, handle, shard, t0 = inflight.pop(ref)
+            self.running.discard(slot)
+            self.group.stats.busy(time.monotonic() - t0)
+            try:
+                samples = ray.get(ref)
+            except loss_errors() as e:
+                pending.appendleft(shard)  # redone elsewhere (or here once replaced), with the same seeds
+                self.redone_shards += 1
+                self._lost(slot, handle, e)
+                continue
+            except Exception as e:  # the backend itself raised: as a local backend would, it stops the step
+                raise user_error(e) from None
+            for i, s in zip(shard, samples):
+                out[i] = s
+        now = time.monotonic()
+        for ref, (slot, handle, shard, t0) in list(inflight.items()):
+            if now - t0 > self.call_timeout_s:  # hung: kill it; the shard is redone like a lost worker's
+                del inflight[ref]
+                self.running.discard(slot)
+                pending.appendleft(shard)
+                self.redone_shards += 1
+                self._lost(slot, handle, f"a call ran past cluster.call_timeout_s = {self.call_timeout_s} s")
+
+    def _lost(self, slot: int, handle, cause) -> None:
+        """A worker died, hung or left: a leaving one is dropped; any other is replaced and given the weights."""
+        with self._lock:
+            if slot in self.leaving or slot not in self.active:
+                return
+        from ray.exceptions import GetTimeoutError
+
+        while True:  # a replacement that dies or hangs while it takes the weights is itself replaced (and counted)
+            handle = self.group.replace(slot, handle, cause)
+            if self._last is None:
+                return
+            try:
+                return self._push_full(handle)
+            except (*loss_errors(), GetTimeoutError) as e:
+                cause = e
+
+    # ------------------------------------------------------------------------------------ weights
+    def _full_payload(self):
+        import ray
+
+        if self._full_ref is None:
+            self._full_ref = ray.put(("full", self._last))
+        return self._full_ref
+
+    def _push_full(self, handle) -> None:
+        import ray
+
+        ray.get(handle.load.remote(self._full_payload(), self.version), timeout=self.call_timeout_s)
+
+    def sync_weights(self, model: torch.nn.Module, version: int) -> None:
+        """Push the trainer's weights to every worker (full, or a delta against the last push); later samples carry
+        `version`. A worker lost during the push is replaced and given the full weights."""
+        import ray
+
+        t0 = time.perf_counter()
+        new = wire_state(model, self.wire_dtype)
+        r = self.role
+        stats = {f"cluster/{r}_sync_full_bytes": nbytes(new)}
+        if self.sync_mode == "delta" and self._last is not None:
+            delta = diff_state(self._last, new)
+            payload = ("delta", delta)
+            stats.update({f"cluster/{r}_sync_bytes": delta.sent_bytes,
+                          f"cluster/{r}_sync_changed_frac": delta.changed / max(delta.total, 1)})
+        else:
+            payload = ("full", new)
+            stats[f"cluster/{r}_sync_bytes"] = nbytes(new)
+        ref = ray.put(payload)
+        self._last, self.version = new, version
+        self._full_ref = ref if payload[0] == "full" else None
+        with self._lock:
+            slots = [s for s in self.active if s not in self.leaving]
+        self._broadcast(ref, slots, version)
+        self.sync_metrics = {**stats, f"cluster/{r}_sync_s": time.perf_counter() - t0}
+
+    def _broadcast(self, ref, slots: list[int], version: int) -> None:
+        import ray
+
+        calls = {self.group.handles[s].load.remote(ref, version): (s, self.group.handles[s]) for s in slots}
+        ready, late = ray.wait(list(calls), num_returns=len(calls), timeout=self.call_timeout_s)
+        lost = [(calls[r], f"weight push ran past cluster.call_timeout_s = {self.call_timeout_s} s") for r in late]
+        for r in ready:
+            try:
+                ray.get(r)
+            except loss_errors() as e:
+                lost.append((calls[r], e))
+            except Exception as e:
+                raise user_error(e) from None
+        for (slot, handle), cause in lost:
+            self._lost(slot, handle, cause)
+
+    # ------------------------------------------------------------------------------------ elastic capacity
+    def add_worker(self) -> int:
+        """A worker joins (ROSE: an opportunistic device); it gets the current weights before any shard. Its slot."""
+        with self._lock:
+            if self.elastic and len(self.active) >= self.elastic[1]:
+                raise ValueError(f"role '{self.role}' already has {len(self.active)} workers, elastic max {self.elastic[1]}")
+        slot = self.group.start(1)[0]
+        if self._last is not None:
+            self._push_full(self.group.handles[slot])
+        with self._lock:
+            self.active.append(slot)
+        return slot
+
+    def remove_worker(self, slot: int | None = None) -> int:
+        """A worker leaves (the newest if `slot` is None), even mid-call: its unfinished shard is redone elsewhere."""
+        with self._lock:
+            floor = self.elastic[0] if self.elastic else 1
+            if len(self.active) - 1 < max(floor, 1):
+                raise ValueError(f"role '{self.role}' cannot drop below {max(floor, 1)} worker(s)")
+            slot = self.active[-1] if slot is None else slot
+            if slot not in self.active:
+                raise ValueError(f"role '{self.role}' has no worker in slot {slot} (slots: {self.active})")
+            self.leaving.add(slot)
+            self.active.remove(slot)
+        self.group.remove(slot)
+        return slot
+
+    def set_capacity(self, n: int) -> None:
+        """Add or remove workers until there are `n`."""
+        while len(self.active) < n:
+            self.add_worker()
+        while len(self.active) > n:
+            self.remove_worker()
+
+    # ------------------------------------------------------------------------------------ introspection
+    def worker_info(self) -> dict[int, dict]:
+        """slot -> where the worker runs (node id, pid, threads)."""
+        return {s: self.group.info[s] for s in self.active}
+
+    def digests(self) -> dict[int, str]:
+        """slot -> sha256 of the worker's pushed weights."""
+        import ray
+
+        return dict(zip(self.active, ray.get([self.group.handles[s].digest.remote() for s in self.active],
+                                             timeout=self.call_timeout_s)))
+
+    def metrics(self) -> dict:
+        """`cluster/<role>_*` since the last call: workers, busy_frac, queue_depth, restarts, and the last push's bytes."""
+        redone, self.redone_shards = self.redone_shards, 0
+        return {**self.group.stats.read(len(self.active)), f"cluster/{self.role}_redone_shards": redone,
+                **self.sync_metrics}
+
+    def close(self) -> None:
+        self.group.close()
+        self.active = []

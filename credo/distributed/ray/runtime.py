@@ -1,0 +1,229 @@
+"""What every role shares: connecting to Ray, a supervised group of actors, worker-loss detection, role metrics.
+
+A `WorkerGroup` holds one role's actors by slot. A worker that dies (killed, crashed, its node lost) or hangs
+past a timeout is replaced in the same slot and counted; past `max_restarts` replacements over the run the
+group raises `ClusterWorkerError` naming the role. Ray's own actor restarts and task retries are off
+(max_restarts=0, max_task_retries=0): the caller redoes the lost work itself, with the same seeds, so it can
+count restarts and put its current weights or env state back first. Every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+
+from credo.distributed.ray.config import ClusterConfig, check_placement, role_request
+
+log = logging.getLogger("credo.cluster")
+
+
+class ClusterWorkerError(RuntimeError):
+    """A role cannot keep its workers: they keep dying, or they are not placed or ready in time."""
+
+
+def connect(cfg: ClusterConfig, *, roles: tuple[str, ...] = (), verbose: bool = False) -> float:
+    """Start or join Ray as `cluster.address` says, then check that every role in `roles` can be placed
+    (`check_placement`: a ConfigError naming the role, before any worker starts). Returns the seconds it took.
+
+    '' starts a local Ray with cluster.num_cpus CPUs (all when 0) and no dashboard; 'auto', 'host:port' or
+    'ray://host:port' joins a running cluster; a process already connected stays so. Ray's worker logs reach
+    the driver only when `verbose`.
+    """
+    import ray
+
+    t0 = time.perf_counter()
+    if not ray.is_initialized():
+        quiet = dict(log_to_driver=verbose, logging_level=logging.INFO if verbose else logging.WARNING)
+        if cfg.address:
+            ray.init(address=cfg.address, **quiet)
+        else:
+            # Ray renices its workers by 15 by default (background work); here they are the step's critical path
+            os.environ.setdefault("RAY_worker_niceness", "0")
+            ray.init(num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False, **quiet)
+    check_placement(cfg, ray.nodes(), roles)
+    return time.perf_counter() - t0
+
+
+def loss_errors() -> tuple[type, ...]:
+    """The Ray errors that mean a worker (or its node) is gone, not that the user's code raised."""
+    from ray import exceptions as rx
+
+    return (rx.RayActorError, rx.WorkerCrashedError, rx.NodeDiedError, rx.ObjectLostError, rx.OutOfMemoryError)
+
+
+def user_error(err: BaseException) -> BaseException:
+    """The exception the user's code raised inside a worker (Ray wraps it in a RayTaskError)."""
+    from ray.exceptions import RayTaskError
+
+    if isinstance(err, RayTaskError) and getattr(err, "cause", None) is not None:
+        return err.cause
+    return err
+
+
+class RoleStats:
+    """Per role, over the window since the last `read`: busy fraction, peak queue depth, restarts."""
+
+    def __init__(self, role: str):
+        self.role = role
+        self._lock = threading.Lock()
+        self._reset(time.monotonic())
+
+    def _reset(self, now: float) -> None:
+        self.window_start, self.busy_s, self.queue_peak, self.restarts = now, 0.0, 0, 0
+
+    def busy(self, seconds: float) -> None:
+        with self._lock:
+            self.busy_s += seconds
+
+    def queue(self, depth: int) -> None:
+        with self._lock:
+            self.queue_peak = max(self.queue_peak, depth)
+
+    def restarted(self) -> None:
+        with self._lock:
+            self.restarts += 1
+
+    def read(self, workers: int) -> dict:
+        """`cluster/<role>_*` for the window, which then starts anew; busy_frac = busy worker-seconds / (workers x wall)."""
+        with self._lock:
+            now = time.monotonic()
+            wall = now - self.window_start
+            r = self.role
+            out = {f"cluster/{r}_workers": workers, f"cluster/{r}_queue_depth": self.queue_peak,
+                   f"cluster/{r}_busy_frac": min(1.0, self.busy_s / (workers * wall)) if workers and wall > 0 else 0.0,
+                   f"cluster/{r}_restarts": self.restarts}
+            self._reset(now)
+        return out
+
+
+def cluster_metrics(*parts: dict) -> dict:
+    """Merge components' `metrics()` and add `cluster/worker_restarts`, the sum over roles."""
+    out: dict = {}
+    for p in parts:
+        out.update(p)
+    out["cluster/worker_restarts"] = sum(v for k, v in out.items() if k.endswith("_restarts") and k != "cluster/worker_restarts")
+    return out
+
+
+class WorkerGroup:
+    """One role's actors, by slot: started together, replaced one at a time, each replacement counted.
+
+    Args:
+        role: the role's name, used in errors and metrics.
+        cls: the worker class (plain Python; made a Ray actor here), built with `args`/`kwargs`; it must have
+            `ready()` returning a dict (where it runs: node id, pid).
+        resources: the role's request per worker ({CPU: 1}, {GPU: 1}, {decode_gpu: 1}).
+        max_restarts: replacements allowed over the group's life.
+        startup_timeout_s: longest wait for one worker to be placed and built.
+        max_concurrency: calls one actor runs at once (threads); None = one at a time.
+    """
+
+    def __init__(self, role: str, cls: type, *, args: tuple = (), kwargs: dict | None = None, resources: dict,
+                 max_restarts: int, startup_timeout_s: float, max_concurrency: int | None = None):
+        import ray
+
+        self.role, self.resources = role, dict(resources)
+        self.args, self.kwargs = args, dict(kwargs or {})
+        self.max_restarts, self.startup_timeout_s = max_restarts, startup_timeout_s
+        options = dict(role_request(self.resources), max_restarts=0, max_task_retries=0)
+        if max_concurrency:
+            options["max_concurrency"] = max_concurrency
+        self.actor_cls = ray.remote(cls).options(**options)
+        self.handles: dict[int, object] = {}
+        self.info: dict[int, dict] = {}
+        self.restarts = 0
+        self.failed: ClusterWorkerError | None = None  # set once the role ran out of restarts: every later use raises
+        self.stats = RoleStats(role)
+        self.lock = threading.RLock()
+        self._slots = itertools.count()
+
+    def start(self, n: int) -> list[int]:
+        """Create n workers at once and wait until all are ready; their slots, in order."""
+        handles = [self.actor_cls.remote(*self.args, **self.kwargs) for _ in range(n)]
+        infos = self._wait_ready(handles)
+        slots = []
+        with self.lock:
+            for h, info in zip(handles, infos):
+                slot = next(self._slots)
+                self.handles[slot], self.info[slot] = h, info
+                slots.append(slot)
+        return slots
+
+    def _wait_ready(self, handles: list) -> list[dict]:
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        refs = [h.ready.remote() for h in handles]
+        try:
+            return ray.get(refs, timeout=self.startup_timeout_s)
+        except GetTimeoutError:
+            for h in handles:
+                ray.kill(h)
+            raise ClusterWorkerError(
+                f"role '{self.role}': {len(handles)} worker(s) asking for {self.resources} were not placed and ready within "
+                f"cluster.startup_timeout_s = {self.startup_timeout_s} s (no free node offers them, or loading is "
+                f"slower than that)") from None
+        except loss_errors() as e:
+            raise ClusterWorkerError(f"role '{self.role}': a worker died while starting: {e}") from None
+
+    def replace(self, slot: int, seen, cause: BaseException | str) -> object:
+        """Replace the worker in `slot` that the caller saw fail (`seen`, its handle); count it; the new handle.
+
+        If another caller already replaced it, the current handle is returned and nothing is counted.
+
+        Raises:
+            ClusterWorkerError: past max_restarts replacements, naming the role.
+        """
+        import ray
+
+        with self.lock:
+            self.check()
+            current = self.handles.get(slot)
+            if current is not seen and current is not None:
+                return current
+            self.restarts += 1
+            self.stats.restarted()
+            if self.restarts > self.max_restarts:
+                self.failed = ClusterWorkerError(
+                    f"role '{self.role}': its workers were lost {self.restarts} times, more than cluster.{self.role}."
+                    f"max_restarts = {self.max_restarts}; last cause: {cause}")
+                raise self.failed
+            log.warning("role '%s': worker in slot %d lost (%s); restarting it and redoing its work", self.role, slot,
+                        str(cause).splitlines()[0] if str(cause) else type(cause).__name__)
+            if seen is not None:
+                ray.kill(seen)
+            handle = self.actor_cls.remote(*self.args, **self.kwargs)
+            self.info[slot] = self._wait_ready([handle])[0]
+            self.handles[slot] = handle
+            return handle
+
+    def check(self) -> None:
+        """Raise the role's `ClusterWorkerError` again once it ran out of restarts (a caller that swallowed it, such
+        as a thread of the multi-turn source, does not keep the run going on a broken role)."""
+        if self.failed is not None:
+            raise self.failed
+
+    def remove(self, slot: int) -> None:
+        """Stop the worker in `slot` (a leaving worker: not counted as a restart)."""
+        import ray
+
+        with self.lock:
+            handle = self.handles.pop(slot, None)
+            self.info.pop(slot, None)
+        if handle is not None:
+            ray.kill(handle)
+
+    def close(self, grace_s: float = 30.0) -> None:
+        """Stop every worker: each first runs its own `close()` (a vLLM engine stops its child processes), for at most
+        `grace_s` seconds in all, then is killed."""
+        import ray
+
+        handles = list(self.handles.values())
+        done = [h.close.remote() for h in handles if hasattr(h, "close")]
+        if done:
+            ray.wait(done, num_returns=len(done), timeout=grace_s)
+        for slot in list(self.handles):
+            self.remove(slot)

@@ -1,0 +1,204 @@
+"""`rollout.async_mode: overlap`: rollout worker processes generate ahead while the trainer trains (ROLL Flash,
+arXiv 2510.11345: asynchronous rollout with a staleness bound, queue scheduling, prompt replication).
+
+The prompts form one stream of groups (a prompt's group_size samples): group n is prompt n % P of step n // P + 1,
+with that step's problem and sampling seeds, as a synchronous run draws them. Then
+
+    gate       group n may be submitted once the trainer has published version v with n < (v + 1 + S) P + d
+               (d: groups dropped so far): generation runs at most S versions ahead, and the groups in flight or
+               waiting are bounded by (S + 1) P + d.
+    dispatch   groups go out in requests of rollout.async_request_prompts prompts (1: ROLL Flash's per-prompt
+               dispatch, no batch barrier); with async_workers > 1 each prompt's samples are split over the
+               workers (prompt replication, rollout.prompt_replication), each part to the worker with the fewest
+               requests (queue scheduling).
+    weights    `sync` publishes the new weights to a shared-memory double buffer; a worker takes them between two
+               requests, without stopping generation (`credo.distributed.weight_buffer`).
+    consume    step k takes the first P complete groups in the order they finished. A group with a sample older
+               than version k-1-S is dropped whole (counted in async/dropped_stale, and one more group is let
+               through the gate) unless rollout.stale_policy is keep.
+
+Versions count steps: a sample's `policy_version` is the version its worker held when it started the request.
+With a single worker, or several sharing every prompt (replication), groups finish in stream order and none is
+ever dropped: the gate alone bounds the staleness. With several workers each taking whole prompts, a group can finish
+after groups of later steps and be trained later than planned, so staler than S: that is what is dropped.
+Only rank 0 of a single-process run: the workers sample for the whole step.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from credo.distributed.rollout_workers import GenerationRequest, LocalRolloutWorkers, RolloutWorkerError, WorkerSpec
+from credo.errors import ConfigError
+from credo.tasks.render import encode_prompts
+from credo.train.batch import Batch
+from credo.train.rollout import step_problem_indices, step_seed
+from credo.train.staleness import staleness_metrics
+
+
+@dataclass
+class Group:
+    """One prompt's samples, filled as the requests that hold them finish."""
+
+    n: int
+    """Its place in the stream: prompt n % P of step n // P + 1."""
+    problem: object
+    samples: list = field(default_factory=list)
+    missing: int = 0
+
+    @property
+    def version(self) -> int:
+        """The oldest policy version among its samples."""
+        return min(s.policy_version for s in self.samples)
+
+
+class OverlapSource:
+    """Trains on groups generated ahead by rollout workers (see the module docstring)."""
+
+    def __init__(self, inner, workers, model: torch.nn.Module, *, staleness: int, stale_policy: str,
+                 request_prompts: int, timeout_s: float, last_step: int, replicate: bool = True):
+        self.inner, self.workers, self.model = inner, workers, model
+        self.S, self.keep_stale, self.timeout_s = staleness, stale_policy == "keep", timeout_s
+        self.replicate = replicate
+        self.P, self.G = inner.P, inner.G
+        self.request_prompts = request_prompts or self.P
+        self.last_group = last_step * self.P  # planned groups of the run (drops add replacements past it)
+        self.version: int | None = None  # the newest version published to the workers
+        self.next_n: int | None = None  # the next group to submit
+        self.dropped_groups = 0
+        self.open: dict[int, Group] = {}  # submitted, not complete
+        self.ready: deque[Group] = deque()  # complete, not trained yet
+        self.requests: dict[int, list] = {}  # request id -> [(group n, sample slot)]
+        self.request_id = 0
+        self.cycle = (time.perf_counter(), sum(workers.busy_seconds()))  # the last rollout's end, workers' busy s
+
+    # ------------------------------------------------------------------ the stage
+    def rollout(self, step: int) -> Batch:
+        if self.version is None:  # the first step of a fresh run: nothing published yet
+            self.publish(step - 1)
+        if self.next_n is None:  # the stream starts at this step's prompts (a resume starts mid-run)
+            self.next_n = (step - 1) * self.P
+        self.top_up()
+        waited, dropped, groups = 0.0, 0, []
+        while len(groups) < self.P:
+            t = time.perf_counter()
+            group = self.next_group()
+            waited += time.perf_counter() - t
+            if step - 1 - group.version > self.S and not self.keep_stale:
+                dropped += len(group.samples)
+                self.dropped_groups += 1
+                self.top_up()  # a replacement group
+                continue
+            groups.append(group)
+        batch = Batch(samples=[s for g in groups for s in g.samples],
+                      problems=[g.problem for g in groups for _ in g.samples],
+                      group_ids=torch.tensor([i for i, g in enumerate(groups) for _ in g.samples]), step=step)
+        batch.metrics.update(staleness_metrics(batch, self.S))
+        batch.metrics.update(self.cycle_metrics(waited, dropped))
+        return batch
+
+    def cycle_metrics(self, waited: float, dropped: int) -> dict[str, float]:
+        """Drops, the queue, and the idle fractions of the trainer and the workers since the last rollout returned."""
+        now, busy = time.perf_counter(), sum(self.workers.busy_seconds())
+        (t0, busy0), self.cycle = self.cycle, (now, busy)
+        span = max(now - t0, 1e-9)
+        return {"async/dropped_stale": float(dropped), "async/queue_len": float(len(self.ready) + len(self.open)),
+                "async/trainer_idle_frac": waited / span,
+                "async/rollout_idle_frac": max(0.0, 1.0 - (busy - busy0) / (span * len(self.workers.procs)))}
+
+    def sync(self, model: torch.nn.Module, step: int) -> None:
+        self.inner.sync(model, step)  # the trainer's own sampler (evaluation)
+        self.publish(step)
+        if self.next_n is None:  # a resume syncs before its first step: the stream starts at step + 1's prompts
+            self.next_n = step * self.P
+        self.top_up()
+
+    def generate(self, prompts, *, temperature: float, seeds):
+        return self.inner.generate(prompts, temperature=temperature, seeds=seeds)
+
+    def state_dict(self) -> dict:
+        return {}  # a resume restarts the stream at its step's prompts, from the resumed weights
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        self.workers.close()
+        self.inner.close()
+
+    # ------------------------------------------------------------------ the stream
+    def publish(self, version: int) -> None:
+        self.workers.publish(self.model, version)
+        self.version = version
+
+    def top_up(self) -> None:
+        """Submit every group the gate lets through: n < (version + 1 + S) P + dropped, and within the run."""
+        limit = min((self.version + 1 + self.S) * self.P, self.last_group) + self.dropped_groups
+        while self.next_n < limit:
+            count = min(self.request_prompts, limit - self.next_n)
+            self.submit(list(range(self.next_n, self.next_n + count)))
+            self.next_n += count
+
+    def submit(self, stream: list[int]) -> None:
+        """Requests for the groups `stream`: each prompt's G samples split over the workers (prompt replication),
+        each part to the worker with the fewest requests in its queue."""
+        inner, G = self.inner, self.G
+        problems = [self.problem(n) for n in stream]
+        prompt_ids = encode_prompts(inner.tokenizer, inner.render, problems)
+        prompt_of = dict(zip(stream, prompt_ids))
+        for n, problem in zip(stream, problems):
+            self.open[n] = Group(n, problem, [None] * G, G)
+        ways = len(self.workers.procs) if self.replicate else 1
+        parts = [p for p in (list(range(G))[w::ways] for w in range(ways)) if p]
+        order = sorted(range(len(self.workers.procs)), key=lambda w: self.workers.outstanding[w])
+        for worker, part in zip(order, parts):
+            tags = [(n, g) for n in stream for g in part]
+            seeds = [step_seed(inner.seed, n // self.P + 1, 1 + (n % self.P) * G + g) for n, g in tags]
+            prompts = [prompt_of[n] for n, _ in tags]
+            self.request_id += 1
+            self.requests[self.request_id] = tags
+            self.workers.submit(worker, GenerationRequest(self.request_id, prompts, seeds, inner.max_new_tokens,
+                                                          inner.temperature, inner.top_p))
+
+    def problem(self, n: int):
+        """The problem of stream group n: prompt n % P of step n // P + 1, as a synchronous run draws it."""
+        inner = self.inner
+        idx = step_problem_indices(inner.seed, n // self.P + 1, len(inner.task) - inner.holdout, self.P)
+        return inner.task.train(idx[n % self.P])
+
+    def next_group(self) -> Group:
+        """The oldest complete group; waits (up to rollout.async_timeout_s) for the workers to finish one."""
+        while not self.ready:
+            result = self.workers.next_result(self.timeout_s)
+            if result is None:
+                raise RolloutWorkerError(
+                    f"no rollout worker finished a request in rollout.async_timeout_s = {self.timeout_s} s "
+                    f"({len(self.open)} group(s) in flight; requests queued per worker: {self.workers.outstanding})")
+            for (n, g), sample in zip(self.requests.pop(result.id), result.samples):
+                group = self.open[n]
+                group.samples[g] = sample
+                group.missing -= 1
+                if group.missing == 0:
+                    self.ready.append(self.open.pop(n))
+        return self.ready.popleft()
+
+
+def overlap_source(r, ctx, source) -> OverlapSource:
+    """The overlap source of a recipe: its workers built from the policy folder and the rollout settings."""
+    if ctx.world > 1:
+        raise ConfigError(f"config key 'rollout.async_mode' = 'overlap' runs one trainer process, got {ctx.world}; "
+                          "use async_mode: fixed_lag under torchrun")
+    ro = r.rollout
+    others = max(1, (os.cpu_count() or 1) - torch.get_num_threads())
+    spec = WorkerSpec(policy_path=ctx.policy_path, dtype=r.model.dtype, eos_id=ctx.tokenizer.eos_token_id,
+                      pad_id=ctx.tokenizer.pad_token_id, max_batch=ro.hf_max_batch, rollout_dtype=ro.dtype,
+                      fp8_weights=ro.fp8_weights, threads=max(1, others // ro.async_workers))
+    workers = LocalRolloutWorkers(ctx.engine.module, spec, ro.async_workers, timeout_s=ro.async_timeout_s)
+    return OverlapSource(source, workers, ctx.engine.module, staleness=ro.max_staleness, stale_policy=ro.stale_policy,
+                         request_prompts=ro.async_request_prompts, timeout_s=ro.async_timeout_s, last_step=r.run.steps,
+                         replicate=ro.prompt_replication)
