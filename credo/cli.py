@@ -1,7 +1,8 @@
 """`credo run RECIPE.yaml key=value ...`, `credo check RECIPE.yaml ...` (validate only), `credo ablate SWEEP.yaml`,
 `credo list` (the names a recipe can use), `credo export CHECKPOINT_DIR OUT_DIR` (a checkpoint as a Hugging Face
 model folder, or its LoRA adapter with --adapter), `credo eval MODEL RECIPE_OR_TASK` (a recipe's evaluation of a saved
-model), `credo bon RECIPE.yaml --n 1 4 16 --out FILE.json` (best-of-N with the recipe's CE-RM judge) and
+model), `credo bon RECIPE.yaml --n 1 4 16 --out FILE.json` (best-of-N with the recipe's CE-RM judge),
+`credo palette RUN_DIR --prompt P --z ...` (a Reasoning Palette run sampled with a chosen latent) and
 `credo --version`."""
 
 from __future__ import annotations
@@ -174,6 +175,12 @@ def _bon(args) -> int:
     return 0
 
 
+def _palette(args) -> int:
+    from credo.families.palette.steer import main as steer
+
+    return steer(args)
+
+
 def _list(args) -> int:
     print(list_names())
     return 0
@@ -306,6 +313,18 @@ def _parser() -> argparse.ArgumentParser:
     p_eval.add_argument("--out", default=None, help="also write the metrics, settings and the first 16 samples "
                         "as JSON to this file")
     p_eval.set_defaults(handler=_eval, needs_logging=True)
+    p_pal = sub.add_parser("palette", help="sample a Reasoning Palette run with a chosen latent z (steers its strategy; "
+                           "credo.families.palette.steer)")
+    p_pal.add_argument("run", help="a run folder trained with palette.enabled, or a palette model folder")
+    p_pal.add_argument("--prompt", required=True, help="the prompt text, e.g. 47+86=")
+    p_pal.add_argument("--z", default=None, help="the latent: latent_dim comma-separated numbers")
+    p_pal.add_argument("--like", default=None, help="an example answer: z = the encoder's posterior mean of it")
+    p_pal.add_argument("--like-prompt", default=None, help="the example answer's question (default: --prompt)")
+    p_pal.add_argument("--samples", type=int, default=4, help="completions (without --z/--like: z ~ N(0, I) each)")
+    p_pal.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0: greedy)")
+    p_pal.add_argument("--max-new-tokens", type=int, default=32, help="length cap of a completion")
+    p_pal.add_argument("--seed", type=int, default=0, help="seed of the z draws and of the sampling")
+    p_pal.set_defaults(handler=_palette, needs_logging=False)
     p_list = sub.add_parser("list", help="print the policy losses, advantage and KL estimators, tasks and credit strategies")
     p_list.set_defaults(handler=_list, needs_logging=False)
     p_export = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model folder")

@@ -18,7 +18,12 @@ declares, in one `Family` value:
                               preflight(recipe) -> notes          targets its section points at (model folders)
                               task(recipe) -> task or None        the run's task, when the family makes it
                               evaluator(ctx, source, temperature)  the held-out evaluation, with a `metric`
+                                                                   (and a dict `extra_metrics`, logged beside it)
                               hooks(ctx, parts) -> [StepHook]     called around every train step
+                              warmup(recipe, task, policy_path, log=) -> (policy_path, key)
+                                                                  its own warm-up after credo's (cached by it)
+                              rollout_options(recipe) -> dict     what the rollout engine must support
+                                                                  ({'prompt_embeds': True}: vLLM prompt embeddings)
 
 The core (`credo.config`, `credo.train`, `credo.trainer`) names no family: it reads this table. The built-in
 families are listed in `credo/families/__init__.py`; a recipe adds its own with `families: ['pkg.mod:attr']`.
@@ -92,8 +97,8 @@ class Family:
     """Keys of its section a resume cannot honour (they shape state in the checkpoint), refused even with
     run.allow_config_change."""
     build: str | None = None
-    """The module of its build-time parts (functions preflight, check_names, task, evaluator, hooks; each
-    optional), imported only when the family is active."""
+    """The module of its build-time parts (functions preflight, check_names, task, evaluator, hooks, warmup,
+    rollout_options; each optional), imported only when the family is active."""
 
     def settings(self, recipe: Any) -> Any:
         """This family's section of `recipe` (its defaults when the recipe was built without it)."""

@@ -121,6 +121,12 @@ class Trainer:
     def evaluate(self) -> float:
         return self.c.evaluate()
 
+    def eval_metrics(self) -> dict:
+        """The evaluation's score under its metric, and the further metrics an evaluator reports in its
+        `extra_metrics` (a multi-domain evaluator's per-discipline scores)."""
+        score = self.evaluate()
+        return {self.c.evaluate.metric: score, **getattr(self.c.evaluate, "extra_metrics", {})}
+
     def log_samples(self, step: int) -> None:
         """The evaluation's sample completions (samples/step_<step>.jsonl, the log), when the evaluator keeps them."""
         samples = getattr(self.c.evaluate, "last_samples", None)
@@ -139,7 +145,7 @@ class Trainer:
         with DeferredInterrupt(announce=c.rank == 0) as stop:
             try:
                 if self.start_step == 0 and c.eval_every:
-                    self.tracker.log({"step": 0, c.evaluate.metric: self.evaluate()})
+                    self.tracker.log({"step": 0, **self.eval_metrics()})
                     self.log_samples(0)
                 for step in range(self.start_step + 1, c.steps + 1):
                     if _any_rank(stop.requested):  # between steps: the state in memory is that step `done` left
@@ -149,7 +155,7 @@ class Trainer:
                         raise RunInterrupted(done, saved or None, self.run_dir)
                     row = self.train_step(step)
                     if c.eval_every and (step % c.eval_every == 0 or step == c.steps):
-                        row[c.evaluate.metric] = self.evaluate()
+                        row.update(self.eval_metrics())
                         self.log_samples(step)
                     self.tracker.log(row)
                     done = step

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CORE = sorted([*(ROOT / "credo" / "train").glob("*.py"), *(ROOT / "credo" / "config").glob("*.py"),
                ROOT / "credo" / "trainer.py"])
-SECTIONS = ("critic", "mipu", "env", "judge")  # the built-in families' recipe sections
+SECTIONS = ("critic", "mipu", "env", "judge", "polymath")  # the built-in families' recipe sections
 
 
 def _imports(tree: ast.AST) -> list[str]:

@@ -6,11 +6,15 @@ environment/observation tokens in the response with mask 0 (IPA chunks are the r
 `policy_version` lets an asynchronous scheduler bound staleness per sample.
 
     class RolloutBackend(Protocol):
-        def generate(self, prompts, *, max_new_tokens, temperature, top_p, seeds) -> list[Sample]
+        def generate(self, prompts, *, max_new_tokens, temperature, top_p, seeds,
+                     prefix_embeds=None) -> list[Sample]
         def sync_weights(self, model, version) -> None      # after each optimizer step
         def close(self) -> None
 
 `seeds[i]` seeds prompt i's sampling, so a resumed run draws the same responses as an uninterrupted one.
+`prefix_embeds` ([N, k, d], optional) are soft-prompt embeddings the model reads before prompt i's own token
+embeddings (a source that conditions the policy on a sampled latent); the trainer's forwards see the same rows through
+`Batch.prefix_embeds`. Without them nothing changes.
 """
 
 from __future__ import annotations
@@ -130,7 +134,8 @@ class HFBackend:
 
     @torch.no_grad()
     def _generate_block(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                        seed: int | None, sample_seeds: list[int] | None = None) -> list[Sample]:
+                        seed: int | None, sample_seeds: list[int] | None = None,
+                        prefix_embeds: torch.Tensor | None = None) -> list[Sample]:
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
@@ -143,15 +148,18 @@ class HFBackend:
 
             sampler = SeededGumbelSampler(sample_seeds, temperature, top_p)
             processors = LogitsProcessorList([sampler])
+        inputs = dict(input_ids=ids.to(device), attention_mask=attn.to(device))
+        if prefix_embeds is not None:
+            inputs = prefixed_inputs(self.model, ids.to(device), attn.to(device), prefix_embeds.to(device))
         was_training = self.model.training
         self.model.eval()
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
-            out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=config,
-                                      logits_processor=processors)
+            out = self.model.generate(**inputs, generation_config=config, logits_processor=processors)
         self.model.train(was_training)
-        gen = out.sequences[:, width:]
+        # from embeddings alone, transformers returns only the new tokens
+        gen = out.sequences[:, width:] if prefix_embeds is None else out.sequences
         # scores are the processed logits the sampler drew from (temperature/top-p applied); taken step by
         # step on the device, so neither a [B, T, V] log-softmax nor a copy of the scores to the CPU is made
         if sampler is not None:
@@ -169,10 +177,12 @@ class HFBackend:
                 for i, (p, n) in enumerate(zip(prompts, lengths))]
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float,
-                 seeds: list[int] | None) -> list[Sample]:
-        """Sample one response per prompt; `seeds=None` decodes greedily."""
+                 seeds: list[int] | None, prefix_embeds: torch.Tensor | None = None) -> list[Sample]:
+        """Sample one response per prompt; `seeds=None` decodes greedily. `prefix_embeds` [N, k, d]: soft-prompt
+        embeddings read before each (left-padded) prompt's token embeddings (see the module docstring)."""
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"seeds has length {len(seeds)}, expected {len(prompts)} like prompts")
+        check_prefix_embeds(prefix_embeds, len(prompts), self.model)
         if not prompts:
             return []
         # One RNG stream for the whole call, derived from all seeds: the same prompts and seeds give the
@@ -181,10 +191,42 @@ class HFBackend:
         block = self.max_batch or len(prompts)
         samples: list[Sample] = []
         for start in range(0, len(prompts), block):
+            rows = None if prefix_embeds is None else prefix_embeds[start:start + block]
             if self.per_sample_seeds and seeds is not None:  # no RNG stream: each row's noise comes from its seed
                 samples += self._generate_block(prompts[start:start + block], max_new_tokens, temperature, top_p, None,
-                                                sample_seeds=list(seeds[start:start + block]))
+                                                sample_seeds=list(seeds[start:start + block]), prefix_embeds=rows)
                 continue
             seed = None if block_seed is None else block_seed + start
-            samples += self._generate_block(prompts[start:start + block], max_new_tokens, temperature, top_p, seed)
+            samples += self._generate_block(prompts[start:start + block], max_new_tokens, temperature, top_p, seed,
+                                            prefix_embeds=rows)
         return samples
+
+
+def check_prefix_embeds(prefix_embeds: torch.Tensor | None, n: int, model: torch.nn.Module) -> None:
+    """`prefix_embeds` is None or [n, k, d] with d the model's embedding width; a ValueError naming it otherwise."""
+    if prefix_embeds is None:
+        return
+    d = model.get_input_embeddings().embedding_dim
+    if prefix_embeds.dim() != 3 or prefix_embeds.shape[0] != n or prefix_embeds.shape[2] != d:
+        raise ValueError(f"prefix_embeds has shape {list(prefix_embeds.shape)}, expected [{n}, k, {d}] "
+                         "(one row of k embeddings per prompt, the model's embedding width)")
+
+
+def prefixed_inputs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, prefix: torch.Tensor) -> dict:
+    """`inputs_embeds` [B, L + k, d] and `attention_mask` [B, L + k] of left-padded prompts `ids` [B, L] with soft
+    prefixes `prefix` [B, k, d] placed right before each prompt's first real token: the padding stays in front, so
+    the positions (taken from the attention mask) of prefix and prompt do not depend on it. The prefix is cast to
+    the embedding's dtype."""
+    tokens = model.get_input_embeddings()(ids)
+    B, L = ids.shape
+    k, d = prefix.shape[1], tokens.shape[-1]
+    pads = (attn == 0).sum(1, keepdim=True)  # [B, 1] left padding per row
+    pos = torch.arange(L + k, device=ids.device)[None, :].expand(B, -1)
+    # row b: pads_b padding slots, then k prefix slots, then the prompt's L - pads_b tokens
+    in_prefix = (pos >= pads) & (pos < pads + k)
+    token_src = torch.where(pos < pads, pos, (pos - k).clamp(min=0))
+    prefix_src = (pos - pads).clamp(0, k - 1)
+    out = torch.where(in_prefix[..., None], prefix.to(tokens.dtype).gather(1, prefix_src[..., None].expand(-1, -1, d)),
+                      tokens.gather(1, token_src[..., None].expand(-1, -1, d)))
+    return dict(inputs_embeds=out, attention_mask=(pos >= pads).to(attn.dtype))
+

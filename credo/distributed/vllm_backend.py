@@ -66,12 +66,15 @@ class VLLMBackend:
             :func:`credo.distributed.weight_sync.push_weights` (``auto``: ``/dev/shm`` when it has room).
         fp8_weights: every :meth:`sync_weights` pushes simulated FP8 (e4m3, per-channel) linear weights
             (:mod:`credo.distributed.rollout_copy`); call it once after start-up to quantise the initial ones.
+        input_embeddings: the trainer's input-embedding module; given, the engine takes prompt embeddings
+            (``enable_prompt_embeds``) and :meth:`generate` accepts ``prefix_embeds``: each prompt is sent as its
+            soft prefix followed by its token embeddings, computed with these (live) weights.
         **engine_kwargs: passed on to ``vllm.LLM`` (e.g. ``tensor_parallel_size``).
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", seed: int = 0, kv_cache_gib: float = 1,
                  gpu_memory_utilization: float = 0.3, max_model_len: int | None = None, enforce_eager: bool = False,
-                 weight_transport: str = "auto", fp8_weights: bool = False, **engine_kwargs):
+                 weight_transport: str = "auto", fp8_weights: bool = False, input_embeddings=None, **engine_kwargs):
         if kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib is {kv_cache_gib}, expected a positive size in GiB")
         if weight_transport not in ("auto", "shm", "bytes"):
@@ -80,6 +83,9 @@ class VLLMBackend:
             engine_kwargs.setdefault("gpu_memory_utilization", gpu_memory_utilization)
         else:
             engine_kwargs.setdefault("kv_cache_memory_bytes", int(kv_cache_gib * 2**30))
+        if input_embeddings is not None:
+            engine_kwargs["enable_prompt_embeds"] = True
+        self.input_embeddings = input_embeddings
         self.llm = None
         t0 = time.perf_counter()
         env_before = dict(os.environ)  # taken before the import: importing vllm already exports some
@@ -101,8 +107,9 @@ class VLLMBackend:
         self.fp8_weights = fp8_weights
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                 seeds: list[int] | None = None) -> list[Sample]:
+                 seeds: list[int] | None = None, prefix_embeds: torch.Tensor | None = None) -> list[Sample]:
         """Sample one response per prompt; ``seeds=None`` decodes greedily (``temperature`` is then ignored).
+        ``prefix_embeds`` [N, k, d]: soft-prompt embeddings before each prompt (needs ``input_embeddings``).
 
         Returns:
             One :class:`Sample` per prompt, in order. ``response_ids`` keeps the final EOS when the
@@ -110,7 +117,6 @@ class VLLMBackend:
             log-prob of ``response_ids[t]`` (see the module docstring for the distribution).
         """
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
         if self.llm is None:
             raise RuntimeError("generate called after close()")
@@ -127,7 +133,7 @@ class VLLMBackend:
             params = SamplingParams(temperature=0.0, **common)  # one object applies to every prompt
         else:
             params = [SamplingParams(temperature=temperature, top_p=top_p, seed=int(s), **common) for s in seeds]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        outs = self.llm.generate(self._requests(prompts, prefix_embeds), params, use_tqdm=False)
         samples = []
         for p, out in zip(prompts, outs):
             comp = out.outputs[0]
@@ -136,6 +142,24 @@ class VLLMBackend:
             lps = [float(pos[tok].logprob) for pos, tok in zip(comp.logprobs, resp)]
             samples.append(Sample(list(p), resp, [1] * len(resp), lps, comp.finish_reason == "stop", self.version))
         return samples
+
+    @torch.no_grad()
+    def _requests(self, prompts: list[list[int]], prefix_embeds: torch.Tensor | None) -> list:
+        """Token prompts, or (with soft prefixes) embedding prompts: prefix_i then prompt i's token embeddings."""
+        from vllm.inputs import TokensPrompt
+
+        if prefix_embeds is None:
+            return [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        if self.input_embeddings is None:
+            raise ValueError("prefix_embeds needs a VLLMBackend built with input_embeddings (prompt embeddings on)")
+        emb = self.input_embeddings
+        d = emb.embedding_dim
+        if prefix_embeds.dim() != 3 or prefix_embeds.shape[0] != len(prompts) or prefix_embeds.shape[2] != d:
+            raise ValueError(f"prefix_embeds has shape {list(prefix_embeds.shape)}, expected [{len(prompts)}, k, {d}] "
+                             "(one row of k embeddings per prompt, the model's embedding width)")
+        dev = emb.weight.device
+        return [{"prompt_embeds": torch.cat([pre.to(dev, emb.weight.dtype), emb(torch.tensor(p, device=dev))]).cpu()}
+                for pre, p in zip(prefix_embeds, prompts)]
 
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
         """Push the trainer's current weights into the engine in place; later samples carry ``version``.

@@ -6,6 +6,9 @@ only its config module; stages, hooks and models load when a recipe uses them (`
     multiturn/   agents in GEM-protocol envs, turn credit, IPA resampling      section env:
     judges/      LLM judges as rewards; RM-NLHF, CE-RM, P-GenRM                section judge:
     attention/   attention-derived token credit, as a probe                    (stage settings only)
+    complementary/  Complementary RL: actor + experience extractor, experience bank  section complementary:
+    polymath/    one-sample RL, skill-ranked samples, multi-domain evaluation   section polymath:
+    palette/     Reasoning Palette: a sampled latent decoded into soft prefixes section palette:
 
 Adding a family: a folder with a `FAMILY = credo.family.Family(...)` in its `__init__`, listed in BUILTIN below
 (or, outside credo, named in a recipe's `families:`). See docs/architecture.md, "Adding a family".
@@ -13,7 +16,7 @@ Adding a family: a folder with a `FAMILY = credo.family.Family(...)` in its `__i
 
 import importlib
 
-BUILTIN = ("critic", "mipu", "multiturn", "judges", "attention")
+BUILTIN = ("critic", "mipu", "multiturn", "judges", "attention", "complementary", "polymath", "palette")
 """In this order their sections follow the core sections of a recipe."""
 
 

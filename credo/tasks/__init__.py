@@ -7,6 +7,7 @@
     longtail.py       `longtail_add`: scratchpad addition with log-normal digit counts (long-tailed responses)
     reasoning_gym.py  `rg:<name>`: any reasoning-gym dataset
     data.py           `file` / `hf:<name>`: your own prompts and columns (no verifier: reward.functions score them)
+    skill_tags.py     the skill vocabulary every generator tags its problems with (Problem.meta['skills'])
     render.py         prompt rendering (chat template, system prompt), shared by warm-up, rollout and eval
 
 A family adds tasks of its own through its table (e.g. the judges' `judge_arithmetic`); `make_task` finds them.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from credo.errors import ConfigError
 from credo.tasks.problem import Problem, SplitSpaceTask
 from credo.tasks.registry import register_task
+from credo.tasks.skill_tags import column_add_skills, column_sub_skills
 
 
 @register_task("arithmetic")
@@ -13,6 +14,8 @@ class ArithmeticTask(SplitSpaceTask):
 
     With `fixed_width`, operands are zero-padded to the width of max_operand and the answer to one more
     digit, so every digit sits at a fixed position: a tiny model learns the carries far sooner.
+
+    `meta['skills']` tags what each problem exercises (`credo.tasks.skill_tags`).
 
     The full problem space is shuffled once with the task seed: the first `eval_size` problems are the
     held-out split and never appear in training.
@@ -32,7 +35,8 @@ class ArithmeticTask(SplitSpaceTask):
         w = self.width  # fixed width zero-pads operands and the answer ("07+45=052"): digits keep their positions
         value = a + b if o == "+" else a - b
         answer = f"{'-' if value < 0 else ''}{abs(value):0{w + 1 if w else 0}d}"
-        return Problem(prompt=f"{a:0{w}d}{o}{b:0{w}d}=" if w else f"{a}{o}{b}=", answer=answer)
+        skills = column_add_skills(a, b, len(str(max(a, b))), scratchpad=False) if o == "+" else column_sub_skills(a, b)
+        return Problem(prompt=f"{a:0{w}d}{o}{b:0{w}d}=" if w else f"{a}{o}{b}=", answer=answer, meta={"skills": skills})
 
     @staticmethod
     def score(response: str, problem: Problem) -> float:

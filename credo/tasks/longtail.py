@@ -27,6 +27,7 @@ import random
 from credo.errors import ConfigError
 from credo.tasks.problem import Problem
 from credo.tasks.registry import register_task
+from credo.tasks.skill_tags import column_add_skills
 from credo.tasks.skills import _final_int
 
 
@@ -77,7 +78,8 @@ class LongTailAddTask:
 
     @staticmethod
     def _problem(a: int, b: int, n: int) -> Problem:
-        return Problem(prompt=f"{a:0{n}d}+{b:0{n}d}=", answer=worked_sum(a, b, n), meta={"result": a + b, "digits": n})
+        return Problem(prompt=f"{a:0{n}d}+{b:0{n}d}=", answer=worked_sum(a, b, n),
+                       meta={"result": a + b, "digits": n, "skills": column_add_skills(a, b, n)})
 
     def train(self, i: int) -> Problem:
         return self._problem(*self._train[i % len(self._train)])

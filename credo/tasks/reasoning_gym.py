@@ -7,6 +7,7 @@ from typing import Any
 
 from credo.errors import ConfigError
 from credo.tasks.problem import Problem
+from credo.tasks.skill_tags import rg_skills
 
 
 def check_rg_name(name: str) -> None:
@@ -25,7 +26,8 @@ def check_rg_name(name: str) -> None:
 
 
 class ReasoningGymTask:
-    """A reasoning-gym dataset: train entries from `seed`, held-out entries from a separate seed stream."""
+    """A reasoning-gym dataset: train entries from `seed`, held-out entries from a separate seed stream. Each problem's
+    `meta['skills']` maps the generator's metadata to credo's skill tags (`credo.tasks.skill_tags.rg_skills`)."""
 
     def __init__(self, name: str, train_size: int, eval_size: int, seed: int, **kwargs: Any):
         check_rg_name(name)
@@ -54,7 +56,8 @@ class ReasoningGymTask:
             if k not in entry:
                 raise ConfigError(f"task 'rg:{self.name}' {where} is missing the field '{k}' (expected 'question' and "
                                   f"'answer'; it has {sorted(entry)})")
-        return Problem(prompt=entry["question"] + "\nAnswer: ", answer=str(entry["answer"]), meta={"entry": entry})
+        return Problem(prompt=entry["question"] + "\nAnswer: ", answer=str(entry["answer"]),
+                       meta={"entry": entry, "skills": rg_skills(self.name, entry)})
 
     def __len__(self) -> int:
         return len(self._train)

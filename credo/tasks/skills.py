@@ -11,6 +11,8 @@ result: the model may write any scratchpad it likes, but only a right result ear
 - `sort`: `sort:qwhdmxaqbn=` -> `abdhmnqqwx`: the letters in alphabetical order (repeats allowed). Reward: the
   response equals the sorted string exactly.
 
+Every problem's `meta['skills']` says what its worked answer exercises (`credo.tasks.skill_tags`).
+
 The problem space is shuffled once with the task seed; the first `eval_size` problems are the held-out split
 and never appear in training (sort draws its strings from the seed, and drops any drawn for eval).
 """
@@ -23,6 +25,7 @@ import string
 from credo.errors import ConfigError
 from credo.tasks.problem import Problem, SplitSpaceTask
 from credo.tasks.registry import register_task
+from credo.tasks.skill_tags import column_add_skills, column_mul_skills, sort_skills
 
 
 def _final_int(response: str) -> int | None:
@@ -69,7 +72,8 @@ class AddScratchTask(_ScratchTask):
             cols.append(f"{x}+{y}+{carry}={s:02d}")
             carry = s // 10
         answer = ",".join(cols) + f">{a + b:0{n + 1}d}"
-        return Problem(prompt=f"{a:0{n}d}+{b:0{n}d}=", answer=answer, meta={"result": a + b})
+        return Problem(prompt=f"{a:0{n}d}+{b:0{n}d}=", answer=answer,
+                       meta={"result": a + b, "skills": column_add_skills(a, b, n)})
 
 
 @register_task("mul_scratch")
@@ -91,7 +95,8 @@ class MulScratchTask(_ScratchTask):
             cols.append(f"{x}*{b}+{carry}={s:02d}")
             carry = s // 10
         answer = ",".join(cols) + f">{a * b:0{n + 1}d}"
-        return Problem(prompt=f"{a:0{n}d}*{b}=", answer=answer, meta={"result": a * b})
+        return Problem(prompt=f"{a:0{n}d}*{b}=", answer=answer,
+                       meta={"result": a * b, "skills": column_mul_skills(a, b, n)})
 
 
 @register_task("sort")
@@ -119,7 +124,7 @@ class SortTask:
 
     @staticmethod
     def _problem(s: str) -> Problem:
-        return Problem(prompt=f"sort:{s}=", answer="".join(sorted(s)))
+        return Problem(prompt=f"sort:{s}=", answer="".join(sorted(s)), meta={"skills": sort_skills(s)})
 
     def train(self, i: int) -> Problem:
         return self._problem(self._train[i % len(self._train)])

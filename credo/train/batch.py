@@ -69,6 +69,10 @@ class Batch:
     """[B, T] float: per-token loss weights from credit stages and probes (None = all 1)."""
     entropy_mask: torch.Tensor | None = None
     """[B, T] bool: tokens whose entropy bonus counts (AsyPPO's entropy filter); None = all loss tokens."""
+    prefix_embeds: torch.Tensor | None = None
+    """[B, k, d] float: soft-prompt embeddings every policy forward reads before a sample's tokens (rollout,
+    recompute, reference, update), set by a rollout source that conditions the policy on a sampled latent;
+    None (the default): no prefix."""
     train_policy: bool = True
     """False when the policy takes no update this step (e.g. critic-only warm-up steps)."""
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -82,7 +86,8 @@ class Batch:
     def to(self, device: torch.device) -> "Batch":
         """Move every tensor field (and the extras) to `device`, in place."""
         for name in ("input_ids", "attention_mask", "response_mask", "loss_mask", "rollout_log_probs", "old_log_probs",
-                     "ref_log_probs", "values", "advantages", "weights", "entropy_mask"):
+                     "ref_log_probs", "values", "advantages", "weights", "entropy_mask",
+                     "prefix_embeds"):
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, t.to(device))

@@ -2,8 +2,8 @@
 
 `build(recipe)` checks what the recipe names (`credo.preflight`), sets up the process group, makes the task
 (an active family's, e.g. a multi-turn env's expert episodes, or the recipe's task after a context check),
-the run folder, the warm-up policy, the DeepSpeed engine and the rollout engine (`credo.train.setup`), then
-binds every stage once:
+the run folder, the warm-up policy (credo's, then an active family's own), the DeepSpeed engine and the rollout
+engine (`credo.train.setup`), then binds every stage once:
 
     source     a RolloutSource      (stages.rollout: default = the task's single-turn prompts)
     reward     a RewardModel        (stages.reward: default = reward.functions, reward.function or the verifier)
@@ -52,8 +52,8 @@ from credo.train.registry import StageContext, build_stage, resolve, settings_of
 from credo.train.reward import FunctionReward
 from credo.train.rollout import PromptRollout
 from credo.train.scoring import PolicyScorer
-from credo.train.setup import (check_context, fault_nan_steps, make_backend, make_run_dir, prepare_policy,
-                               reward_function)
+from credo.train.setup import (check_context, fault_nan_steps, family_warmups, make_backend, make_run_dir,
+                               prepare_policy, reward_function)
 from credo.train.staleness import staleness_lr_factor
 from credo.train.state import RESUME_FIXED_KEYS, TrainState
 from credo.train.update import Updater, grad_accum_steps
@@ -116,6 +116,7 @@ def build(r: Recipe) -> Components:
     check_reward_inputs(r, task)
     run_dir = make_run_dir(r, world)  # made once the recipe is known to start
     policy_path, sft_key = prepare_policy(r, task, rank, world)
+    policy_path, sft_key = family_warmups(r, active, task, policy_path, sft_key, rank, world)
     tokenizer = load_tokenizer(policy_path)
     model = load_causal_lm(policy_path, r.model.dtype)
     check_vocab(model, tokenizer, policy_path)
@@ -151,10 +152,11 @@ def _bind(r: Recipe, rank, world, run_dir, policy_path, sft_key, tokenizer, task
           grad_accum, cluster) -> Components:
     """The stages, the trainer state, the hooks and the evaluator, bound once the engines exist."""
     a, o = r.algo, r.optim
-    ctx = StageContext(rank=rank, world=world, seed=r.run.seed, tokenizer=tokenizer, task=task,
+    ctx = StageContext(rank=rank, world=world, seed=r.run.seed, tokenizer=tokenizer, task=task, recipe=r,
                        backend=make_backend(r, engine, tokenizer, policy_path, cluster), engine=engine, rollout=sampling,
                        render=render, task_config=r.task, policy_path=policy_path, dtype=r.model.dtype,
                        zero_stage=o.zero_stage, advantage_kwargs=dict(a.advantage_kwargs), ref_model=ref,
+                       eval_samples=r.run.eval_samples,
                        reward_isolation=dict(timeout_s=r.reward.timeout_s, workers=r.reward.workers,
                                              max_failure_frac=r.reward.max_failure_frac), cluster=cluster)
     parts = build_stages(r, ctx, active_families(r), grad_accum)

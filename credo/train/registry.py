@@ -85,6 +85,11 @@ class StageContext:
     cluster: Any = None
     """The run's Ray parts (`credo.train.cluster.Cluster`: `track`, `check_role`, `cfg`) with cluster.engine: ray;
     None with the local engine. A family that moves work onto Ray workers builds them through it."""
+    recipe: Any = None
+    """The whole recipe, read-only: for a family stage or hook that also reads another family's section (a source
+    that plays the environment another family's section describes)."""
+    eval_samples: int = 1
+    """run.eval_samples: an evaluator's draws per held-out problem."""
 
 
 @dataclass(frozen=True)

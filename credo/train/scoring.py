@@ -16,6 +16,10 @@ A probe's outputs land in `batch.extras['<name>/<key>']`; an output named `weigh
 loss weight and is multiplied into `batch.weights`, which the objective passes to the loss as
 `weights=`. So a credit method that produces weights needs no trainer edit.
 
+Soft prefixes: a batch whose rollout source set `Batch.prefix_embeds` ([B, k, d], e.g. a decoded latent
+reasoning context) is scored with those embeddings before each row's tokens in every forward here (recompute, reference,
+update), the same rows the rollout engine read before the prompt; the outputs keep their [B, T] shape.
+
 When the update is one on-policy pass (`ppo_epochs * mini_batches == 1`) there is no recompute to ride:
 rather than paying a forward of its own, a probe that sets `rides_update = True` rides the update's
 forward of each micro-batch (`PolicyScorer.update_forward`). That forward runs the weights that the
@@ -48,11 +52,13 @@ class Probe(Protocol):
 
 
 def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature: float, chunk_size: int,
-                   with_entropy: bool, hidden_path: bool = True):
+                   with_entropy: bool, hidden_path: bool = True, prefix_embeds: torch.Tensor | None = None):
     """Log-probs (and entropy) of input_ids[:, 1:] at `token_mask` positions.
 
     Args:
         input_ids: [B, L] long. attention_mask: [B, L]. token_mask: [B, L-1] bool, the rows to score.
+        prefix_embeds: [B, k, d] soft-prompt embeddings read before each row's tokens (`Batch.prefix_embeds`), or
+            None. Their k positions are dropped from the outputs, so the shapes do not change.
     Returns:
         log_probs [B, L-1] float32 and entropy [B, L-1] float32 (None without `with_entropy`), 0 off the mask.
 
@@ -61,9 +67,12 @@ def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature:
     """
     B, T = token_mask.shape
     zero = torch.zeros(B, T, dtype=torch.float32, device=input_ids.device)
+    inputs, k = dict(input_ids=input_ids, attention_mask=attention_mask), 0
+    if prefix_embeds is not None:
+        inputs, k = prefixed_rows(model, input_ids, attention_mask, prefix_embeds), prefix_embeds.shape[1]
     if hidden_path:
         base = getattr(model, model.base_model_prefix)
-        hidden = base(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+        hidden = base(**inputs).last_hidden_state[:, k:-1]
         head = model.get_output_embeddings()
         rows = hidden[token_mask]
         labels = input_ids[:, 1:][token_mask]
@@ -71,7 +80,7 @@ def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature:
                                          with_entropy=with_entropy, bias=getattr(head, "bias", None))
         lp_rows, ent_rows = (out if with_entropy else (out, None))
     else:  # ZeRO-3 partitions the head weight; let the model's own forward gather it
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+        logits = model(**inputs).logits[:, k:-1]
         sel = logits[token_mask].float() / temperature  # response rows only, before any fp32 copy
         logp = sel.log_softmax(-1)
         lp_rows = logp.gather(-1, input_ids[:, 1:][token_mask].unsqueeze(-1)).squeeze(-1)
@@ -79,6 +88,15 @@ def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature:
     log_probs = zero.masked_scatter(token_mask, lp_rows.float())
     entropy = zero.masked_scatter(token_mask, ent_rows.float()) if ent_rows is not None else None
     return log_probs, entropy
+
+
+def prefixed_rows(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix_embeds: torch.Tensor) -> dict:
+    """`inputs_embeds` [B, k + L, d] (the prefix, then the token embeddings of the right-padded rows) and the
+    attention mask [B, k + L]: the prefix takes positions 0..k-1, as in the rollout's left-padded prompt."""
+    tokens = model.get_input_embeddings()(input_ids)
+    ones = torch.ones(prefix_embeds.shape[:2], dtype=attention_mask.dtype, device=attention_mask.device)
+    return dict(inputs_embeds=torch.cat([prefix_embeds.to(tokens), tokens], 1),
+                attention_mask=torch.cat([ones, attention_mask], 1))
 
 
 class PolicyScorer:
@@ -95,7 +113,8 @@ class PolicyScorer:
         self.recompute_probes = [p for p in self.probes if p not in self.update_probes]
         self._merge_tokens: tuple = (None, {})
 
-    def __call__(self, model, input_ids, attention_mask, token_mask, *, with_entropy: bool, hidden_path: bool | None = None):
+    def __call__(self, model, input_ids, attention_mask, token_mask, *, with_entropy: bool, hidden_path: bool | None = None,
+                 prefix_embeds: torch.Tensor | None = None):
         """Log-probs (and entropy) [B, T] of `model` on the given rows; see `policy_forward`. `model` may be a LoRA
         run's reference (`credo.lora.BaseReference`): the policy's module, scored with its adapter off."""
         context = contextlib.nullcontext()
@@ -104,7 +123,8 @@ class PolicyScorer:
         with context:
             return policy_forward(model, input_ids, attention_mask, token_mask, temperature=self.temperature,
                                   chunk_size=self.chunk_size, with_entropy=with_entropy,
-                                  hidden_path=self.hidden_path if hidden_path is None else hidden_path)
+                                  hidden_path=self.hidden_path if hidden_path is None else hidden_path,
+                                  prefix_embeds=prefix_embeds)
 
     @torch.no_grad()
     def recompute(self, model: torch.nn.Module, batch: Batch) -> None:
@@ -119,14 +139,15 @@ class PolicyScorer:
                     hooks.enter_context(probe.capture(model))
                 # A probe that never reads the entropy (`needs_entropy = False`) spares its computation.
                 with_entropy = any(getattr(probe, "needs_entropy", True) for probe in self.recompute_probes)
-                lp, ent = self(model, batch.input_ids, batch.attention_mask, batch.loss_mask, with_entropy=with_entropy)
+                lp, ent = self(model, batch.input_ids, batch.attention_mask, batch.loss_mask, with_entropy=with_entropy,
+                               prefix_embeds=batch.prefix_embeds)
             if self.needs_old_log_probs:
                 batch.old_log_probs = lp
             for probe in self.recompute_probes:
                 _store_probe_outputs(probe, probe.result(batch, lp, ent), batch)
         if self.ref_model is not None:
             batch.ref_log_probs, _ = self(self.ref_model, batch.input_ids, batch.attention_mask, batch.loss_mask,
-                                          with_entropy=False, hidden_path=True)
+                                          with_entropy=False, hidden_path=True, prefix_embeds=batch.prefix_embeds)
 
 
     def update_forward(self, model: torch.nn.Module, batch: Batch, rows: torch.Tensor):
@@ -138,12 +159,15 @@ class PolicyScorer:
             log_probs, entropy: [b, T] float32, as `__call__` with `with_entropy=True`.
         """
         mask = batch.loss_mask[rows]
+        prefix = None if batch.prefix_embeds is None else batch.prefix_embeds[rows]
         if not self.update_probes:
-            return self(model, batch.input_ids[rows], batch.attention_mask[rows], mask, with_entropy=True)
+            return self(model, batch.input_ids[rows], batch.attention_mask[rows], mask, with_entropy=True,
+                        prefix_embeds=prefix)
         with contextlib.ExitStack() as hooks:
             for probe in self.update_probes:
                 hooks.enter_context(probe.capture(model))
-            lp, ent = self(model, batch.input_ids[rows], batch.attention_mask[rows], mask, with_entropy=True)
+            lp, ent = self(model, batch.input_ids[rows], batch.attention_mask[rows], mask, with_entropy=True,
+                           prefix_embeds=prefix)
         view = _rows_view(batch, rows)
         for probe in self.update_probes:
             outputs = probe.result(view, lp.detach(), ent.detach())

@@ -2,9 +2,11 @@
 
     make_run_dir(r, world)                      the run folder (refuses a folder that holds a run, unless resuming)
     prepare_policy(r, task, rank, world)        the base policy's folder: the cached warm-up's output, or the model
+    family_warmups(r, active, task, path, key)  an active family's own warm-up after credo's (build part `warmup`)
     check_context(r, base_path, task)           every prompt + rollout.max_new_tokens fits the model's context
     make_backend(r, engine, tokenizer, path)    the rollout engine: hf (the trainer's own module), vLLM, or Ray
-                                                rollout workers (cluster.engine: ray)
+                                                rollout workers (cluster.engine: ray), with the options active
+                                                families ask for (build part `rollout_options`)
     reward_function(r, task)                    the group reward function: reward.functions, reward.function or
                                                 the task's verifier
     fault_nan_steps()                           the test hook CREDO_FAULT_NAN_STEP
@@ -89,6 +91,25 @@ def prepare_policy(r: Recipe, task, rank: int, world: int) -> tuple[str, str | N
     return out[0], out[1]
 
 
+def family_warmups(r: Recipe, active: list, task, policy_path: str, sft_key: str | None, rank: int,
+                   world: int) -> tuple[str, str | None]:
+    """Each active family's own warm-up, after credo's: its build part `warmup(recipe, task, policy_path, log=) ->
+    (policy_path, key)` runs on rank 0 (it caches its output as credo's warm-up does) and every rank takes the folder
+    it returns. Its key joins the warm-up key a resume is checked against. No family warm-up: nothing changes."""
+    for fam in active:
+        parts = fam.parts()
+        if parts is None or not hasattr(parts, "warmup"):
+            continue
+        out: list = [None, None]
+        if rank == 0:
+            out = list(parts.warmup(r, task, policy_path, log=lambda m: logging.getLogger("credo").info(m)))
+        if world > 1:
+            dist.broadcast_object_list(out, src=0)
+        if out[1] is not None:
+            policy_path, sft_key = out[0], f"{sft_key}+{fam.name}:{out[1]}" if sft_key else f"{fam.name}:{out[1]}"
+    return policy_path, sft_key
+
+
 def check_context(r: Recipe, base_path: str, task) -> None:
     """Every prompt + rollout.max_new_tokens fits the base model's context (the warm-up changes neither the
     tokenizer nor the context, so this runs before it)."""
@@ -126,12 +147,19 @@ def make_backend(r: Recipe, engine, tokenizer, policy_path: str, cluster=None):
     if ro.backend == "hf":
         return HFBackend(engine.module, tokenizer, max_batch=ro.hf_max_batch, dtype=ro.dtype, fp8_weights=ro.fp8_weights)
     from credo.distributed.vllm_backend import VLLMBackend
+    from credo.family import active_families
 
+    options: dict = {}  # what an active family needs of the engine (prompt embeddings for soft prefixes)
+    for fam in active_families(r):
+        parts = fam.parts()
+        if parts is not None and hasattr(parts, "rollout_options"):
+            options.update(parts.rollout_options(r))
     eager = ro.vllm_enforce_eager
     backend = VLLMBackend(policy_path, dtype=ro.dtype or r.model.dtype, seed=r.run.seed,
                           kv_cache_gib=ro.vllm_kv_cache_gib, gpu_memory_utilization=ro.vllm_gpu_memory_utilization,
                           enforce_eager=(not torch.cuda.is_available()) if eager is None else eager,
-                          fp8_weights=ro.fp8_weights)
+                          fp8_weights=ro.fp8_weights,
+                          input_embeddings=engine.module.get_input_embeddings() if options.get("prompt_embeds") else None)
     if ro.fp8_weights:  # the engine loaded full-precision weights from disk: quantise them before step 1
         backend.sync_weights(engine.module, 0)
     return backend

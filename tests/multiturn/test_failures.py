@@ -199,8 +199,9 @@ def test_evaluation_is_greedy_at_temperature_0_and_seeded_otherwise(monkeypatch)
     assert src.evaluate(2, temperature=0, seed=3) == 1.0  # 4, 6, then 5: the return 1 of the last turn
     assert src.evaluate(2, temperature=0.5, seed=3) == 1.0
     seeds = [EVAL_SEED_BASE, EVAL_SEED_BASE + 1]
-    assert calls == [(seeds, {"temperature": 1.0, "top_p": 1.0, "sample_seeds": None}),
-                     (seeds, {"temperature": 0.5, "top_p": 1.0, "sample_seeds": [step_seed(3, -1, i) for i in (0, 1)]})]
+    assert calls == [(seeds, {"temperature": 1.0, "top_p": 1.0, "sample_seeds": None, "envs": None}),
+                     (seeds, {"temperature": 0.5, "top_p": 1.0, "sample_seeds": [step_seed(3, -1, i) for i in (0, 1)],
+                              "envs": None})]  # envs: None = a fresh env per episode (a subclass may prepare them)
 
 
 def test_multiturn_source_takes_the_ranks_share_and_syncs_the_backend():

@@ -65,14 +65,19 @@ class TurnCreditSettings:
     """ReBN's epsilon in the std division."""
 
 
+ENV_ROLLOUTS = {"multiturn"}
+"""Rollout stages that play the `env:` section's environment; a family whose source does adds its name here."""
+
+
 def check_env(r) -> None:
-    e, multi = r.env, r.stages.rollout == "multiturn"
+    e, multi = r.env, r.stages.rollout in ENV_ROLLOUTS
     if multi and not e.id:
-        raise ConfigError("config key 'stages.rollout' = 'multiturn' needs an environment: set env.id "
+        raise ConfigError(f"config key 'stages.rollout' = '{r.stages.rollout}' needs an environment: set env.id "
                           "(e.g. 'credo:GuessNumber-v0' or 'game:GuessTheNumber-v0-easy')")
     if e.id and not multi:
         raise ConfigError(f"config key 'env.id' = '{e.id}' is set but stages.rollout is '{r.stages.rollout}': "
-                          "expected stages.rollout: multiturn (the source that plays the environment)")
+                          f"expected stages.rollout: {' or '.join(sorted(ENV_ROLLOUTS))} (a source that plays the "
+                          "environment)")
     if e.id and r.stages.reward == "default":
         raise ConfigError(f"config key 'env.id' = '{e.id}' needs stages.reward: env (the episode return) or a reward "
                           "stage of your own; the default reward scores single-turn task answers")

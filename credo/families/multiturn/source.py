@@ -97,15 +97,17 @@ class MultiTurnRollout:
 
     # ------------------------------------------------------------------------------------ episodes
     def run_episodes(self, env_seeds: list[int], *, temperature: float, top_p: float,
-                     sample_seeds: list[int] | None, prefixes: list[list[str]] | None = None
-                     ) -> tuple[list[Episode], dict]:
+                     sample_seeds: list[int] | None, prefixes: list[list[str]] | None = None,
+                     envs: list | None = None) -> tuple[list[Episode], dict]:
         """Play one episode per env seed; `sample_seeds[i]` seeds episode i's sampling (None: greedy).
         `prefixes[i]` (IPA's initialised resampling, credo/families/multiturn/resample.py): actions replayed
         through episode i's env after its reset; they and their observations join the prompt, and the model
-        plays on. Returns the episodes and the step's summed statistics (`episode_stats`)."""
+        plays on. `envs[i]`: episode i's env (None: a fresh one from the env factory each). Returns the episodes
+        and the step's summed statistics (`episode_stats`)."""
         c = self.cfg
-        eps = [Episode(env=self.env_factory(), env_seed=s, prefix_actions=list(p))
-               for s, p in zip(env_seeds, prefixes or [[]] * len(env_seeds))]
+        envs = envs if envs is not None else [self.env_factory() for _ in env_seeds]
+        eps = [Episode(env=env, env_seed=s, prefix_actions=list(p))
+               for env, s, p in zip(envs, env_seeds, prefixes or [[]] * len(env_seeds))]
         first = lambda obs: self.render(Problem(prompt=self.prompt_text(obs), answer=""))
         timeouts = reset_episodes(eps, self.tokenizer, first, self.observation, c)
         if c.trajectory_async:  # no per-turn barrier: each episode advances as its own env step returns
@@ -136,7 +138,7 @@ class MultiTurnRollout:
         t0 = time.perf_counter()
         prefixes = self.resample_prefixes(env_seeds, sample_seeds) if self.cfg.init_resample_frac > 0 else None
         eps, stats = self.run_episodes(env_seeds, temperature=self.temperature, top_p=self.top_p,
-                                       sample_seeds=sample_seeds, prefixes=prefixes)
+                                       sample_seeds=sample_seeds, prefixes=prefixes, envs=self.step_envs(env_seeds))
         elapsed = time.perf_counter() - t0
         tot = all_reduce_sum(torch.tensor(list(stats.values()), dtype=torch.float64)).tolist()
         s = dict(zip(stats, tot))
@@ -159,6 +161,14 @@ class MultiTurnRollout:
                                   "env/prefix_turns_mean": s["env/prefix_turns_sum"] / n})
         return batch
 
+    def step_envs(self, env_seeds: list[int]) -> list | None:
+        """The envs of a training step's episodes; None: a fresh env per episode (a subclass may prepare them)."""
+        return None
+
+    def eval_envs(self, env_seeds: list[int]) -> list | None:
+        """The envs of held-out episodes; None: a fresh env per episode."""
+        return None
+
     def resample_prefixes(self, env_seeds: list[int], sample_seeds: list[int]) -> list[list[str]]:
         """The first round(env.init_resample_frac * G) episodes of each game start from an expert prefix."""
         on = round(self.cfg.init_resample_frac * self.G)
@@ -170,8 +180,10 @@ class MultiTurnRollout:
         """Mean return of `n` held-out episodes (env seeds EVAL_SEED_BASE + i, this rank's share), over all ranks."""
         mine = list(range(n))[self.rank::self.world]
         greedy = temperature == 0
-        eps, _ = self.run_episodes([EVAL_SEED_BASE + i for i in mine], temperature=1.0 if greedy else temperature,
-                                   top_p=1.0, sample_seeds=None if greedy else [step_seed(seed, -1, i) for i in mine])
+        seeds = [EVAL_SEED_BASE + i for i in mine]
+        eps, _ = self.run_episodes(seeds, temperature=1.0 if greedy else temperature, top_p=1.0,
+                                   sample_seeds=None if greedy else [step_seed(seed, -1, i) for i in mine],
+                                   envs=self.eval_envs(seeds))
         tot = all_reduce_sum(torch.tensor([sum(sum(e.turn_rewards) for e in eps), float(len(eps))], dtype=torch.float64))
         return float(tot[0] / tot[1])
 

@@ -20,9 +20,10 @@ from credo.config import ConfigError
 from credo.families.multiturn.envs.guess import GuessNumberEnv
 from credo.families.multiturn.envs.mastermind import MastermindEnv
 from credo.families.multiturn.envs.shop import SHOP_ENVS, shopsim_env
+from credo.families.multiturn.envs.vault import VaultEnv
 
 BUILTIN_ENVS: dict[str, Callable[..., Any]] = {"credo:GuessNumber-v0": GuessNumberEnv, "credo:Mastermind-v0": MastermindEnv,
-                                               **SHOP_ENVS}
+                                               "credo:Vault-v0": VaultEnv, **SHOP_ENVS}
 ADAPTERS: dict[str, Callable[[str], Callable[..., Any]]] = {"shopsim:": shopsim_env}
 """id prefix -> a function of the whole id giving the env's constructor; it raises a ConfigError when the package
 behind the adapter is not installed (so `credo check` says so before any warm-up)."""

@@ -1,0 +1,35 @@
+"""The Complementary RL family (arXiv 2603.17621): an actor and an experience extractor that co-evolve.
+
+    config.py     the `complementary:` section and its checks
+    bank.py       the experience bank: lessons per task key, retrieval (task id or similarity), add/merge/delete
+    credit.py     the extractor's paired-gain reward, conditional group ids, an entry's with-minus-without help
+    source.py     the `complementary` rollout source: the multi-turn source with retrieved lessons in the prompt
+    extractor.py  the second model: its engine, warm-up on scripted lessons, lesson sampling, its GRPO update
+    hook.py       the step hook: distil lessons, measure them on paired rollouts, train the extractor, consolidate
+    build.py      build-time parts: the env checks, the hook
+
+Active when `stages.rollout: complementary` (with an `env:` section). See docs/complementary.md.
+"""
+
+from credo.families.complementary.config import ComplementaryConfig, check_complementary
+from credo.families.multiturn.config import ENV_ROLLOUTS
+from credo.family import Family, StageEntry
+
+ENV_ROLLOUTS.add("complementary")  # the complementary source plays the env: section's environment
+
+
+def _active(r) -> bool:
+    return r.stages.rollout == "complementary"
+
+
+FAMILY = Family(
+    name="complementary",
+    doc="Complementary RL: an actor and an experience extractor trained together (arXiv 2603.17621)",
+    section="complementary",
+    config=ComplementaryConfig,
+    check=check_complementary,
+    stages={"rollout": {"complementary": StageEntry("credo.families.complementary.source:complementary_source")}},
+    active=_active,
+    fixed_on_resume=("complementary.extractor", "complementary.extractor_path"),
+    build="credo.families.complementary.build",
+)
