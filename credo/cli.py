@@ -1,6 +1,7 @@
 """`credo run RECIPE.yaml key=value ...`, `credo check RECIPE.yaml ...` (validate only), `credo ablate SWEEP.yaml`,
 `credo list` (the names a recipe can use), `credo export CHECKPOINT_DIR OUT_DIR` (a checkpoint as a Hugging Face
-model folder), `credo bon RECIPE.yaml --n 1 4 16 --out FILE.json` (best-of-N with the recipe's CE-RM judge),
+model folder, or its LoRA adapter with --adapter), `credo eval MODEL RECIPE_OR_TASK` (a recipe's evaluation of a saved
+model), `credo bon RECIPE.yaml --n 1 4 16 --out FILE.json` (best-of-N with the recipe's CE-RM judge),
 `credo palette RUN_DIR --prompt P --z ...` (a Reasoning Palette run sampled with a chosen latent) and
 `credo --version`."""
 
@@ -13,6 +14,7 @@ import shlex
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 from credo import __version__
 
@@ -188,11 +190,36 @@ def _export(args) -> int:
     from credo.export import export_checkpoint
 
     try:
-        out = export_checkpoint(args.checkpoint, args.out_dir, base_model=args.base_model)
+        out = export_checkpoint(args.checkpoint, args.out_dir, base_model=args.base_model, adapter=args.adapter)
     except (FileNotFoundError, ValueError) as e:
         print(f"credo: error: {e}", file=sys.stderr)
         return 1
     print(f"credo: exported {args.checkpoint} to {out}")
+    return 0
+
+
+def _eval(args) -> int:
+    """`credo eval`: the recipe's evaluator on a saved model; the metrics on stdout (and as JSON with --out)."""
+    import json
+
+    from credo.evaluation import eval_recipe, evaluate_model
+
+    recipe = eval_recipe(args.recipe, args.overrides)
+    _library_verbosity(recipe.run.verbose)
+    try:
+        result = evaluate_model(args.model, recipe, samples=args.samples, temperature=args.temperature)
+    except (FileNotFoundError, ValueError) as e:  # a checkpoint that cannot be read (credo.export)
+        print(f"credo: error: {e}", file=sys.stderr)
+        return 1
+    how = (f"{result['eval_samples']} sample(s) per problem at temperature {result['eval_temperature']}"
+           if result["eval_temperature"] > 0 else "greedy")
+    for name, value in result["metrics"].items():
+        print(f"{name} = {value:.6g}")
+    print(f"credo eval: {args.model} on {args.recipe} ({how})")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"credo: wrote {args.out}")
     return 0
 
 
@@ -271,6 +298,21 @@ def _parser() -> argparse.ArgumentParser:
     p_bon.add_argument("--n", type=int, nargs="+", default=[1, 4, 16], help="the N, prefixes of max(N) samples")
     p_bon.add_argument("--out", default=None, help="write the result (table, scores, verdicts) as JSON here")
     p_bon.set_defaults(handler=_bon, needs_logging=True)
+    p_eval = sub.add_parser("eval", help="run a recipe's held-out evaluation on a saved model (a run's final/, a "
+                            "checkpoint folder or any Hugging Face model folder) and print the metrics")
+    p_eval.add_argument("model", help="a Hugging Face model folder (e.g. runs/NAME/.../final), a run folder holding "
+                        "final/, or a checkpoint folder (runs/NAME/.../checkpoints/step_N)")
+    p_eval.add_argument("recipe", help="a YAML recipe (its task, evaluator, rollout backend and seeds are used) or a "
+                        "task name run with the default recipe (e.g. arithmetic, rg:leg_counting)")
+    p_eval.add_argument("overrides", nargs="*",
+                        help="key=value overrides, as for `credo run` (e.g. task.eval_size=500)")
+    p_eval.add_argument("--samples", type=int, default=None,
+                        help="samples per held-out problem (overrides run.eval_samples; needs a temperature > 0)")
+    p_eval.add_argument("--temperature", type=float, default=None,
+                        help="sampling temperature, 0 = greedy decoding (overrides run.eval_temperature)")
+    p_eval.add_argument("--out", default=None, help="also write the metrics, settings and the first 16 samples "
+                        "as JSON to this file")
+    p_eval.set_defaults(handler=_eval, needs_logging=True)
     p_pal = sub.add_parser("palette", help="sample a Reasoning Palette run with a chosen latent z (steers its strategy; "
                            "credo.families.palette.steer)")
     p_pal.add_argument("run", help="a run folder trained with palette.enabled, or a palette model folder")
@@ -290,6 +332,10 @@ def _parser() -> argparse.ArgumentParser:
     p_export.add_argument("out_dir", help="the model folder to write (config, safetensors weights, tokenizer)")
     p_export.add_argument("--base-model", default=None,
                           help="the model folder the run started from (default: the checkpoint's policy_path)")
+    p_export.add_argument("--adapter", action="store_true",
+                          help="a run with model.lora: write its LoRA adapter alone (adapter_config.json, "
+                          "adapter_model.safetensors; peft.PeftModel.from_pretrained(base, OUT_DIR) loads it) "
+                          "instead of the merged model")
     p_export.set_defaults(handler=_export, needs_logging=False)
     # `credo simulate` has its own parser (credo.simulate.cli); listed here so `credo --help` shows it
     sub.add_parser("simulate", help="cluster simulator of rollout/training schedules (`credo simulate --help`)")

@@ -9,6 +9,9 @@ A checkpoint (`checkpoints/step_N/`, see credo.checkpoint) holds DeepSpeed's sta
 module's weights sit whole in `state/mp_rank_00_model_states.pt`; under ZeRO-3 they are partitioned and
 are merged (in fp32) with DeepSpeed's zero_to_fp32. Its meta.json names `policy_path`, the base model
 folder whose config and tokenizer the weights belong to.
+
+A policy trained with a LoRA adapter (`model.lora`, credo.lora) is written merged, W + (alpha / r) B A under the
+base model's names, so the folder is a plain model; `credo export --adapter` writes the adapter alone instead.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 import torch
 
 from credo.checkpoint import TAG
+from credo.lora import add_lora, policy_state_dict, save_adapter
 
 
 def _write_folder(out_dir: Path, write) -> Path:
@@ -52,7 +56,7 @@ def export_model(module: torch.nn.Module, tokenizer, out_dir: str | Path, *, zer
             return None
 
         def write(tmp: Path) -> None:
-            state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+            state = {k: v.detach().cpu().clone() for k, v in policy_state_dict(module).items()}  # LoRA: merged
             module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
 
@@ -73,18 +77,36 @@ def checkpoint_state_dict(ckpt_dir: str | Path) -> dict[str, torch.Tensor]:
                             "folder such as runs/NAME/checkpoints/step_00000010)")
 
 
-def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, *, base_model: str | None = None) -> Path:
+def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, *, base_model: str | None = None,
+                      adapter: bool = False) -> Path:
     """Write the Hugging Face folder of a checkpoint's policy to `out_dir`.
 
     `base_model` overrides the checkpoint's `policy_path` (the folder its config and tokenizer come from),
-    for a checkpoint moved to another machine.
+    for a checkpoint moved to another machine. A run with `model.lora` is written merged (a plain model folder),
+    or with `adapter` as its LoRA adapter alone (`peft.PeftModel.from_pretrained(base, out_dir)` loads it).
 
     Raises:
         FileNotFoundError: not a credo checkpoint, or its base model folder is gone.
+        ValueError: `adapter` for a run without model.lora, or weights that do not fit the base model.
     """
-    from credo.models import load_causal_lm, load_tokenizer
+    from credo.models import load_tokenizer
 
     ckpt = Path(ckpt_dir)
+    model, peft_model, base = checkpoint_model(ckpt, base_model)
+    if adapter and peft_model is None:
+        raise ValueError(f"--adapter: checkpoint {ckpt} was trained without model.lora, so it has no adapter; "
+                         "export the whole model (without --adapter)")
+    if adapter:
+        return _write_folder(Path(out_dir), lambda tmp: save_adapter(peft_model, load_tokenizer(base), tmp))
+    return export_model(model, load_tokenizer(base), out_dir)
+
+
+def checkpoint_model(ckpt: Path, base_model: str | None = None) -> tuple[torch.nn.Module, object, str]:
+    """The policy of a credo checkpoint as a transformers model, the `peft.PeftModel` around it when the run
+    trained a LoRA adapter (else None), and the base model folder it was built on."""
+    from credo.config import LoraConfig
+    from credo.models import load_causal_lm
+
     meta_path = ckpt / "meta.json"
     if not meta_path.is_file():
         raise FileNotFoundError(f"{ckpt} has no meta.json: expected a credo checkpoint folder (checkpoints/step_N)")
@@ -93,8 +115,11 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, *, base_model: 
     if not base or not Path(base).is_dir():
         raise FileNotFoundError(f"the base model folder of {ckpt} ('{base}', meta.json policy_path) is missing: "
                                 "pass --base-model with the model folder the run started from")
-    dtype = (meta.get("config") or {}).get("model", {}).get("dtype", "float32")
-    model = load_causal_lm(base, dtype)  # the base model's class, config and buffers; its weights are replaced
+    model_cfg = (meta.get("config") or {}).get("model", {})
+    model = load_causal_lm(base, model_cfg.get("dtype", "float32"))  # the base's class, config and buffers
+    lora = model_cfg.get("lora") or {}
+    # the trained module held the adapter: the same names, then merged or saved alone
+    peft_model = add_lora(model, LoraConfig(**lora)) if lora.get("r") else None
     state = checkpoint_state_dict(ckpt)
     own = model.state_dict()
     missing = [k for k in own if k not in state and not _tied(model, k)]
@@ -105,7 +130,7 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, *, base_model: 
     with torch.no_grad():
         for k, v in state.items():
             own[k].copy_(v.to(own[k].dtype))
-    return export_model(model, load_tokenizer(base), out_dir)
+    return model, peft_model, base
 
 
 def _tied(model, key: str) -> bool:

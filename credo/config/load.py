@@ -41,22 +41,27 @@ def recipe_class(specs: tuple[str, ...] = ()) -> type:
     return cls
 
 
-def _apply_override(data: DictConfig, item: str) -> None:
-    """Apply one `a.b=value` override to the user's data; the value is parsed as YAML.
+def _apply_override(data: DictConfig, item: str | tuple[str, Any]) -> None:
+    """Apply one `a.b=value` override to the user's data; the value is parsed as YAML (an item given as a
+    `(key, value)` pair, as the Python API passes a dict of overrides, is taken as it is).
 
     A mapping value replaces what is at the key (`task.kwargs={}` empties it); any other value, and
     a dotted key into a mapping (`task.kwargs.max_operand=20`), is merged in by OmegaConf.
     """
-    if "=" not in item:
-        raise ConfigError(f"override '{item}' is not of the form key=value")
-    key, raw = item.split("=", 1)
+    if isinstance(item, tuple):
+        key, value = item
+        item = f"{key}={value!r}"
+    else:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override '{item}': value is not valid YAML ({e})") from None
     key = key.strip()
     if not key:
         raise ConfigError(f"override '{item}' has an empty key")
-    try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override '{item}': value is not valid YAML ({e})") from None
     parts = key.split(".")
     for i in range(1, len(parts)):  # OmegaConf would silently turn a scalar into a mapping
         above = OmegaConf.select(data, ".".join(parts[:i]))
@@ -65,9 +70,13 @@ def _apply_override(data: DictConfig, item: str) -> None:
     OmegaConf.update(data, key, value, merge=not isinstance(value, dict))
 
 
-def _read_yaml(path: str | Path | None) -> dict:
+def _read_yaml(path: str | Path | dict | DictConfig | None) -> dict:
     if path is None:
         return {}
+    if isinstance(path, DictConfig):  # a recipe given as data (the Python API)
+        return OmegaConf.to_container(path)
+    if isinstance(path, dict):
+        return path
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"recipe file not found: '{p}' (expected a YAML file, e.g. recipes/quickstart.yaml)")
@@ -102,8 +111,10 @@ def _check_sections_are_mappings(data: dict, cls: type) -> None:
                           "settings) or null")
 
 
-def load_recipe(path: str | Path | None, overrides: list[str] = (), *, validate_names: bool = True) -> Recipe:
-    """Load a YAML recipe (or only defaults when path is None) with `key=value` overrides, strictly.
+def load_recipe(path: str | Path | dict | DictConfig | None, overrides: list[str] = (), *,
+                validate_names: bool = True) -> Recipe:
+    """Load a YAML recipe (or only defaults when path is None, or a recipe given as a dict or OmegaConf config)
+    with `key=value` overrides (or `(key, value)` pairs), strictly.
 
     With `validate_names`, also resolve every name the recipe uses (`credo.preflight.check_names`).
 
@@ -131,7 +142,7 @@ def load_recipe(path: str | Path | None, overrides: list[str] = (), *, validate_
         if "missing mandatory value" in msg.lower():  # OmegaConf words it "...has missing mandatory value"
             raise ConfigError(f"config key '{key}' is required but was not set") from None
         raise ConfigError(f"config key '{key}': {msg}") from None
-    if recipe.run.name in (None, "") and path is not None:
+    if recipe.run.name in (None, "") and isinstance(path, (str, Path)):
         recipe.run.name = Path(path).stem
     if recipe.sft.enabled is None:  # resolved here so config.yaml and the warm-up's cache key hold the value used
         recipe.sft.enabled = sft_enabled(recipe)
@@ -190,6 +201,13 @@ def _check_combinations(r: Recipe) -> None:
         if not isinstance(spec, str) or ":" not in spec:
             raise ConfigError(f"config key 'reward.functions[{i}]' = {spec!r}: expected 'module:function'")
     ro = r.rollout
+    if r.model.lora.r and r.optim.zero_stage >= 3:
+        raise out_of_range("optim.zero_stage", 3, "<= 2 with model.lora (ZeRO-3 would partition the frozen base "
+                           "weights that the adapter is merged into for the rollout engine)")
+    if r.model.lora.r and (ro.fp8_weights or (ro.dtype is not None and ro.backend == "hf")):
+        key, value = ("rollout.fp8_weights", True) if ro.fp8_weights else ("rollout.dtype", ro.dtype)
+        raise ConfigError(f"config key '{key}' = {value!r} is not supported with model.lora: the rollout copy at "
+                          "another precision is made from the policy's own weights, not the merged ones")
     tb = ro.tail_batching
     if tb is not None and tb.max_responses and tb.max_responses < ro.group_size:
         raise out_of_range("rollout.tail_batching.max_responses", tb.max_responses,

@@ -42,6 +42,24 @@ class TinyModelConfig:
     """Seed of the random initialisation."""
 
 
+def _module_names(v) -> bool:
+    return isinstance(v, list) and len(v) > 0 and all(isinstance(x, str) and x for x in v)
+
+
+@dataclass
+class LoraConfig:
+    r: int = ranged(0, ge=0, note="0 = off: every weight trains")
+    """Rank of the LoRA adapter (PEFT) the policy trains instead of its weights; 0 = full fine-tuning."""
+    alpha: float = ranged(16.0, gt=0)
+    """LoRA scaling numerator: the adapter adds (alpha / r) * B A to each weight it wraps."""
+    dropout: float = ranged(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input in the update's forward (the recompute and rollout run without it)."""
+    target_modules: list = checked(None, _module_names, "a non-empty list of module names",
+                                   factory=lambda: ["all-linear"])
+    """Modules the adapter wraps, by name suffix (q_proj, v_proj, ...), or ['all-linear']: every linear layer but
+    the output head (PEFT's target_modules). The output head and the embeddings cannot be wrapped."""
+
+
 @dataclass
 class ModelConfig:
     path: str = "tiny"
@@ -52,7 +70,13 @@ class ModelConfig:
     dtype: str = one_of("float32", ("float32", "bfloat16"))
     """Training dtype: float32 or bfloat16."""
     ref_model: bool = False
-    """Keep a frozen copy of the starting policy as the KL reference."""
+    """Keep a frozen copy of the starting policy as the KL reference (with model.lora: the policy with its adapter
+    switched off, no copy)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Train a LoRA adapter (PEFT) instead of the whole policy (model.lora.r > 0)."""
+    gradient_checkpointing: bool = False
+    """Recompute each transformer block's activations in the backward instead of keeping them (less memory, one
+    more forward's time)."""
 
 
 @dataclass

@@ -103,7 +103,8 @@ def build_engine(model: torch.nn.Module, *, lr: float, betas, weight_decay: floa
     import deepspeed
 
     world = dist.get_world_size()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # all of them, or a LoRA adapter's
+    optimizer = torch.optim.AdamW(trainable, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
     if lr_schedule == "constant":  # today's lambda, kept as it was
         factor = lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0  # noqa: E731
     else:

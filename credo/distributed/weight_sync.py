@@ -43,6 +43,8 @@ import time
 
 import torch
 
+from credo.lora import policy_state_dict
+
 WORKER_EXTENSION = "credo.distributed.weight_sync.WeightSyncExtension"
 """Qualified name to pass as vLLM's ``worker_extension_cls`` so workers accept weight pushes."""
 
@@ -87,7 +89,7 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     (all at once, so every rank briefly holds the full model in memory) and copied to CPU. That gather
     is a collective: **every rank must call this function at the same time**, including ranks that do
     not own a vLLM engine (they call it and drop the result). Stages 0-2 keep full parameters on every
-    rank and need no gather.
+    rank and need no gather. A LoRA policy (`model.lora`) gives its merged weights (`credo.lora.policy_state_dict`).
 
     Args:
         model: an HF ``PreTrainedModel``, or a wrapper of one (DeepSpeed engine, DDP, ``torch.compile``).
@@ -102,7 +104,7 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
             live = dedupe_tied({k: v.detach() for k, v in model.state_dict().items()})
             return {k: v.to("cpu", copy=True) for k, v in live.items()}
-    return dedupe_tied({k: v.detach() for k, v in model.state_dict().items()})
+    return dedupe_tied(policy_state_dict(model))  # a LoRA policy's weights merged, under the base model's names
 
 
 def cpu_contiguous(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -36,6 +36,7 @@ from credo.config import Recipe, recipe_to_dict, recipe_to_yaml
 from credo.distributed.engine import build_engine, device, setup_distributed
 from credo.errors import ConfigError
 from credo.family import Family, active_families, families_of, stage_defaults
+from credo.lora import BaseReference, add_lora
 from credo.models import check_vocab, load_causal_lm, load_tokenizer, resolve_model_path
 from credo.preflight import preflight
 from credo.rewards.functions import WeightedRewards
@@ -120,10 +121,15 @@ def build(r: Recipe) -> Components:
     tokenizer = load_tokenizer(policy_path)
     model = load_causal_lm(policy_path, r.model.dtype)
     check_vocab(model, tokenizer, policy_path)
+    # with model.lora, `model` keeps being the module to train, now holding the adapter (its only trainable weights)
+    peft_model = add_lora(model, r.model.lora, seed=r.run.seed) if r.model.lora.r else None
+    if r.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     render = prompt_renderer(tokenizer, r.task.system_prompt, r.task.chat_template)
     ref = None
-    if r.model.ref_model:
-        ref = load_causal_lm(policy_path, r.model.dtype).to(device()).eval().requires_grad_(False)
+    if r.model.ref_model:  # with LoRA: the policy with its adapter off, no second copy
+        ref = BaseReference(peft_model) if peft_model is not None else \
+            load_causal_lm(policy_path, r.model.dtype).to(device()).eval().requires_grad_(False)
     ro, a, o = r.rollout, r.algo, r.optim
     grad_accum = grad_accum_steps(ro.prompts_per_step // world * ro.group_size, a.mini_batches, a.micro_batch_size)
     lr = o.lr * (staleness_lr_factor(ro.max_staleness, o.staleness_ref) if o.staleness_lr_scaling else 1.0)
@@ -200,7 +206,7 @@ def check_reward_inputs(r: Recipe, task) -> None:
     from credo.rewards.worker import import_reward_fn
 
     if r.stages.reward == "default" and "reward" not in stage_defaults(r):
-        _default_reward_fn(r, task)  # a task without a verifier needs reward functions
+        default_reward_fn(r, task)  # a task without a verifier needs reward functions
     specs = r.reward.functions or ([r.reward.function] if r.reward.function else [])
     keys = [f"reward.functions[{i}]" for i in range(len(r.reward.functions))] or ["reward.function"]
     fns = [import_reward_fn(s, key=k) for s, k in zip(specs, keys)]
@@ -226,10 +232,8 @@ def build_stages(r: Recipe, ctx: StageContext, active: list[Family], grad_accum:
     """The source, reward, probes, scorer, advantage stage, objective and updater, in the order each needs the last."""
     ro, a, o, st = r.rollout, r.algo, r.optim, r.stages
     out = SimpleNamespace()
-    holdout = sum(f.holdout(r) for f in active)  # training problems an active family keeps out (MIPU's validation)
-    ctx.default = default_source(r, ctx, holdout)
-    out.source = ctx.source = asynchronous(r, ctx, _stage(r, ctx, "rollout", st.rollout, st.rollout_kwargs))
-    out.reward_fn = _default_reward_fn(r, ctx.task)
+    out.source = ctx.source = asynchronous(r, ctx, build_source(r, ctx, active))
+    out.reward_fn = default_reward_fn(r, ctx.task)
     ctx.default = None if out.reward_fn is None else FunctionReward(
         (ctx.cluster is not None and ctx.cluster.reward_worker(r, out.reward_fn))
         or RewardWorker(out.reward_fn, timeout_s=r.reward.timeout_s, workers=r.reward.workers,
@@ -251,9 +255,18 @@ def build_stages(r: Recipe, ctx: StageContext, active: list[Family], grad_accum:
                               norm_len=ro.max_new_tokens)
     out.updater = Updater(ctx.engine, out.scorer, out.objective, ppo_epochs=a.ppo_epochs, mini_batches=a.mini_batches,
                           grad_accum=grad_accum, zero_stage=o.zero_stage, world=ctx.world,
-                          fault_nan_steps=fault_nan_steps(), micro_batch_tokens=a.micro_batch_tokens,
-                          packed=a.packing)
+                          fault_nan_steps=fault_nan_steps(),
+                          train_mode=r.model.gradient_checkpointing or r.model.lora.dropout > 0,
+                          micro_batch_tokens=a.micro_batch_tokens, packed=a.packing)
     return out
+
+
+def build_source(r: Recipe, ctx: StageContext, active: list[Family]):
+    """The rollout source (stages.rollout, default: the task's prompts), also set as `ctx.source`."""
+    holdout = sum(f.holdout(r) for f in active)  # training problems an active family keeps out (MIPU's validation)
+    ctx.default = default_source(r, ctx, holdout)
+    ctx.source = _stage(r, ctx, "rollout", r.stages.rollout, r.stages.rollout_kwargs)
+    return ctx.source
 
 
 def default_source(r: Recipe, ctx: StageContext, holdout: int):
@@ -299,7 +312,7 @@ def _stage(r: Recipe, ctx: StageContext, kind: str, spec: str, kwargs: dict):
         ctx.section = None
 
 
-def _default_reward_fn(r: Recipe, task):
+def default_reward_fn(r: Recipe, task):
     """The default reward stage's function; None when the task has no verifier and the recipe names no reward
     function (then a reward stage must be named: asking for the default is the error `reward_function` raises)."""
     if r.reward.functions or r.reward.function or getattr(task, "score", None) is not None:

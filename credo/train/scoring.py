@@ -39,6 +39,7 @@ from typing import ContextManager, Protocol
 import torch
 
 from credo import algos
+from credo.lora import BaseReference
 from credo.train.batch import Batch
 from credo.train.packing import PackedRows, row_lengths, token_micro_batches
 
@@ -152,6 +153,17 @@ class PolicyScorer:
 
     def __call__(self, model, input_ids, attention_mask, token_mask, *, with_entropy: bool, hidden_path: bool | None = None,
                  prefix_embeds: torch.Tensor | None = None):
+        """Log-probs (and entropy) [B, T] of `model` on the given rows; see `policy_forward`. `model` may be a LoRA
+        run's reference (`credo.lora.BaseReference`): the policy's module, scored with its adapter off."""
+        context = contextlib.nullcontext()
+        if isinstance(model, BaseReference):
+            model, context = model.module, model.adapter_off()
+        with context:
+            return self._forward(model, input_ids, attention_mask, token_mask, with_entropy=with_entropy,
+                                 hidden_path=hidden_path, prefix_embeds=prefix_embeds)
+
+    def _forward(self, model, input_ids, attention_mask, token_mask, *, with_entropy: bool, hidden_path: bool | None,
+                 prefix_embeds: torch.Tensor | None):
         """Log-probs (and entropy) [B, T] of `model` on the given rows; see `policy_forward`. With packing or a
         token budget the rows (right-padded) are cut to their longest sample, or packed, and the outputs padded
         back to T. Soft prefixes (`prefix_embeds` [B, k, d]) take the padded path (a recipe cannot combine them with

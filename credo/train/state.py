@@ -42,7 +42,8 @@ RESUME_FREE_KEYS = ("run.steps", "run.resume", "run.output_dir", "run.allow_conf
                     "run.dump_rollouts_every", "run.eval_every")
 # keys a resume cannot honour even with run.allow_config_change: the checkpoint's weights and optimizer partitions
 # are shaped by them (a family adds its own, `Family.fixed_on_resume`)
-RESUME_FIXED_KEYS = ("model.path", "model.tiny", "model.dtype", "optim.zero_stage")
+RESUME_FIXED_KEYS = ("model.path", "model.tiny", "model.dtype", "optim.zero_stage", "model.lora.r",
+                     "model.lora.target_modules")
 
 
 class Stateful(Protocol):

@@ -37,14 +37,28 @@ class Updater:
 
     def __init__(self, engine, scorer: PolicyScorer, objective: Objective, *, ppo_epochs: int, mini_batches: int,
                  grad_accum: int, zero_stage: int, world: int, fault_nan_steps: frozenset[int] = frozenset(),
-                 micro_batch_tokens: int = 0, packed: bool = False):
+                 train_mode: bool = False, micro_batch_tokens: int = 0, packed: bool = False):
         self.engine, self.scorer, self.objective = engine, scorer, objective
         self.ppo_epochs, self.mini_batches, self.grad_accum = ppo_epochs, mini_batches, grad_accum
         self.micro_batch_tokens, self.packed = micro_batch_tokens, packed
         self.zero_stage, self.world = zero_stage, world
         self.fault_nan_steps = fault_nan_steps  # test hook: the loss of these steps is forced to NaN
+        # the update's forwards in training mode: gradient checkpointing and LoRA dropout act only there (the
+        # module is otherwise left in eval mode, as from_pretrained returns it)
+        self.train_mode = train_mode
 
     def update(self, batch: Batch) -> tuple[dict[str, float], int]:
+        if not self.train_mode:
+            return self._update(batch)
+        module = self.engine.module
+        was_training = module.training
+        module.train()
+        try:
+            return self._update(batch)
+        finally:
+            module.train(was_training)
+
+    def _update(self, batch: Batch) -> tuple[dict[str, float], int]:
         engine, B = self.engine, len(batch)
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}

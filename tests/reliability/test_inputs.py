@@ -29,6 +29,16 @@ def test_missing_model_path():
         resolve_model_path("/no/such/model", TinyModelConfig())
 
 
+def test_a_missing_relative_folder_beside_its_parent_is_missing_not_a_hub_id(tmp_path, monkeypatch):
+    """#36 item 9: `model.path=models/nope` with a models/ folder here is a typo in a local path; an 'org/name'
+    without such a folder stays a hub id for the loader."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    with pytest.raises(ConfigError, match=r"model.path 'models/nope' does not exist \(expected 'tiny', a local"):
+        resolve_model_path("models/nope", TinyModelConfig())
+    assert resolve_model_path("some-org/nope", TinyModelConfig()) == "some-org/nope"
+
+
 def test_model_dir_without_config(tmp_path):
     with pytest.raises(ConfigError, match=f"model.path '{tmp_path}' exists but has no config.json: expected a Hugging "
                                           "Face model directory"):
