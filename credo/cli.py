@@ -298,6 +298,18 @@ def _parser() -> argparse.ArgumentParser:
     p_bon.add_argument("--n", type=int, nargs="+", default=[1, 4, 16], help="the N, prefixes of max(N) samples")
     p_bon.add_argument("--out", default=None, help="write the result (table, scores, verdicts) as JSON here")
     p_bon.set_defaults(handler=_bon, needs_logging=True)
+    _add_eval(sub)
+    _add_palette(sub)
+    p_list = sub.add_parser("list", help="print the policy losses, advantage and KL estimators, tasks and credit strategies")
+    p_list.set_defaults(handler=_list, needs_logging=False)
+    _add_export(sub)
+    # `credo simulate` has its own parser (credo.simulate.cli); listed here so `credo --help` shows it
+    sub.add_parser("simulate", help="cluster simulator of rollout/training schedules (`credo simulate --help`)")
+    return parser
+
+
+def _add_eval(sub) -> None:
+    """`credo eval MODEL RECIPE_OR_TASK`."""
     p_eval = sub.add_parser("eval", help="run a recipe's held-out evaluation on a saved model (a run's final/, a "
                             "checkpoint folder or any Hugging Face model folder) and print the metrics")
     p_eval.add_argument("model", help="a Hugging Face model folder (e.g. runs/NAME/.../final), a run folder holding "
@@ -313,6 +325,10 @@ def _parser() -> argparse.ArgumentParser:
     p_eval.add_argument("--out", default=None, help="also write the metrics, settings and the first 16 samples "
                         "as JSON to this file")
     p_eval.set_defaults(handler=_eval, needs_logging=True)
+
+
+def _add_palette(sub) -> None:
+    """`credo palette RUN --prompt P [--z ...]`."""
     p_pal = sub.add_parser("palette", help="sample a Reasoning Palette run with a chosen latent z (steers its strategy; "
                            "credo.families.palette.steer)")
     p_pal.add_argument("run", help="a run folder trained with palette.enabled, or a palette model folder")
@@ -325,8 +341,10 @@ def _parser() -> argparse.ArgumentParser:
     p_pal.add_argument("--max-new-tokens", type=int, default=32, help="length cap of a completion")
     p_pal.add_argument("--seed", type=int, default=0, help="seed of the z draws and of the sampling")
     p_pal.set_defaults(handler=_palette, needs_logging=False)
-    p_list = sub.add_parser("list", help="print the policy losses, advantage and KL estimators, tasks and credit strategies")
-    p_list.set_defaults(handler=_list, needs_logging=False)
+
+
+def _add_export(sub) -> None:
+    """`credo export CHECKPOINT OUT_DIR [--adapter]`."""
     p_export = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model folder")
     p_export.add_argument("checkpoint", help="a checkpoint folder, e.g. runs/NAME/checkpoints/step_00000010")
     p_export.add_argument("out_dir", help="the model folder to write (config, safetensors weights, tokenizer)")
@@ -337,9 +355,6 @@ def _parser() -> argparse.ArgumentParser:
                           "adapter_model.safetensors; peft.PeftModel.from_pretrained(base, OUT_DIR) loads it) "
                           "instead of the merged model")
     p_export.set_defaults(handler=_export, needs_logging=False)
-    # `credo simulate` has its own parser (credo.simulate.cli); listed here so `credo --help` shows it
-    sub.add_parser("simulate", help="cluster simulator of rollout/training schedules (`credo simulate --help`)")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,9 @@ whose config has changed stops the sweep before anything starts (its results wou
 sweep file). Runs that share a warm-up (same model, task, sft and seed) wait for the first of them to
 finish the warm-up, so it is trained once and then read from the cache.
 
+The module runs a little past 400 lines: the plan, the resume rules, the lock and the scheduler loop are one
+protocol (each relies on the others' files), read together.
+
 Besides the tables and curves (credo.ablate.outputs, made from the results records), output_dir holds `sweep.json` (each run's
 overrides, config hash, status, exit code and, for a failed run, the end of its log) and a copy of the
 sweep file. A failed run is reported with the last lines of its log; the table holds the others.
@@ -304,6 +307,66 @@ def _print_plan(runs: list[Run], sweep: Sweep, *, jobs: int, threads: int) -> No
         print("first command: " + " ".join(_train_argv(sweep.base, _invocation_overrides(todo[0]), sweep.launcher)))
 
 
+def _refuse_stale(sweep, runs) -> None:
+    """A ConfigError listing the finished runs made with another config than the sweep file now gives."""
+    stale = [r for r in runs if r.action == "stale"]
+    if stale:
+        lines = [f"  {r.run_dir}: " + ("; ".join(r.stale_diff[:4]) or "config hash differs") for r in stale]
+        raise _fail(sweep.path, f"{len(stale)} finished run(s) were made with a different config than the sweep file now "
+                                "gives:\n" + "\n".join(lines) + f"\nexpected the same config; delete those run folders to "
+                                "rerun them, or set a new output_dir")
+
+
+def _lock_sweep(sweep):
+    """The sweep folder's lock file, held (exclusive); None, with a message, when another `credo ablate` holds it."""
+    lock = open(sweep.output_dir / ".lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        print(f"credo: error: sweep folder {sweep.output_dir} is in use by another `credo ablate` (or by runs it started "
+              "that are still going); wait for them or stop them, then invoke again", file=sys.stderr)
+        return None
+    return lock
+
+
+def _report_runs(sweep, runs) -> list:
+    """Print the failed runs' log tails, the table and the summary line; return the failed runs."""
+    failed = [r for r in runs if r.status == "failed"]
+    for r in failed:
+        print(f"\nrun {r.variant}/seed{r.seed} failed (exit {r.exit_code}); last lines of {r.run_dir / 'log.txt'}:\n"
+              + "\n".join("  | " + l for l in r.error_tail.splitlines()), file=sys.stderr)
+    print("\n" + (sweep.output_dir / "table.md").read_text())
+    n_done = sum(r.status == "done" for r in runs)
+    print(f"credo ablate: {n_done}/{len(runs)} runs finished, {len(failed)} failed; table in {sweep.output_dir / 'table.md'}, "
+          f"results in {sweep.results}")
+    return failed
+
+
+def _schedule_with_signals(sweep, runs, *, jobs: int, threads: int, lock, gpus, poll_s: float) -> int:
+    """Run the scheduler with SIGTERM turned into an interruption; write sweep.json, the table and curves and
+    release the lock whatever happens. Returns 130 when interrupted, else 0."""
+    def on_term(signum, frame):
+        raise _Interrupted()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread: no handler, Ctrl-C still works
+        previous = None
+    code = 0
+    try:
+        _schedule(runs, sweep, jobs=jobs, lock_fd=lock.fileno(), gpus=gpus, poll_s=poll_s)
+    except (KeyboardInterrupt, _Interrupted):
+        code = 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        write_sweep_json(sweep, runs, jobs=jobs, threads=threads)
+        write_outputs(sweep, runs)
+        lock.close()
+    return code
+
+
 def run_sweep(path: str | Path, *, jobs: int = 0, dry_run: bool = False, poll_s: float = 0.5) -> int:
     """Run (or, with dry_run, list) a sweep's runs, then write its table, curves and sweep.json.
 
@@ -329,12 +392,7 @@ def run_sweep(path: str | Path, *, jobs: int = 0, dry_run: bool = False, poll_s:
     threads = max(1, cores // (jobs * procs))
     runs = plan_runs(sweep, threads=threads, build=not dry_run)
     in_results = _classify_all(sweep, runs)
-    stale = [r for r in runs if r.action == "stale"]
-    if stale:
-        lines = [f"  {r.run_dir}: " + ("; ".join(r.stale_diff[:4]) or "config hash differs") for r in stale]
-        raise _fail(sweep.path, f"{len(stale)} finished run(s) were made with a different config than the sweep file now "
-                                "gives:\n" + "\n".join(lines) + f"\nexpected the same config; delete those run folders to "
-                                "rerun them, or set a new output_dir")
+    _refuse_stale(sweep, runs)
     if dry_run:
         _print_plan(runs, sweep, jobs=jobs, threads=threads)
         return 0
@@ -342,13 +400,8 @@ def run_sweep(path: str | Path, *, jobs: int = 0, dry_run: bool = False, poll_s:
         print(f"credo ablate: warning: {jobs} jobs on {cores} cores; each run gets 1 thread and the cores are oversubscribed",
               file=sys.stderr)
     sweep.output_dir.mkdir(parents=True, exist_ok=True)
-    lock = open(sweep.output_dir / ".lock", "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        print(f"credo: error: sweep folder {sweep.output_dir} is in use by another `credo ablate` (or by runs it started "
-              "that are still going); wait for them or stop them, then invoke again", file=sys.stderr)
+    lock = _lock_sweep(sweep)
+    if lock is None:
         return 1
     # finished runs whose results line is missing (a deleted results file, runs from before it existed)
     record_runs(sweep, [r for r in runs if r.action == "done" and (r.variant, r.seed) not in in_results])
@@ -357,30 +410,6 @@ def run_sweep(path: str | Path, *, jobs: int = 0, dry_run: bool = False, poll_s:
     _print_plan(runs, sweep, jobs=jobs, threads=threads)
     write_sweep_json(sweep, runs, jobs=jobs, threads=threads)
 
-    def on_term(signum, frame):
-        raise _Interrupted()
-
-    try:
-        previous = signal.signal(signal.SIGTERM, on_term)
-    except ValueError:  # not the main thread: no handler, Ctrl-C still works
-        previous = None
-    code = 0
-    try:
-        _schedule(runs, sweep, jobs=jobs, lock_fd=lock.fileno(), gpus=gpus, poll_s=poll_s)
-    except (KeyboardInterrupt, _Interrupted):
-        code = 130
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-        write_sweep_json(sweep, runs, jobs=jobs, threads=threads)
-        write_outputs(sweep, runs)
-        lock.close()
-    failed = [r for r in runs if r.status == "failed"]
-    for r in failed:
-        print(f"\nrun {r.variant}/seed{r.seed} failed (exit {r.exit_code}); last lines of {r.run_dir / 'log.txt'}:\n"
-              + "\n".join("  | " + l for l in r.error_tail.splitlines()), file=sys.stderr)
-    print("\n" + (sweep.output_dir / "table.md").read_text())
-    n_done = sum(r.status == "done" for r in runs)
-    print(f"credo ablate: {n_done}/{len(runs)} runs finished, {len(failed)} failed; table in {sweep.output_dir / 'table.md'}, "
-          f"results in {sweep.results}")
+    code = _schedule_with_signals(sweep, runs, jobs=jobs, threads=threads, lock=lock, gpus=gpus, poll_s=poll_s)
+    failed = _report_runs(sweep, runs)
     return code or (1 if failed else 0)

@@ -291,6 +291,17 @@ def _check_runner_keys(path: Path, overrides: list[str], variants: dict[str, lis
                                   "to let the recipe and the variants set sft.seed")
 
 
+def _metrics(path: Path, data: dict) -> list:
+    """The sweep's `metrics:` list (default DEFAULT_METRICS), each checked, with distinct labels."""
+    metrics_spec = data.get("metrics", DEFAULT_METRICS)
+    if not isinstance(metrics_spec, list) or not metrics_spec:
+        raise _fail(path, "metrics must be a non-empty list of {key, reduce[, k, mode, label]}")
+    metrics = [_metric(path, i, m) for i, m in enumerate(metrics_spec)]
+    if len({m.label for m in metrics}) != len(metrics):
+        raise _fail(path, "two metrics share a label; give one of them a label")
+    return metrics
+
+
 def load_sweep(path: str | Path) -> Sweep:
     """Read and check a sweep file strictly (unknown keys and wrong types name the key at fault).
 
@@ -331,12 +342,7 @@ def load_sweep(path: str | Path) -> Sweep:
     overrides = _override_list(path, "overrides", data.get("overrides"))
     results, warmup_seed, comparisons = _design_keys(path, data, variants)
     _check_runner_keys(path, overrides, variants, warmup_seed)
-    metrics_spec = data.get("metrics", DEFAULT_METRICS)
-    if not isinstance(metrics_spec, list) or not metrics_spec:
-        raise _fail(path, "metrics must be a non-empty list of {key, reduce[, k, mode, label]}")
-    metrics = [_metric(path, i, m) for i, m in enumerate(metrics_spec)]
-    if len({m.label for m in metrics}) != len(metrics):
-        raise _fail(path, "two metrics share a label; give one of them a label")
+    metrics = _metrics(path, data)
     curves = data.get("curves", list(dict.fromkeys(m.key for m in metrics)))
     if not isinstance(curves, list) or not all(isinstance(c, str) for c in curves):
         raise _fail(path, f"curves = {curves!r}, expected a list of metric names")

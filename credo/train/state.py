@@ -170,6 +170,17 @@ class TrainState:
             else:
                 log.warning("run.resume=auto: no usable checkpoint in %s; starting from step 0", ckpt_root)
             return 0
+        self._check_settings(path, allow_config_change)
+        meta = load_checkpoint(self.engine, path, verify=False)
+        self._load_components(path, meta)
+        if rank == 0:
+            truncate_metrics(run_dir / "metrics.jsonl", meta["step"])
+        log.info("resumed from %s (step %d)", path, meta["step"])
+        return meta["step"]
+
+    def _check_settings(self, path: Path, allow_config_change: bool) -> None:
+        """Refuse a resume whose settings the checkpoint cannot honour: a fixed key changed, another warm-up, or any
+        change without run.allow_config_change. Sets `config_changed`."""
         # the settings are compared before anything loads: a checkpoint of another shape would fail inside DeepSpeed
         meta = json.loads((path / "meta.json").read_text())
         self.config_changed = changed = config_changes(meta.get("config"), self.config, self.defaults)
@@ -186,7 +197,9 @@ class TrainState:
             lines = "\n".join(f"  {k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
             raise ConfigError(f"resuming {path} with settings that differ from the checkpoint's:\n{lines}\n"
                               "resume with the recipe it was made with, or set run.allow_config_change=true")
-        meta = load_checkpoint(self.engine, path, verify=False)
+
+    def _load_components(self, path: Path, meta: dict) -> None:
+        """The counters and every stateful component from checkpoint `path` (its `meta`)."""
         self.counters.load_state_dict(meta.get("counters", {}))
         for k, state in meta.get("components", {}).items():
             if k in self.components:
@@ -201,10 +214,6 @@ class TrainState:
                 c.load_files(path / k)
             else:  # a checkpoint written before this component kept state (an older credo)
                 log.warning("checkpoint %s holds no state for '%s'; it starts from its initial state", path, k)
-        if rank == 0:
-            truncate_metrics(run_dir / "metrics.jsonl", meta["step"])
-        log.info("resumed from %s (step %d)", path, meta["step"])
-        return meta["step"]
 
 
 def _holds_tensors(state) -> bool:
