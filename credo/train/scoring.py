@@ -183,9 +183,10 @@ class PolicyScorer:
     def _whole_batch(self, model, batch: Batch, *, with_entropy: bool, hidden_path: bool | None = None):
         """Log-probs (and entropy) [B, T] of the whole batch: one forward, or (with algo.micro_batch_tokens) one per
         token-budget group of rows."""
-        if not self.micro_batch_tokens or batch.prefix_embeds is not None:
+        prefix = getattr(batch, "prefix_embeds", None)
+        if not self.micro_batch_tokens or prefix is not None:
             return self(model, batch.input_ids, batch.attention_mask, batch.loss_mask, with_entropy=with_entropy,
-                        hidden_path=hidden_path, prefix_embeds=batch.prefix_embeds)
+                        hidden_path=hidden_path, prefix_embeds=prefix)
         lengths = row_lengths(batch.attention_mask).tolist()
         lp = torch.zeros(batch.loss_mask.shape, dtype=torch.float32, device=batch.input_ids.device)
         ent = torch.zeros_like(lp) if with_entropy else None
@@ -234,7 +235,8 @@ class PolicyScorer:
             log_probs, entropy: [b, T] float32, as `__call__` with `with_entropy=True`.
         """
         mask = batch.loss_mask[rows]
-        prefix = None if batch.prefix_embeds is None else batch.prefix_embeds[rows]
+        prefix = getattr(batch, "prefix_embeds", None)
+        prefix = None if prefix is None else prefix[rows]
         if not self.update_probes:
             return self(model, batch.input_ids[rows], batch.attention_mask[rows], mask, with_entropy=True,
                         prefix_embeds=prefix)

@@ -115,7 +115,7 @@ def test_a_prompts_tokens_depend_on_its_seed_only(tiny):
         assert alone[i].response_ids == s.response_ids == blocks[i].response_ids
         assert shuffled[order.index(i)].response_ids == s.response_ids
         torch.testing.assert_close(torch.tensor(alone[i].rollout_log_probs), torch.tensor(s.rollout_log_probs),
-                                   atol=1e-5, rtol=0)
+                                   atol=1e-4, rtol=0)  # a row's float sums differ alone and in a batch
     other = backend.generate(prompts, seeds=[s + 1 for s in seeds], **kw)
     assert [s.response_ids for s in other] != [s.response_ids for s in whole]
 

@@ -365,7 +365,7 @@ def test_vllm_backend_gets_every_setting_and_quantises_fp8_weights_at_once(monke
     engine = types.SimpleNamespace(module="the policy")
     b = make_backend(r, engine, tokenizer=None, policy_path="/p")
     assert b.kw == dict(dtype="bfloat16", seed=9, kv_cache_gib=3, gpu_memory_utilization=0.45, enforce_eager=True,
-                        fp8_weights=False)
+                        fp8_weights=False, input_embeddings=None)
     assert b.synced == []  # full-precision weights: nothing to do before step 1
     r.rollout.dtype, r.rollout.fp8_weights = "float16", True
     b = make_backend(r, engine, tokenizer=None, policy_path="/p")

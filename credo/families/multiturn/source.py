@@ -237,14 +237,18 @@ def multiturn_source(ctx, **kwargs) -> MultiTurnRollout:
     if kwargs:
         raise ConfigError(f"config key 'stages.rollout_kwargs': the multiturn source takes its settings from the env: "
                           f"section, got {sorted(kwargs)}")
+    rollout = dict(ctx.rollout)
+    factory = ray_env_factory(ctx)
+    if factory is not None:  # envs in Ray env actors; otherwise the rollout settings' own factory (default: none)
+        rollout["env_factory"] = factory
     return MultiTurnRollout(ctx.section, ctx.tokenizer, ctx.backend, seed=ctx.seed, rank=ctx.rank, world=ctx.world,
-                            render=ctx.render, env_factory=ray_env_factory(ctx), **ctx.rollout)
+                            render=ctx.render, **rollout)
 
 
 def ray_env_factory(ctx):
     """With cluster.engine: ray and cluster.env.workers >= 1, the envs live in env actors (`RayEnvPool`: env steps
     leave the trainer process; failures and timeouts keep their meaning); None keeps them in this process."""
-    cluster = ctx.cluster
+    cluster = getattr(ctx, "cluster", None)
     if cluster is None or not cluster.cfg.env.workers:
         return None
     import functools
