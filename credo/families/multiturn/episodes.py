@@ -56,6 +56,8 @@ class Episode:
     version: int = 0
     end: str | None = None
     error: str | None = None
+    last_info_metrics: dict | None = None
+    """`info["episode_metrics"]` of the last env step, when the env reports it (credo/families/multiturn/env_metrics.py)."""
 
     @property
     def done(self) -> bool:
@@ -162,6 +164,8 @@ def apply_env_step(e: Episode, status: str, res, tok, observation, cfg, turn: in
         return
     obs, reward, terminated, truncated, info = res
     e.turn_rewards.append(float(reward))
+    if isinstance(info, dict) and isinstance(info.get("episode_metrics"), dict):
+        e.last_info_metrics = info["episode_metrics"]
     e.observations.append(observation_text(obs, info))
     if terminated:
         e.end = "terminated"

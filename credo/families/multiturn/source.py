@@ -35,6 +35,7 @@ from credo.families.multiturn.envs import make_env
 from credo.tasks.render import has_chat_template, plain_prompt
 from credo.tasks import Problem
 from credo.train.batch import Batch
+from credo.families.multiturn.env_metrics import held_out_means
 from credo.families.multiturn.episodes import (Episode, call_with_deadline, env_step, episode_stats, model_turn,
                                                reset_episodes)
 from credo.families.multiturn.resample import choose_prefixes, expert_actions
@@ -178,6 +179,11 @@ class MultiTurnRollout:
 
     def evaluate(self, n: int, *, temperature: float, seed: int) -> float:
         """Mean return of `n` held-out episodes (env seeds EVAL_SEED_BASE + i, this rank's share), over all ranks."""
+        return self.evaluate_with_metrics(n, temperature=temperature, seed=seed)[0]
+
+    def evaluate_with_metrics(self, n: int, *, temperature: float, seed: int) -> tuple[float, dict[str, float]]:
+        """`evaluate`'s mean return, and the means of the envs' own episode metrics as `eval/<name>`
+        (`env_metrics.held_out_means`; {} for an env that reports none)."""
         mine = list(range(n))[self.rank::self.world]
         greedy = temperature == 0
         seeds = [EVAL_SEED_BASE + i for i in mine]
@@ -185,7 +191,7 @@ class MultiTurnRollout:
                                    sample_seeds=None if greedy else [step_seed(seed, -1, i) for i in mine],
                                    envs=self.eval_envs(seeds))
         tot = all_reduce_sum(torch.tensor([sum(sum(e.turn_rewards) for e in eps), float(len(eps))], dtype=torch.float64))
-        return float(tot[0] / tot[1])
+        return float(tot[0] / tot[1]), held_out_means(eps)
 
     def generate(self, prompts, *, temperature: float, seeds):
         return self.backend.generate(prompts, max_new_tokens=self.cfg.max_new_tokens_per_turn, temperature=temperature,
@@ -205,15 +211,21 @@ class MultiTurnRollout:
 
 
 class EnvEvaluator:
-    """`eval/return`: the mean return of env.eval_episodes held-out episodes at run.eval_temperature."""
+    """`eval/return`: the mean return of env.eval_episodes held-out episodes at run.eval_temperature; in
+    `extra_metrics` after each call, the means of the envs' own episode metrics (`eval/<name>`, e.g. the shop's
+    eval/shop/success and eval/shop/fail_*; credo/families/multiturn/env_metrics.py)."""
 
     metric = "eval/return"
 
     def __init__(self, source: MultiTurnRollout, episodes: int, *, temperature: float, seed: int):
         self.source, self.episodes, self.temperature, self.seed = source, episodes, temperature, seed
+        self.extra_metrics: dict[str, float] = {}
+        """eval/<name> of the last evaluation (the trainer logs them beside eval/return)."""
 
     def __call__(self) -> float:
-        return self.source.evaluate(self.episodes, temperature=self.temperature, seed=self.seed)
+        score, self.extra_metrics = self.source.evaluate_with_metrics(self.episodes, temperature=self.temperature,
+                                                                      seed=self.seed)
+        return score
 
 
 class EnvReward:
