@@ -10,6 +10,10 @@ seeds:
 Each (arm, seed) is one JSON line of `--out` (commit, date, overrides, every metric); a row already in `--out`
 with the same arm, seed and overrides is kept, not re-run. The table (markdown) goes to stdout.
 
+`--warmup-per-seed` gives each seed its own warm-up (`sft.seed=s`, trained by the seed's first RL run and shared
+by its arms), so warm-up variance is inside the intervals; its rows record `sft.seed=s` among their overrides.
+(`credo ablate recipes/ablations/shop.yaml` does the same with the run's own eval/shop/* metrics.)
+
     nice -n 10 python benchmarks/shop_reproduction.py --seeds 0 1 2 3 4 --episodes 128 \\
         --out docs/results/shop_sft_vs_rl.jsonl -- sft.steps=200 sft.batch_size=32 run.steps=20 run.eval_every=0
 """
@@ -106,26 +110,32 @@ def main(argv: list[str] | None = None) -> None:
                         "'rl' needs --arm-overrides")
     p.add_argument("--arm-overrides", nargs="*", default=[], metavar="KEY=VALUE",
                    help="overrides of the RL arms' training only (e.g. IPA's), after the shared ones")
+    p.add_argument("--warmup-per-seed", action="store_true",
+                   help="each seed its own warm-up (sft.seed = the seed), shared by its arms; default: the recipe's one")
     p.add_argument("--table-only", action="store_true", help="print the table of --out and stop")
     p.add_argument("overrides", nargs="*", help="recipe overrides, key=value (after --)")
     a = p.parse_args(argv)
-    out, runs = ROOT / a.out, Path(a.runs)
+    out, runs = ROOT / a.out, Path(a.runs) / ("warmup_per_seed" if a.warmup_per_seed else "")
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
     if not a.table_only:
         runs.mkdir(parents=True, exist_ok=True)
         out.parent.mkdir(parents=True, exist_ok=True)
-        done = {(r["arm"], r["seed"]) for r in rows if r["overrides"] == a.overrides}
         for seed in a.seeds:
-            for arm in a.arms:
+            shared = [*a.overrides, f"sft.seed={seed}"] if a.warmup_per_seed else a.overrides
+            done = {(r["arm"], r["seed"]) for r in rows if r["overrides"] == shared}
+            # the warm-up (arm sft) is evaluated after the seed's RL runs, which train and cache it
+            for arm in sorted(a.arms, key=lambda x: x == "sft"):
                 if (arm, seed) not in done:
                     extra = [] if arm == "sft" else a.arm_overrides
-                    model = warmup_dir(a.overrides) if arm == "sft" else \
-                        str(train(arm, seed, [*a.overrides, *extra], runs) / "final")
-                    rows.append(evaluate(arm, model, seed, a.overrides, extra, a.episodes))
+                    model = warmup_dir(shared) if arm == "sft" else \
+                        str(train(arm, seed, [*shared, *extra], runs) / "final")
+                    rows.append(evaluate(arm, model, seed, shared, extra, a.episodes))
                     with open(out, "a") as f:
                         f.write(json.dumps(rows[-1], sort_keys=True) + "\n")
                     print(arm, seed, json.dumps({k: rows[-1]["metrics"].get(k) for k in METRICS[:3]}), flush=True)
-    print(table([r for r in rows if r["overrides"] == a.overrides]))
+    seeded = lambda r: [o for o in r["overrides"] if not o.startswith("sft.seed=")] == a.overrides \
+        and (f"sft.seed={r['seed']}" in r["overrides"]) == a.warmup_per_seed
+    print(table([r for r in rows if seeded(r)]))
 
 
 if __name__ == "__main__":
