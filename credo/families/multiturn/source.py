@@ -223,8 +223,10 @@ class EnvEvaluator:
         """eval/<name> of the last evaluation (the trainer logs them beside eval/return)."""
 
     def __call__(self) -> float:
-        score, self.extra_metrics = self.source.evaluate_with_metrics(self.episodes, temperature=self.temperature,
-                                                                      seed=self.seed)
+        with_metrics = getattr(self.source, "evaluate_with_metrics", None)
+        if with_metrics is None:  # a source that gives the return alone (its own `evaluate`)
+            return self.source.evaluate(self.episodes, temperature=self.temperature, seed=self.seed)
+        score, self.extra_metrics = with_metrics(self.episodes, temperature=self.temperature, seed=self.seed)
         return score
 
 

@@ -115,6 +115,12 @@ class CrashingShop(ShopEnv):
         raise RuntimeError("the shop crashed")
 
 
+def crashing_tiny() -> CrashingShop:
+    from credo.families.multiturn.envs.shop.env import LEVELS
+
+    return CrashingShop(**LEVELS["tiny"])
+
+
 def test_the_evaluator_logs_the_failure_breakdown_that_a_hand_count_gives():
     by_request, plans = plan_episodes(extra=1)
     n = len(plans) - 1  # the last held-out episode's env crashes at its first step
@@ -142,12 +148,6 @@ def test_the_evaluator_logs_the_failure_breakdown_that_a_hand_count_gives():
     # the failure shares and the success rate cover every episode once
     assert sum(got[f"eval/shop/fail_{t}"] for t in ("search_depth", "personalisation", "engagement", "format")) \
         == pytest.approx(1 - got["eval/shop/success"])
-
-
-def crashing_tiny() -> CrashingShop:
-    from credo.families.multiturn.envs.shop.env import LEVELS
-
-    return CrashingShop(**LEVELS["tiny"])
 
 
 def test_the_evaluator_agrees_with_the_shops_evaluate_py_on_the_same_episodes():
