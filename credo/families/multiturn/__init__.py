@@ -4,6 +4,7 @@
     envs/           the env registry (`credo:*` built-ins, GEM ids) and the built-in games
     source.py       MultiTurnRollout (the `multiturn` rollout source), EnvReward (the `env` reward stage)
     episodes.py     one step's episodes: reset, model turns, env steps, episode statistics
+    env_metrics.py  the envs' own episode metrics (the shop's failure types), averaged as eval/<name>
     turn_credit.py  the `turn_credit` advantage stage: GEM's ReBN, trajectory GRPO, IPA chunk returns
     resample.py     IPA's chunk-level initialised resampling (arXiv 2512.24873)
     task.py         the env's expert episodes as warm-up demonstrations
