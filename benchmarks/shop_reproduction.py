@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--arm-overrides", nargs="*", default=[], metavar="KEY=VALUE",
                    help="overrides of the RL arms' training only (e.g. IPA's), after the shared ones")
     p.add_argument("--warmup-per-seed", action="store_true",
-                   help="each seed its own warm-up (sft.seed = the seed), shared by its arms; default: the recipe's one")
+                   help="each seed its own warm-up (sft.seed = the seed), shared by its arms; "
+                        "default: the recipe's one")
     p.add_argument("--table-only", action="store_true", help="print the table of --out and stop")
     p.add_argument("overrides", nargs="*", help="recipe overrides, key=value (after --)")
     a = p.parse_args(argv)

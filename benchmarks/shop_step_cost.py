@@ -25,7 +25,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPES = {"guess game (recipes/multiturn.yaml)": "recipes/multiturn.yaml", "shop (recipes/shop.yaml)": "recipes/shop.yaml"}
+RECIPES = {"guess game (recipes/multiturn.yaml)": "recipes/multiturn.yaml",
+           "shop (recipes/shop.yaml)": "recipes/shop.yaml"}
 """Baseline first."""
 KEYS = ("perf/step_time_s", "perf/rollout_s", "perf/logprob_s", "perf/update_s", "perf/episodes_per_s",
         "env/turns_mean", "train/response_len")
@@ -66,7 +67,8 @@ def main() -> None:
         med = {k: statistics.median(v) for k, v in s.items() if k != "rss"}
         rss = max(s["rss"])
         ratio = "" if base is None else (f"; step time x{med['perf/step_time_s'] / base[0]:.2f}, "
-                                         f"peak RSS x{rss / base[1]:.2f}, episodes/s x{med['perf/episodes_per_s'] / base[2]:.2f}")
+                                         f"peak RSS x{rss / base[1]:.2f}, "
+                                         f"episodes/s x{med['perf/episodes_per_s'] / base[2]:.2f}")
         print(f"{name} ({len(s['perf/step_time_s'])} steps): "
               + ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in med.items()) + f", peak RSS {rss:.3f} GB{ratio}")
         base = base or (med["perf/step_time_s"], rss, med["perf/episodes_per_s"])

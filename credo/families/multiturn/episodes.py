@@ -57,7 +57,7 @@ class Episode:
     end: str | None = None
     error: str | None = None
     last_info_metrics: dict | None = None
-    """`info["episode_metrics"]` of the last env step, when the env reports it (credo/families/multiturn/env_metrics.py)."""
+    """`info["episode_metrics"]` of the last env step, when the env reports it (env_metrics.py)."""
 
     @property
     def done(self) -> bool:
