@@ -116,32 +116,12 @@ class VLLMBackend:
             response stopped on it (``finished=True``); ``rollout_log_probs[t]`` is the sampler's
             log-prob of ``response_ids[t]`` (see the module docstring for the distribution).
         """
-        from vllm import SamplingParams
-
         if self.llm is None:
             raise RuntimeError("generate called after close()")
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"seeds has length {len(seeds)}, expected {len(prompts)} like prompts")
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("prompts contains an empty prompt, expected at least one token each")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens is {max_new_tokens}, expected >= 1")
-        if seeds is not None and not (temperature > 0 and 0 < top_p <= 1):
-            raise ValueError(f"temperature={temperature}, top_p={top_p}: expected temperature > 0 and 0 < top_p <= 1")
-        common = dict(n=1, max_tokens=max_new_tokens, logprobs=0, detokenize=False)
-        if seeds is None:
-            params = SamplingParams(temperature=0.0, **common)  # one object applies to every prompt
-        else:
-            params = [SamplingParams(temperature=temperature, top_p=top_p, seed=int(s), **common) for s in seeds]
+        params = self._sampling_params(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                       seeds=seeds)
         outs = self.llm.generate(self._requests(prompts, prefix_embeds), params, use_tqdm=False)
-        samples = []
-        for p, out in zip(prompts, outs):
-            comp = out.outputs[0]
-            resp = list(comp.token_ids)
-            # logprobs=0: each position holds the sampled token's entry (plus none of the top-k)
-            lps = [float(pos[tok].logprob) for pos, tok in zip(comp.logprobs, resp)]
-            samples.append(Sample(list(p), resp, [1] * len(resp), lps, comp.finish_reason == "stop", self.version))
-        return samples
+        return [self._sample(p, out.outputs[0]) for p, out in zip(prompts, outs)]
 
     @torch.no_grad()
     def _requests(self, prompts: list[list[int]], prefix_embeds: torch.Tensor | None) -> list:

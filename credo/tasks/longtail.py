@@ -28,23 +28,12 @@ from credo.errors import ConfigError
 from credo.tasks.problem import Problem
 from credo.tasks.registry import register_task
 from credo.tasks.skill_tags import column_add_skills
-from credo.tasks.skills import _final_int
+from credo.tasks.skills import _final_int, worked_sum
 
 
 def draw_digits(rng: random.Random, median_digits: float, sigma: float, max_digits: int) -> int:
     """One digit count: round(exp(N(log median_digits, sigma))) clipped to 1..max_digits."""
     return min(max_digits, max(1, round(math.exp(rng.gauss(math.log(median_digits), sigma)))))
-
-
-def worked_sum(a: int, b: int, n: int) -> str:
-    """The column-by-column worked sum of two n-digit numbers (the add_scratch format), e.g. `...>0633`."""
-    da, db = f"{a:0{n}d}"[::-1], f"{b:0{n}d}"[::-1]
-    cols, carry = [], 0
-    for x, y in zip(da, db):
-        s = int(x) + int(y) + carry
-        cols.append(f"{x}+{y}+{carry}={s:02d}")
-        carry = s // 10
-    return ",".join(cols) + f">{a + b:0{n + 1}d}"
 
 
 @register_task("longtail_add")

@@ -25,6 +25,9 @@ def check_rg_name(name: str) -> None:
                           "(`credo list` prints them all)")
 
 
+_CHECKED_NOW = 64  # entries of each split validated when the task is built
+
+
 class ReasoningGymTask:
     """A reasoning-gym dataset: train entries from `seed`, held-out entries from a separate seed stream. Each problem's
     `meta['skills']` maps the generator's metadata to credo's skill tags (`credo.tasks.skill_tags.rg_skills`)."""
@@ -41,12 +44,14 @@ class ReasoningGymTask:
         self.name = name
         if len(self._train) == 0:
             raise ConfigError(f"task 'rg:{name}' has an empty train split: expected task.train_size >= 1 entries")
-        train_q = {self._problem(self._train[i], f"train entry {i}").prompt for i in range(len(self._train))}
-        self._eval_rows = [self._eval[i] for i in range(len(self._eval))
-                           if self._problem(self._eval[i], f"eval entry {i}").prompt not in train_q]
-        if not self._eval_rows:
-            raise ConfigError(f"task 'rg:{name}' has an empty eval split: all {len(self._eval)} held-out entries also occur "
-                              "in the train split; raise task.eval_size or use a dataset with more distinct questions")
+        # The first entries of each split are checked now, so a malformed dataset fails before any long work; every
+        # other entry is checked when it is read. Generating a whole split can take minutes (countdown: ~12 ms an
+        # entry), so `credo check` must not do it.
+        for i in range(min(len(self._train), _CHECKED_NOW)):
+            self._problem(self._train[i], f"train entry {i}")
+        for i in range(min(len(self._eval), _CHECKED_NOW)):
+            self._problem(self._eval[i], f"eval entry {i}")
+        self._eval_rows: list[dict] | None = None
 
     def _problem(self, entry, where: str) -> Problem:
         if not isinstance(entry, dict):
@@ -66,6 +71,18 @@ class ReasoningGymTask:
         return self._problem(self._train[i % len(self._train)], f"train entry {i % len(self._train)}")
 
     def eval_problems(self) -> list[Problem]:
+        """The held-out problems whose question is not in the train split. The split is found on the first call (it
+        reads the whole train split), which a run makes before its warm-up when it checks the prompts against the
+        model's context."""
+        if self._eval_rows is None:
+            train_q = {self.train(i).prompt for i in range(len(self._train))}
+            rows = [self._eval[i] for i in range(len(self._eval))
+                    if self._problem(self._eval[i], f"eval entry {i}").prompt not in train_q]
+            if not rows:
+                raise ConfigError(f"task 'rg:{self.name}' has an empty eval split: all {len(self._eval)} held-out "
+                                  "entries also occur in the train split; raise task.eval_size or use a dataset with "
+                                  "more distinct questions")
+            self._eval_rows = rows
         return [self._problem(e, f"eval entry {i}") for i, e in enumerate(self._eval_rows)]
 
     def score(self, response: str, problem: Problem) -> float:

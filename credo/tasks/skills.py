@@ -36,6 +36,17 @@ def _final_int(response: str) -> int | None:
     return int(tail)
 
 
+def worked_sum(a: int, b: int, n: int) -> str:
+    """The column-by-column worked sum of two n-digit numbers (the add_scratch format), e.g. `...>0633`."""
+    da, db = f"{a:0{n}d}"[::-1], f"{b:0{n}d}"[::-1]
+    cols, carry = [], 0
+    for x, y in zip(da, db):
+        s = int(x) + int(y) + carry
+        cols.append(f"{x}+{y}+{carry}={s:02d}")
+        carry = s // 10
+    return ",".join(cols) + f">{a + b:0{n + 1}d}"
+
+
 class _ScratchTask(SplitSpaceTask):
     """The two column-arithmetic tasks: subclasses define the space and the worked answer."""
 
@@ -65,14 +76,7 @@ class AddScratchTask(_ScratchTask):
 
     def _problem(self, a: int, b: int) -> Problem:
         n = self.digits
-        da, db = f"{a:0{n}d}"[::-1], f"{b:0{n}d}"[::-1]
-        cols, carry = [], 0
-        for x, y in zip(da, db):
-            s = int(x) + int(y) + carry
-            cols.append(f"{x}+{y}+{carry}={s:02d}")
-            carry = s // 10
-        answer = ",".join(cols) + f">{a + b:0{n + 1}d}"
-        return Problem(prompt=f"{a:0{n}d}+{b:0{n}d}=", answer=answer,
+        return Problem(prompt=f"{a:0{n}d}+{b:0{n}d}=", answer=worked_sum(a, b, n),
                        meta={"result": a + b, "skills": column_add_skills(a, b, n)})
 
 

@@ -137,8 +137,31 @@ def test_rg_empty_train_split(fake_reasoning_gym):
 def test_rg_eval_split_all_in_train(fake_reasoning_gym):
     fake_reasoning_gym["train"] = [{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": "4"}]
     fake_reasoning_gym["eval"] = [{"question": "2+2?", "answer": "4"}]
+    task = rg_task()  # the split is found when it is first read (a run reads it before its warm-up)
     with pytest.raises(ConfigError, match=r"task 'rg:toy' has an empty eval split: all 1 held-out entries also occur"):
-        rg_task()
+        task.eval_problems()
+
+
+class _CountingSplit(list):
+    """A split that counts the entries read from it (reasoning-gym generates each entry when it is read)."""
+    reads = 0
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):  # the fake's create_dataset slices the rows to `size`
+            return _CountingSplit(super().__getitem__(i))
+        _CountingSplit.reads += 1
+        return super().__getitem__(i)
+
+
+def test_rg_task_built_without_reading_its_whole_train_split(fake_reasoning_gym):
+    """`credo check` builds the task: it must not generate all train_size entries (minutes for rg:countdown)."""
+    fake_reasoning_gym["train"] = _CountingSplit({"question": f"{i}+1?", "answer": str(i + 1)} for i in range(5000))
+    fake_reasoning_gym["eval"] = [{"question": "0+1?", "answer": "1"}, {"question": "x?", "answer": "y"}]
+    _CountingSplit.reads = 0
+    task = rg_task(train_size=5000)
+    assert _CountingSplit.reads <= 64
+    assert [p.answer for p in task.eval_problems()] == ["y"]  # still held out against the whole train split
+    assert _CountingSplit.reads >= 5000
 
 
 def test_rg_good_entries_load(fake_reasoning_gym):

@@ -18,20 +18,14 @@ import re
 
 from credo.errors import ConfigError
 from credo.tasks.problem import Problem, SplitSpaceTask
+from credo.tasks.skills import worked_sum
 
 STRATEGIES = ("columns", "tens_first")
 _COLUMN = re.compile(r"^\d\+\d\+\d=\d\d(,\d\+\d\+\d=\d\d)*>\d+$")
 _TENS_FIRST = re.compile(r"^\d\+\d=\d\d(,\d\+\d=\d\d)*>\d+$")
 
 
-def columns_answer(a: int, b: int, n: int) -> str:
-    da, db = f"{a:0{n}d}"[::-1], f"{b:0{n}d}"[::-1]
-    cols, carry = [], 0
-    for x, y in zip(da, db):
-        s = int(x) + int(y) + carry
-        cols.append(f"{x}+{y}+{carry}={s:02d}")
-        carry = s // 10
-    return ",".join(cols) + f">{a + b:0{n + 1}d}"
+columns_answer = worked_sum  # the add_scratch format: right-to-left columns with their carries
 
 
 def tens_first_answer(a: int, b: int, n: int) -> str:
