@@ -8,7 +8,9 @@ full weight pushes, one RNG stream per call like the local backend, the same tor
 threads, cluster.reward.workers: 0, unless --ray-rewards) and `ray-delta` (the same with sparse delta pushes).
 Each step runs on the three in turn (the order rotating), so a load that drifts on a shared machine hits them
 alike; the ratios are medians of per-step ratios. Prints the median `perf/step_time_s`, `perf/rollout_s` and
-`perf/sync_s`, the ray/local ratios, Ray's start-up time (ray.init, then a worker placed and its model loaded),
+`perf/sync_s` (over steps 2.., the killed step left out), the ray/local ratios, Ray's start-up time (ray.init, a
+worker placed and its model loaded, each trainer's build and first step), with --kill-at the recovery time (the
+worker SIGKILLed mid-rollout -> its replacement ready in the slot -> the step's end),
 whether every metrics key but perf/* and cluster/* is bit-identical to the local run's, and per step the delta
 push's changed fraction and bytes against a full push, for the fp32 wire (this recipe) and for a bf16 one.
 """
@@ -57,12 +59,21 @@ def sparsity_row(step: int, trainer, backend, last_bf16: dict) -> tuple[dict, di
              "bf16_full_bytes": d.full_bytes, **backend.sync_metrics}, now_bf16)
 
 
-def kill_mid_rollout(backend) -> threading.Thread:
-    """A thread that SIGKILLs the backend's worker once a shard is in flight."""
+def kill_mid_rollout(backend, recovery: dict) -> threading.Thread:
+    """A thread that SIGKILLs the backend's worker once a shard is in flight, then waits for its replacement to be
+    ready in the same slot (placed, model loaded, ready() answered: the group records its info only then; the full
+    weights are pushed to it next, then its shard is redone); `recovery` gets the seconds from the kill to that."""
     def kill() -> None:
         while not backend.running:
             time.sleep(0.005)
-        os.kill(backend.worker_info()[backend.active[0]]["pid"], signal.SIGKILL)
+        slot = backend.active[0]
+        pid = backend.worker_info()[slot]["pid"]
+        t0 = time.perf_counter()
+        os.kill(pid, signal.SIGKILL)
+        while backend.group.info.get(slot, {}).get("pid") == pid:
+            time.sleep(0.005)
+        recovery["kill_to_replacement_ready_s"] = time.perf_counter() - t0
+        recovery["killed_at"] = t0
 
     thread = threading.Thread(target=kill, daemon=True)
     thread.start()
@@ -95,25 +106,29 @@ def main() -> None:
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="warning")
     init_s = time.perf_counter() - t0
     modes = ("local", "ray", "ray-delta")
-    trainers, backends, startups = {}, {}, []
+    trainers, backends, startups, build_s = {}, {}, [], {}
     threads = torch.get_num_threads()
     for mode in modes:
         extra = [] if mode == "local" else ray_overrides("delta" if mode == "ray-delta" else "full", threads,
                                                          args.ray_rewards)
+        t0 = time.perf_counter()
         trainers[mode], r = build_trainer(args.recipe, tmp / mode, [*args.overrides, *extra])
+        build_s[mode] = time.perf_counter() - t0
         if mode != "local":
             backends[mode] = trainers[mode].source.backend
             startups.append(trainers[mode].c.cluster.rollout_start_s)
     rows: dict[str, list[dict]] = {m: [] for m in modes}
+    recovery: dict = {}
     sparsity, last_bf16 = [], wire_state(trainers["ray-delta"].engine.module, torch.bfloat16)
     try:
         for step in range(1, args.steps + 1):
             k = step % len(modes)
             for mode in modes[k:] + modes[:k]:  # rotate who goes first
-                killer = kill_mid_rollout(backends["ray"]) if mode == "ray" and step == args.kill_at else None
+                killer = kill_mid_rollout(backends["ray"], recovery) if mode == "ray" and step == args.kill_at else None
                 rows[mode].append(trainers[mode].train_step(step))  # cluster/* from the run's own step hook
                 if killer is not None:
                     killer.join()
+                    recovery["kill_to_step_end_s"] = time.perf_counter() - recovery.pop("killed_at")
             sp, last_bf16 = sparsity_row(step, trainers["ray-delta"], backends["ray-delta"], last_bf16)
             sparsity.append(sp)
             print(f"step {step}: " + ", ".join(f"{m} {rows[m][-1]['perf/step_time_s']:.3f} s" for m in modes), flush=True)
@@ -123,21 +138,27 @@ def main() -> None:
         ray.shutdown()
     print(f"\nray.init: {init_s:.2f} s; one rollout worker placed and its model loaded: "
           f"{', '.join(f'{s:.2f}' for s in startups)} s")
-    timed = slice(1, None)  # step 1 pays one-off costs (first generate, allocator)
+    print("trainer built (warm-up cached): " + ", ".join(f"{m} {build_s[m]:.2f} s" for m in modes))
+    print("first step: " + ", ".join(f"{m} {rows[m][0]['perf/step_time_s']:.2f} s" for m in modes))
+    print(f"ray.init to the Ray trainer's first step done (init + its build + its first step): "
+          f"{init_s + build_s['ray'] + rows['ray'][0]['perf/step_time_s']:.2f} s, against the local trainer's build + "
+          f"first step {build_s['local'] + rows['local'][0]['perf/step_time_s']:.2f} s")
+    # step 1 pays one-off costs (first generate, allocator); the step with the killed worker pays its recovery
+    timed = [i for i in range(1, args.steps) if i != args.kill_at - 1]
     for key in ("perf/step_time_s", "perf/rollout_s", "perf/sync_s"):
-        med = {m: statistics.median(r[key] for r in rows[m][timed]) for m in modes}
+        med = {m: statistics.median(rows[m][i][key] for i in timed) for m in modes}
         if key == "perf/sync_s":  # the local push is a no-op (the backend samples the trainer's module): no ratio
             print(f"{key:18s} local {med['local']:.4f} s | ray {med['ray']:.4f} s | ray-delta {med['ray-delta']:.4f} s")
             continue
-        ratio = {m: statistics.median(a[key] / b[key] for a, b in zip(rows[m][timed], rows["local"][timed]))
-                 for m in modes[1:]}
+        ratio = {m: statistics.median(rows[m][i][key] / rows["local"][i][key] for i in timed) for m in modes[1:]}
         print(f"{key:18s} local {med['local']:.4f} s | ray {med['ray']:.4f} s (x{ratio['ray']:.3f}) | "
               f"ray-delta {med['ray-delta']:.4f} s (x{ratio['ray-delta']:.3f})")
     if args.kill_at:
         row = rows["ray"][args.kill_at - 1]
         print(f"worker killed at step {args.kill_at}: cluster/worker_restarts {row['cluster/worker_restarts']}, "
               f"redone shards {row['cluster/rollout_redone_shards']}, step {row['perf/step_time_s']:.2f} s against "
-              f"a median of {statistics.median(r['perf/step_time_s'] for r in rows['ray'][timed]):.2f} s")
+              f"a median of {statistics.median(rows['ray'][i]['perf/step_time_s'] for i in timed):.2f} s; "
+              + ", ".join(f"{k} {v:.2f}" for k, v in recovery.items()))
     for mode in modes[1:]:
         print(f"metrics keys but perf/* and cluster/* bit-identical, {mode} vs local: "
               f"{same_but_perf(rows['local'], rows[mode])}")

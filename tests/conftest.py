@@ -2,8 +2,11 @@
 
 HEAVY_FILES: end-to-end files of round 3 (full runs with SIGKILL resumes, Ray and vLLM start-ups, multi-process
 runs) that together would take `make test` past CI's 15 minutes on 2 cores. They are marked `heavy` here, so
-`make test` skips them and `make test-heavy` runs them; the fast tests of the same features stay in `make test`
-(the Ray ones that stay: the cluster section, the shop env on env actors).
+`make test` skips them and `make test-heavy` runs them; the fast tests of the same features stay in `make test`.
+The Ray tests in `make test` (CI's lean Ray subset): the cluster section, the shop env on env actors, the weight
+deltas, and in tests/ray/test_ray_engine.py and test_ray_workers.py the tests not marked heavy there: the
+quickstart on Ray == local (2 steps), the multi-turn recipe with env actors == local, a role no node offers, the
+reward pool against the local worker, a reward worker killed mid-call, a replacement that dies while starting.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ HEAVY_FILES = (
     "tests/palette/test_palette_runs.py",
     "tests/palette/test_vllm_prefix.py",
     "tests/polymath/test_resume.py",
-    "tests/ray/test_ray_engine.py",
     "tests/reliability/test_resume_tail_batching.py",
     "tests/spine/test_eval_saved_model.py",
     "tests/asynchronous/test_overlap.py",
@@ -30,7 +32,7 @@ HEAVY_FILES = (
     "tests/multiturn/shop/test_source.py",
     "tests/ray/test_ray_placement.py",
     "tests/ray/test_ray_rollout.py",
-    "tests/ray/test_ray_workers.py",
+    "tests/ray/test_ray_judges.py",
 )
 
 

@@ -71,3 +71,13 @@ class DyingGuess(GuessNumberEnv):
 
     def step(self, action):
         os._exit(1)
+
+
+class DiesStarting(GuessNumberEnv):
+    """The built-in game whose constructor kills its process once when `marker` exists: an env worker builds one
+    env when it starts (its probe), so a replacement started after the marker is made dies while starting."""
+
+    def __init__(self, marker: str = "", **kw):
+        if marker and claim(marker):
+            os._exit(1)
+        super().__init__(**kw)

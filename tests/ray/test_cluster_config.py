@@ -135,3 +135,17 @@ def test_the_paper_scale_ray_recipes_pass_credo_check(name):
                        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert p.returncode == 0, p.stderr
     assert "cluster placement" in p.stdout + p.stderr and "checked against the live cluster" in p.stdout + p.stderr
+
+
+def test_the_judges_family_checks_its_judge_roles_placement_before_the_run(tmp_path):
+    """With cluster.engine: ray the judges family's preflight (run by `credo check` and at the start of `credo run`)
+    checks the judge role (its actors), as the core checks rollout and reward: a label no node offers names the role."""
+    from credo.config import load_recipe
+    from credo.families.judges.build import preflight
+
+    ray_judge = ["cluster.engine=ray", f"run.output_dir={tmp_path}", "cluster.judge.workers=1"]
+    with pytest.raises(ConfigError, match=r"'cluster.judge.resources'.*prefill_gpu.*role 'judge' cannot be placed"):
+        preflight(load_recipe("recipes/judge_reward.yaml", [*ray_judge, "cluster.judge.resources={prefill_gpu: 1}"]))
+    preflight(load_recipe("recipes/judge_reward.yaml", [*ray_judge, "cluster.judge.resources={CPU: 1}"]))
+    preflight(load_recipe("recipes/judge_reward.yaml", [*ray_judge[:2], "cluster.judge.workers=0",
+                                                        "cluster.judge.resources={prefill_gpu: 1}"]))  # no actors

@@ -19,7 +19,7 @@ from credo.families.multiturn.source import MultiTurnRollout
 from credo.families.multiturn.resample import expert_actions
 from tests.multiturn.common import env_cfg
 from tests.ray.common import start_local_ray, tiny_policy
-from tests.ray.fns import DiesOnce, DyingGuess, FlakyGuess, always_dies, length_reward
+from tests.ray.fns import DiesOnce, DiesStarting, DyingGuess, FlakyGuess, always_dies, length_reward
 
 pytest.importorskip("ray")
 
@@ -82,6 +82,7 @@ def judge(tmp_path_factory):
     return tiny_policy(tmp_path_factory.mktemp("ray-judge"), seed=1)
 
 
+@pytest.mark.heavy  # 19.5 s at load 5 (2026-12-04): outside CI's budget; `make test-heavy` runs it
 def test_a_judge_pool_generates_like_the_local_judge_and_survives_a_killed_worker(ray_local, judge):
     from credo.distributed.ray.rollout import RayRolloutBackend
     from credo.families.judges.reward import JudgeReward
@@ -129,6 +130,7 @@ def play(policy, env_factory, step: int):
     return rows, metrics, [s.meta["error"] for s in batch.samples]
 
 
+@pytest.mark.heavy  # 15.3 s at load 5 (2026-12-04): outside CI's budget; `make test-heavy` runs it
 def test_envs_on_actors_play_like_local_envs_through_the_unchanged_multiturn_source(ray_local, policy, tmp_path):
     from credo.distributed.ray.envs import RayEnvPool
 
@@ -174,3 +176,54 @@ def test_envs_on_actors_play_like_local_envs_through_the_unchanged_multiturn_sou
             doomed.make_env()
     finally:
         doomed.close()
+
+
+def kill_worker(pool, slot: int = 0) -> None:
+    """SIGKILL the env actor process in `slot` and wait until it is gone (the next call then sees a lost worker)."""
+    pid = pool.worker_info()[slot]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+        assert time.monotonic() - t0 < 30, "the killed env worker did not exit"
+        time.sleep(0.01)
+
+
+def test_a_replacement_that_dies_while_starting_is_one_more_restart_up_to_the_cap(ray_local, tmp_path):
+    """An env worker killed mid-episode whose first replacement dies in its constructor: two restarts counted, the
+    episode replayed on the second replacement and going on exactly as the local env's; with a cap of one, the
+    replacement's death is the role's error, naming it and the cause."""
+    from credo.distributed.ray.envs import RayEnvPool
+
+    kw = dict(low=1, high=7, max_turns=6)
+    local = DiesStarting(**kw)
+    actions = ["3", "5", "2", "6"]
+    want = [local.reset(seed=11)] + [local.step(a) for a in actions]
+
+    marker = tmp_path / "replacement-dies"
+    pool = RayEnvPool(functools.partial(DiesStarting, marker=str(marker), **kw), resources={"CPU": 0.25},
+                      max_restarts=2)
+    try:
+        env = pool.make_env()
+        got = [env.reset(seed=11), env.step(actions[0]), env.step(actions[1])]
+        first_pid = pool.worker_info()[0]["pid"]
+        marker.touch()  # the next env worker to start dies in its constructor
+        kill_worker(pool)
+        got += [env.step(a) for a in actions[2:]]
+        assert got == want
+        assert not marker.exists() and pool.worker_info()[0]["pid"] != first_pid
+        assert pool.group.restarts == 2 and pool.metrics()["cluster/env_restarts"] == 2
+    finally:
+        pool.close()
+
+    capped = RayEnvPool(functools.partial(DiesStarting, marker=str(marker), **kw), resources={"CPU": 0.25},
+                        max_restarts=1)
+    try:
+        env = capped.make_env()
+        env.reset(seed=11)
+        marker.touch()
+        kill_worker(capped)
+        with pytest.raises(ClusterWorkerError, match=r"role 'env'.*max_restarts = 1.*replacement died while starting"):
+            env.step("3")
+        assert not marker.exists() and capped.group.restarts == 2
+    finally:
+        capped.close()

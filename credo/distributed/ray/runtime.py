@@ -152,7 +152,9 @@ class WorkerGroup:
                 slots.append(slot)
         return slots
 
-    def _wait_ready(self, handles: list) -> list[dict]:
+    def _wait_ready(self, handles: list, *, lost_ok: bool = False) -> list[dict]:
+        """Each worker's `ready()` within startup_timeout_s. A worker that dies while starting is a
+        ClusterWorkerError naming the role, or, with `lost_ok`, the Ray loss error itself (for `replace` to count)."""
         import ray
         from ray.exceptions import GetTimeoutError
 
@@ -167,12 +169,16 @@ class WorkerGroup:
                 f"cluster.startup_timeout_s = {self.startup_timeout_s} s (no free node offers them, or loading is "
                 f"slower than that)") from None
         except loss_errors() as e:
+            if lost_ok:
+                raise
             raise ClusterWorkerError(f"role '{self.role}': a worker died while starting: {e}") from None
 
     def replace(self, slot: int, seen, cause: BaseException | str) -> object:
         """Replace the worker in `slot` that the caller saw fail (`seen`, its handle); count it; the new handle.
 
-        If another caller already replaced it, the current handle is returned and nothing is counted.
+        If another caller already replaced it, the current handle is returned and nothing is counted. A replacement
+        that dies while starting (its process killed, its constructor crashing it) is one more restart, replaced in
+        turn, so a role's cap bounds every loss alike.
 
         Raises:
             ClusterWorkerError: past max_restarts replacements, naming the role.
@@ -184,21 +190,26 @@ class WorkerGroup:
             current = self.handles.get(slot)
             if current is not seen and current is not None:
                 return current
-            self.restarts += 1
-            self.stats.restarted()
-            if self.restarts > self.max_restarts:
-                self.failed = ClusterWorkerError(
-                    f"role '{self.role}': its workers were lost {self.restarts} times, more than cluster.{self.role}."
-                    f"max_restarts = {self.max_restarts}; last cause: {cause}")
-                raise self.failed
-            log.warning("role '%s': worker in slot %d lost (%s); restarting it and redoing its work", self.role, slot,
-                        str(cause).splitlines()[0] if str(cause) else type(cause).__name__)
-            if seen is not None:
-                ray.kill(seen)
-            handle = self.actor_cls.remote(*self.args, **self.kwargs)
-            self.info[slot] = self._wait_ready([handle])[0]
-            self.handles[slot] = handle
-            return handle
+            while True:
+                self.restarts += 1
+                self.stats.restarted()
+                if self.restarts > self.max_restarts:
+                    self.failed = ClusterWorkerError(
+                        f"role '{self.role}': its workers were lost {self.restarts} times, more than cluster."
+                        f"{self.role}.max_restarts = {self.max_restarts}; last cause: {cause}")
+                    raise self.failed
+                log.warning("role '%s': worker in slot %d lost (%s); restarting it and redoing its work", self.role,
+                            slot, str(cause).splitlines()[0] if str(cause) else type(cause).__name__)
+                if seen is not None:
+                    ray.kill(seen)
+                handle = self.actor_cls.remote(*self.args, **self.kwargs)
+                try:
+                    self.info[slot] = self._wait_ready([handle], lost_ok=True)[0]
+                except loss_errors() as e:
+                    seen, cause = handle, f"its replacement died while starting: {e}"
+                    continue
+                self.handles[slot] = handle
+                return handle
 
     def check(self) -> None:
         """Raise the role's `ClusterWorkerError` again once it ran out of restarts (a caller that swallowed it, such

@@ -167,6 +167,9 @@ def load_judge(ctx: StageContext, path: str, task_name: str = "judge_arithmetic"
     if j.warmup_steps:
         path = warm_up_judge(ctx, path, task_name)
     tok = load_tokenizer(path)
+    pool = ray_judge_backend(ctx, path)
+    if pool is not None:
+        return pool, tok, path
     if j.backend == "vllm":
         from credo.distributed.vllm_backend import VLLMBackend
 
@@ -179,6 +182,28 @@ def load_judge(ctx: StageContext, path: str, task_name: str = "judge_arithmetic"
     model = load_causal_lm(path).to(device()).eval().requires_grad_(False)
     check_vocab(model, tok, path)
     return HFBackend(model, tok), tok, path
+
+
+def ray_judge_backend(ctx: StageContext, path: str):
+    """With cluster.engine: ray and cluster.judge.workers >= 1, the judge (the folder at `path`, after its warm-up)
+    on a pool of Ray actors (`RayRolloutBackend`, role 'judge', placed by cluster.judge.resources), logged in
+    cluster/judge_* and stopped with the run; None keeps it in this process. The actors sample with per-sample seeds,
+    so a judge's texts do not depend on how many actors share a call; greedy judging (judge.temperature: 0, the
+    recipes' setting) writes what the local judge writes."""
+    cluster = getattr(ctx, "cluster", None)
+    if cluster is None or not cluster.cfg.judge.workers:
+        return None
+    from credo.distributed.ray.config import resources_of
+    from credo.distributed.ray.rollout import RayRolloutBackend
+
+    cluster.check_role("judge")  # a ConfigError naming the role, before any judge actor starts
+    j, kw = ctx.section, {}
+    if j.backend == "vllm":  # as the local vllm judge: bf16 and CUDA graphs on a GPU, fp32 and eager on a CPU
+        gpu = "GPU" in resources_of(cluster.cfg.judge)
+        kw = dict(model_dtype="bfloat16" if gpu else "float32",
+                  vllm_kwargs=dict(seed=ctx.seed, enforce_eager=not gpu,
+                                   gpu_memory_utilization=j.vllm_gpu_memory_utilization))
+    return cluster.track(RayRolloutBackend.from_cluster(cluster.cfg, path, role="judge", engine=j.backend, **kw))
 
 
 def judge_warmup_recipe(j, t, task_name: str = "judge_arithmetic"):
