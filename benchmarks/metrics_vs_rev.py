@@ -34,6 +34,7 @@ RECIPES: dict[str, list[str]] = {
     "rm_nlhf": ["run.steps=20"],
     "ce_rm": ["run.steps=20"],
     "pgenrm": [],
+    "complementary": [],
 }
 """Recipe -> overrides (shortened where the full run adds minutes and no new code path)."""
 

@@ -1,6 +1,7 @@
-"""End to end: a Complementary RL run trains both models and fills its bank; killed right after the step-2
-checkpoint and resumed to step 4, it equals the uninterrupted run (metrics.jsonl less perf/*, the actor's final
-parameters, the bank, and the extractor's parameters, bit for bit)."""
+"""End to end: a Complementary RL run trains both models and fills its bank; the one-model mode trains the actor on
+its own lessons; killed right after the step-2 checkpoint and resumed to step 4, a run (either mode) equals the
+uninterrupted run (metrics.jsonl less perf/*, the actor's final parameters, the bank, and the second model's
+parameters, bit for bit)."""
 
 from __future__ import annotations
 
@@ -49,25 +50,61 @@ def test_a_run_trains_the_extractor_and_fills_the_bank(tmp_path):
     assert all(d["prompt"].find("note: " + d["meta"]["experience"]["text"]) >= 0 for d in shown)
 
 
+def test_one_model_mode_trains_the_actor_on_its_own_lessons_and_fills_the_bank(tmp_path):
+    """complementary.extractor: self through the recipe: the actor's batch holds its lesson samples (reward = the
+    paired gain, a group of their own), the update trains on them, the bank fills, and no second model exists."""
+    run = tmp_path / "run"
+    p = run_cli(args(run, **{"run.steps": 2, "run.save_every": 2, "run.dump_rollouts_every": 1,
+                             "complementary.extractor": "self"}), timeout=LIMIT_S)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "lesson warm-up of the actor" in p.stderr or "reusing the cached lesson warm-up" in p.stderr
+    rows = read_rows(run)
+    assert [r["step"] for r in rows] == [0, 1, 2] and "eval/return" in rows[-1]
+    for step, r in zip((1, 2), rows[1:]):
+        assert r["extractor/episodes"] == 2 and r["extractor/lesson_samples"] == 6 and r["train/grad_norm"] > 0
+        assert "extractor/loss" not in r  # no second model's update
+        dump = [json.loads(line) for line in (run / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
+        lessons = [d for d in dump if "lesson" in d["meta"]]
+        episodes = [d for d in dump if "lesson" not in d["meta"]]
+        assert len(lessons) == 6 and len(episodes) == 16
+        assert all(d["reward"] == d["meta"]["lesson"]["gain"] and d["trained"] for d in lessons)
+        assert all(d["prompt"].endswith("lesson:") for d in lessons)
+        assert not {d["group_id"] for d in lessons} & {d["group_id"] for d in episodes}
+        gains = sorted({d["meta"]["lesson"]["gain"] for d in lessons})
+        mean_gain = sum(d["reward"] for d in lessons) / 6
+        assert r["extractor/reward_mean"] == pytest.approx(mean_gain, abs=1e-6)
+        if len(gains) > 1:  # a lesson above its group's mean gain is pushed up: a nonzero advantage
+            assert any(any(a != 0 for a in d["advantages"]) for d in lessons)
+    assert rows[-1]["bank/size"] >= 1
+    ckpt = run / "checkpoints" / f"step_{2:08d}"
+    bank = json.loads((ckpt / "meta.json").read_text())["components"]["source"]["bank"]
+    assert len(bank["entries"]) == rows[-1]["bank/size"]
+    assert not (ckpt / "complementary").exists()
+
+
 def extractor_params(run_dir, step):
     folder = run_dir / "checkpoints" / f"step_{step:08d}" / "complementary" / "extractor" / "state"
     state = torch.load(folder / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
     return state["module"]
 
 
-def test_sigkill_after_a_checkpoint_and_resume_is_exact(tmp_path):
+@pytest.mark.parametrize("extractor", ["model", "self"])
+def test_sigkill_after_a_checkpoint_and_resume_is_exact(tmp_path, extractor):
     full, killed = tmp_path / "full", tmp_path / "killed"
-    wait_ok(start(args(full), tmp_path / "full.log"), timeout=LIMIT_S)
-    run_and_kill(args(killed), has_checkpoint(killed, 2), tmp_path / "killed.log", timeout=LIMIT_S)
+    mode = {"complementary.extractor": extractor}
+    wait_ok(start(args(full, **mode), tmp_path / "full.log"), timeout=LIMIT_S)
+    run_and_kill(args(killed, **mode), has_checkpoint(killed, 2), tmp_path / "killed.log", timeout=LIMIT_S)
     assert not (killed / "checkpoints" / f"step_{STEPS:08d}").exists()
-    err = wait_ok(start(args(killed, **{"run.resume": "auto"}), tmp_path / "resumed.log"), timeout=LIMIT_S)
+    err = wait_ok(start(args(killed, **mode, **{"run.resume": "auto"}), tmp_path / "resumed.log"), timeout=LIMIT_S)
     assert "resumed from" in err
     assert_same_run(full, killed, STEPS)
-    a, b = extractor_params(full, STEPS), extractor_params(killed, STEPS)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     banks = [json.loads((d / "checkpoints" / f"step_{STEPS:08d}" / "meta.json").read_text())["components"]["source"]
              for d in (full, killed)]
     assert banks[0] == banks[1] and banks[0]["bank"]["entries"]
+    if extractor == "self":  # one model: the actor (checked above) is the extractor
+        return
+    a, b = extractor_params(full, STEPS), extractor_params(killed, STEPS)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # the extractor moved during RL: its step-4 weights differ from its step-2 weights
     early = extractor_params(full, 2)
     assert any(not torch.equal(early[k], a[k]) for k in a)

@@ -120,3 +120,14 @@ def test_credo_check_names_a_bad_extractor():
         check(RECIPE, "complementary.extractor_path=/no/such/model")
     with pytest.raises(ConfigError, match=r"complementary\.extractor_sft_steps"):  # no scripted lessons for it
         check(RECIPE, "env.id=credo:GuessNumber-v0", "env.kwargs={}")
+
+
+def test_credo_check_accepts_the_one_model_mode_and_names_a_bad_combination():
+    assert check(RECIPE, "complementary.extractor=self") == []
+    with pytest.raises(ConfigError, match=r"complementary\.extractor' = 'self'"):  # lesson samples need their groups
+        check(RECIPE, "complementary.extractor=self", "complementary.conditional_groups=false",
+              "stages.advantage_kwargs={credit: mc_rebn}")
+    with pytest.raises(ConfigError, match=r"complementary\.extractor_path"):  # no second model to load
+        check(RECIPE, "complementary.extractor=self", "complementary.extractor_path=tiny")
+    with pytest.raises(ConfigError, match=r"complementary\.extractor_sft_steps"):  # the actor's lesson warm-up
+        check(RECIPE, "complementary.extractor=self", "env.id=credo:GuessNumber-v0", "env.kwargs={}")

@@ -4,9 +4,10 @@
     bank.py       the experience bank: lessons per task key, retrieval (task id or similarity), add/merge/delete
     credit.py     the extractor's paired-gain reward, conditional group ids, an entry's with-minus-without help
     source.py     the `complementary` rollout source: the multi-turn source with retrieved lessons in the prompt
-    extractor.py  the second model: its engine, warm-up on scripted lessons, lesson sampling, its GRPO update
-    hook.py       the step hook: distil lessons, measure them on paired rollouts, train the extractor, consolidate
-    build.py      build-time parts: the env checks, the hook
+    distil.py     both modes: choose episodes, sample lessons, measure them on paired rollouts, consolidate
+    extractor.py  the second model: its warm-up on scripted lessons, its GRPO update
+    hook.py       the step hooks: the second model's (distil, pair, train it, consolidate); the one-model mode's
+    build.py      build-time parts: the env checks, the one-model mode's lesson warm-up, the hooks
 
 Active when `stages.rollout: complementary` (with an `env:` section). See docs/complementary.md.
 """

@@ -1,5 +1,6 @@
 """Build-time parts of the Complementary RL family (`credo.family`): what `credo check` verifies before any
-warm-up, and the extractor hook (the second model: its warm-up, its engine)."""
+warm-up, the one-model mode's lesson warm-up of the actor, and the extractor hook (the second model: its warm-up,
+its engine; or, with complementary.extractor: self, the bank hook)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ def preflight(r) -> list[str]:
     check_extractor_env(make_env(r.env.id, **dict(r.env.kwargs)), c)
     notes = []
     path = c.extractor_path
+    if c.extractor == "self":
+        path = "actor"  # no second model (config.check_one_model refuses any other extractor_path)
     if path not in ("actor", "tiny") and not os.path.isdir(path):
         hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~"))
         if not hub_id:
@@ -36,7 +39,75 @@ def hooks(ctx, parts) -> list:
     c = ctx.section
     if c.extractor == "none":
         return []
+    if c.extractor == "self":
+        from credo.families.complementary.hook import BankHook
+
+        return [BankHook(parts.source, c)]
     return [make_hook(ctx, parts.source, c)]
+
+
+LESSON_WARMUP_KEYS = ("extractor_sft_steps", "extractor_sft_lr", "extractor_sft_batch", "extractor_demo_noise")
+
+
+def warmup(r, task, policy_path: str, *, log) -> tuple[str, str | None]:
+    """complementary.extractor: self: the actor's lesson warm-up (the second model's warm-up, `extractor.warm_up`,
+    run on the actor itself), from `policy_path` (credo's warm-up output). Its batches draw from the scripted
+    (episode, lesson) pairs and, as many, the actor's own game demonstrations (the run's task, rendered as credo's
+    warm-up renders them), so writing lessons is learned without unlearning the game (inferred: the paper's
+    actor is a pretrained LLM that needs no such warm-up). Cached under $CREDO_CACHE/complementary/<key>.
+    Nothing in the other modes, or with extractor_sft_steps: 0."""
+    c = r.complementary
+    if c.extractor != "self" or not c.extractor_sft_steps:
+        return policy_path, None
+    import hashlib
+    import json
+    import random
+    import shutil
+    from dataclasses import asdict
+    from pathlib import Path
+
+    import torch
+
+    from credo.families.complementary.extractor import demo_pairs, warm_up
+    from credo.families.multiturn.envs import make_env
+    from credo.models import cache_root, check_vocab, load_causal_lm, load_tokenizer
+    from credo.sft import data_digest, kernel_fingerprint, model_digest
+    from credo.tasks.render import prompt_renderer
+
+    folder = Path(policy_path)
+    payload = {"model": model_digest(folder) if folder.is_dir() else {"path": policy_path}, "data": data_digest(r),
+               "env": asdict(r.env), "section": {k: getattr(c, k) for k in LESSON_WARMUP_KEYS}, "seed": r.run.seed,
+               "kernels": kernel_fingerprint(), "version": 1}
+    key = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    out = cache_root() / "complementary" / key
+    if (out / "COMPLETE").exists():
+        log(f"complementary: reusing the cached lesson warm-up of the actor {out}")
+        return str(out), key
+    tok = load_tokenizer(policy_path)
+    model = load_causal_lm(policy_path, r.model.dtype)
+    check_vocab(model, tok, policy_path)
+    n = max(256, c.extractor_sft_batch * 8)
+    factory = lambda: make_env(r.env.id, **dict(r.env.kwargs))  # noqa: E731
+    pairs = demo_pairs(factory, n, max_turns=r.env.max_turns, expert_noise=r.env.expert_noise,
+                       demo_noise=c.extractor_demo_noise, seed=r.run.seed)
+    render = prompt_renderer(tok, r.task.system_prompt, r.task.chat_template)
+    rng = random.Random(r.run.seed + 29)
+    games = [task.train(rng.randrange(len(task))) for _ in range(n)]
+    pairs += [(render(p), p.answer) for p in games]
+    with torch.random.fork_rng(devices=[]):  # the run's global RNG does not depend on whether the cache was warm
+        torch.manual_seed(r.run.seed + 17)
+        losses = warm_up(model, tok, pairs, steps=c.extractor_sft_steps, batch=c.extractor_sft_batch,
+                         lr=c.extractor_sft_lr, seed=r.run.seed)
+    log(f"complementary: lesson warm-up of the actor, {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "COMPLETE").write_text("ok\n")
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished the same warm-up first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(out), key
 
 
 def make_hook(ctx, source, c):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from credo.config import checked, one_of, out_of_range, ranged
 from credo.errors import ConfigError
 
-EXTRACTORS = ("model", "frozen", "none")
+EXTRACTORS = ("model", "frozen", "none", "self")
 
 
 @dataclass
@@ -15,7 +15,11 @@ class ComplementaryConfig:
     extractor: str = one_of("model", EXTRACTORS)
     """model: a second model, trained with its own optimizer on the paired-gain reward (Complementary RL);
     frozen: the same extractor after its warm-up, never trained (a static-extractor bank, the paper's baseline);
-    none: no extractor and no bank (outcome-only RL on the same source: the other baseline)."""
+    none: no extractor and no bank (outcome-only RL on the same source: the other baseline);
+    self: one model, the actor is its own extractor: it writes the lessons from the extractor's prompt, and its lesson
+    samples join its own update with their paired gains as rewards, in groups of their own (one optimizer).
+    The extractor_* keys of a second model (extractor_path other than 'actor', extractor_lr, weight decay, clip) do
+    not apply; extractor_sft_* is the actor's lesson warm-up, mixed with its own game demonstrations."""
     extractor_path: str = "actor"
     """The extractor's initial weights: 'actor' (a copy of the actor after its warm-up), 'tiny' (the recipe's tiny
     model, fresh), a model folder or a hub id; it must share the actor's tokenizer."""
@@ -88,6 +92,23 @@ def check_complementary(r) -> None:
         raise ConfigError("config key 'complementary.conditional_groups' is on but stages.advantage_kwargs.credit is "
                           f"'{r.stages.advantage_kwargs.get('credit', 'mc_rebn')}', which ignores groups: expected "
                           "credit: grpo (or complementary.conditional_groups: false)")
+    if c.extractor == "self":
+        check_one_model(r)
     if c.lesson_tokens >= r.env.max_total_tokens:
         raise out_of_range("complementary.lesson_tokens", c.lesson_tokens,
                            f"< env.max_total_tokens ({r.env.max_total_tokens})")
+
+
+def check_one_model(r) -> None:
+    """`complementary.extractor: self` puts lesson samples into the actor's batch with their own rewards and group
+    ids: only trajectory GRPO gives them an advantage from their own group; there is no second model to load."""
+    c, credit = r.complementary, r.stages.advantage_kwargs.get("credit", "mc_rebn")
+    if r.stages.advantage != "turn_credit" or credit != "grpo":
+        raise ConfigError(f"config key 'complementary.extractor' = 'self' puts lesson samples in the actor's batch, "
+                          f"each normalised among the candidates of its episode: expected stages.advantage: "
+                          f"turn_credit with stages.advantage_kwargs.credit: grpo, got stages.advantage: "
+                          f"'{r.stages.advantage}' with credit '{credit}'")
+    if c.extractor_path != "actor":
+        raise ConfigError(f"config key 'complementary.extractor_path' = '{c.extractor_path}': with "
+                          "complementary.extractor: self the actor is the extractor (no second model to load): "
+                          "expected 'actor'")

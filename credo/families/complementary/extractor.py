@@ -108,16 +108,6 @@ def warm_up(model, tokenizer, pairs: list[tuple[str, str]], *, steps: int, batch
     return losses
 
 
-def sample_lessons(backend, tokenizer, prompts: list[str], *, candidates: int, max_tokens: int, temperature: float,
-                   seeds: list[int]) -> list[list]:
-    """`candidates` lessons per prompt, in one generate call: per prompt a list of (text, token ids)."""
-    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts for _ in range(candidates)]
-    outs = backend.generate(ids, max_new_tokens=max_tokens, temperature=temperature, top_p=1.0, seeds=seeds)
-    texts = [(clean_lesson(tokenizer.decode(o.response_ids, skip_special_tokens=True)), list(o.response_ids))
-             for o in outs]
-    return [texts[i * candidates:(i + 1) * candidates] for i in range(len(prompts))]
-
-
 def extractor_update(engine, tokenizer, prompts: list[str], lesson_ids: list[list[int]], rewards: torch.Tensor,
                      group_ids: torch.Tensor, *, zero_stage: int, world: int) -> dict[str, float]:
     """One GRPO step of the extractor (see the module docstring). prompts / lesson_ids: [N]; rewards, group_ids: [N].

@@ -16,34 +16,40 @@ actor's step plus the extractor's (perf/complementary_s); the paired episodes ar
 turn. Nothing here depends on the order of other work in the step, so an asynchronous runner can move steps 2-5
 beside the next rollout (a bank one step older is then shown); that is not built here.
 
-The hook owns the extractor's engine: `state_dict` / `load_state_dict` copy it in memory (rollback), `save_files` /
-`load_files` write it as a DeepSpeed checkpoint inside the trainer's (exact resume). Its sampling and pairing seeds
-are functions of (run seed, step), so nothing else needs saving; the bank is the source's state.
+With `complementary.extractor: self` (one model) steps 2-4 happen inside the actor's rollout instead (source.py):
+the actor samples the lessons, they are paired there, and they train in the actor's own update; `BankHook` then
+does steps 1 and 5 from the batch.
+
+`ExtractorHook` owns the extractor's engine: `state_dict` / `load_state_dict` copy it in memory (rollback),
+`save_files` / `load_files` write it as a DeepSpeed checkpoint inside the trainer's (exact resume). Its sampling
+and pairing seeds are functions of (run seed, step), so nothing else needs saving; the bank is the source's state.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 
 import torch
 
 from credo.distributed.engine import engine_state_dict, load_engine_state_dict, param_digests, reapply_optimizer_settings
-from credo.families.complementary.credit import paired_gain, with_minus_without
-from credo.families.complementary.extractor import extractor_update, sample_lessons, trajectory_prompt
-from credo.families.complementary.source import strip_note
-from credo.train.rollout import step_seed
+from credo.families.complementary.credit import with_minus_without
+from credo.families.complementary.distil import chosen_episodes, consolidate, distil_and_pair
+from credo.families.complementary.extractor import extractor_update
 
 CKPT_TAG = "state"
 
 
-class ExtractorHook:
+class BankHook:
+    """Steps 1 and 5 (observe, consolidate, prune) of the one-model mode (`complementary.extractor: self`): the
+    rollout source already sampled the lessons with the actor and measured them (source.py), and the actor's update
+    trained on them; this hook stores each chosen episode's best lesson from the batch's lesson samples. It holds
+    no state (the bank is the source's)."""
+
     name = "complementary"
 
-    def __init__(self, source, engine, backend, tokenizer, section, *, seed: int, zero_stage: int, world: int):
-        self.source, self.engine, self.backend, self.tokenizer, self.c = source, engine, backend, tokenizer, section
-        self.seed, self.zero_stage, self.world = seed, zero_stage, world
+    def __init__(self, source, section):
+        self.source, self.c = source, section
 
     def before_step(self, step: int) -> None:
         pass
@@ -61,12 +67,14 @@ class ExtractorHook:
         metrics["perf/complementary_s"] = time.perf_counter() - t0
         return metrics
 
-    # ---- 1. an entry's help on the actor's batch
+    # ---- 1. an entry's help on the actor's batch (its episodes only: lesson samples have meta['lesson'])
     def observe(self, batch) -> dict[str, float]:
-        metas = [s.meta for s in batch.samples]
+        rows = [i for i, s in enumerate(batch.samples) if "lesson" not in s.meta]
+        metas = [batch.samples[i].meta for i in rows]
+        valid = batch.valid.tolist()
         returns = [float(sum(m["turn_rewards"])) for m in metas]
         gains = with_minus_without(returns, [m["game"] for m in metas], [m["experience"] is not None for m in metas],
-                                   batch.valid.tolist())
+                                   [valid[i] for i in rows])
         shown = {m["game"]: (m["task_key"], m["experience"]) for m in metas if m["experience"] is not None}
         for game, gain in gains.items():
             key, exp = shown[game]
@@ -75,60 +83,45 @@ class ExtractorHook:
                 self.source.bank.observe(key, gain)
         return {"complementary/with_minus_without": sum(gains.values()) / len(gains)} if gains else {}
 
-    # ---- 2-5
-    def chosen_episodes(self, step: int, batch) -> list[int]:
-        """One finished episode (preferring one shown no lesson) of each of `extract_per_step` games, games in a
-        random order seeded by (run seed, step)."""
-        by_game: dict[int, list[int]] = {}
-        for i, (s, ok) in enumerate(zip(batch.samples, batch.valid.tolist())):
-            if ok:
-                by_game.setdefault(s.meta["game"], []).append(i)
-        games = sorted(by_game)
-        random.Random(step_seed(self.seed, step, 7)).shuffle(games)
-        out = []
-        for g in games[:self.c.extract_per_step]:
-            rows = by_game[g]
-            out.append(next((i for i in rows if batch.samples[i].meta["experience"] is None), rows[0]))
-        return out
-
+    # ---- 5. the lessons the source sampled and paired in this step's rollout
     def distil(self, step: int, batch) -> dict[str, float]:
-        c, src = self.c, self.source
-        rows = self.chosen_episodes(step, batch)
+        lessons = [s.meta["lesson"] for s in batch.samples if "lesson" in s.meta]
+        if not lessons:
+            return {}
+        T, C = 1 + max(x["episode"] for x in lessons), self.c.candidates
+        gains, texts, keys = torch.zeros(T, C), [[""] * C for _ in range(T)], [""] * T
+        for x in lessons:
+            gains[x["episode"], x["candidate"]] = x["gain"]
+            texts[x["episode"]][x["candidate"]] = x["text"]
+            keys[x["episode"]] = x["task_key"]
+        consolidate(self.source.bank, keys, texts, gains, step)
+        return {}
+
+
+class ExtractorHook(BankHook):
+    """Steps 1-5 with the extractor as a second model (`complementary.extractor: model` or `frozen`)."""
+
+    def __init__(self, source, engine, backend, tokenizer, section, *, seed: int, zero_stage: int, world: int):
+        super().__init__(source, section)
+        self.engine, self.backend, self.tokenizer = engine, backend, tokenizer
+        self.seed, self.zero_stage, self.world = seed, zero_stage, world
+
+    # ---- 2-5
+    def distil(self, step: int, batch) -> dict[str, float]:
+        c = self.c
+        rows = chosen_episodes(self.seed, step, batch.samples, batch.valid.tolist(), c.extract_per_step)
         if not rows:
             return {"extractor/episodes": 0}
-        metas = [batch.samples[i].meta for i in rows]
-        prompts = [trajectory_prompt(strip_note(batch.problems[i].prompt), m["actions"], m["observations"])
-                   for i, m in zip(rows, metas)]
-        C, M = c.candidates, c.paired_episodes
-        seeds = [step_seed(self.seed, step, 10**6 + k) for k in range(len(rows) * C)]
-        lessons = sample_lessons(self.backend, self.tokenizer, prompts, candidates=C, max_tokens=c.lesson_tokens,
-                                 temperature=c.extractor_temperature, seeds=seeds)
-        env_seeds, notes, sample_seeds = [], [], []
-        for t, m in enumerate(metas):
-            entry = src.lookup(m["task_key"])
-            pair_seeds = [step_seed(self.seed, step, 2 * 10**6 + t * M + j) for j in range(M)]
-            for note in [entry.text if entry else ""] + [text for text, _ in lessons[t]]:
-                env_seeds += [m["env_seed"]] * M
-                notes += [note] * M
-                sample_seeds += pair_seeds
-        returns, valid = src.play(env_seeds, notes, sample_seeds)
-        R = torch.tensor(returns).view(len(rows), C + 1, M)
-        V = torch.tensor(valid).view(len(rows), C + 1, M)
-        gains = torch.stack([paired_gain(R[t, 1:], R[t, 0], V[t, 1:] & V[t, :1]) for t in range(len(rows))])  # [T, C]
-        out = {"extractor/episodes": len(rows), "extractor/reward_mean": float(gains.mean()),
-               "extractor/reward_best_mean": float(gains.max(-1).values.mean()),
-               "extractor/base_return": float(R[:, 0].mean()), "extractor/with_return": float(R[:, 1:].mean()),
-               "extractor/empty_lessons": sum(not text for ls in lessons for text, _ in ls)}
+        d = distil_and_pair(self.source, self.backend, self.tokenizer, c, seed=self.seed, step=step,
+                            samples=batch.samples, problems=batch.problems, rows=rows)
+        out, C = dict(d.metrics), c.candidates
         if c.extractor == "model":
             out.update(extractor_update(
-                self.engine, self.tokenizer, [p for p in prompts for _ in range(C)],
-                [ids for ls in lessons for _, ids in ls], gains.flatten(),
+                self.engine, self.tokenizer, [p for p in d.prompts for _ in range(C)],
+                [ids for ls in d.lessons for _, ids in ls], d.gains.flatten(),
                 torch.arange(len(rows)).repeat_interleave(C), zero_stage=self.zero_stage, world=self.world))
-        for t, m in enumerate(metas):
-            best = int(gains[t].argmax())
-            text = lessons[t][best][0]
-            if text:
-                src.bank.consolidate(m["task_key"], text, float(gains[t, best]), step)
+        consolidate(self.source.bank, [m["task_key"] for m in d.metas], [[t for t, _ in ls] for ls in d.lessons],
+                    d.gains, step)
         return out
 
     # ---- state: the extractor's engine

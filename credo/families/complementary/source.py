@@ -7,6 +7,10 @@ bank at the first steps) shows nothing to every episode (counted: complementary/
 `conditional_groups`, the group ids are per (game, shown entry id and version) (`credit.conditional_group_ids`), so
 the GRPO baseline of an episode is taken among episodes that saw the same context.
 
+With `complementary.extractor: self` (the one-model mode) the actor is its own extractor: after the episodes, the
+source has the actor sample lessons from the extractor's prompt, measures them on paired episodes and appends them
+to the batch as samples of their own (`add_lessons`), so they train in the actor's update.
+
 Per sample `meta`: `experience` ({id, version, text} of the shown entry, or None), `task_key`. The bank is this
 source's state (JSON in the checkpoint); the extractor hook (hook.py) consolidates it after each step.
 """
@@ -19,6 +23,7 @@ from credo.errors import ConfigError
 from credo.families.complementary.bank import ExperienceBank
 from credo.families.complementary.credit import conditional_group_ids
 from credo.families.multiturn.source import MultiTurnRollout
+from credo.tasks import Problem
 from credo.train.batch import Batch
 
 NOTE = "note: "
@@ -117,7 +122,45 @@ class ComplementaryRollout(MultiTurnRollout):
             "complementary/no_entry_frac": sum(m and x is None for m, x in zip(meant, self._shown)) / n_meant
             if any(meant) else 0.0,
             "complementary/bank_size": len(self.bank), "complementary/bank_version": self.bank.version})
+        if self.c.extractor == "self":
+            self.add_lessons(step, batch)
         return batch
+
+    # ---- the one-model mode: the actor writes the lessons, and they join its batch
+    def add_lessons(self, step: int, batch: Batch) -> None:
+        """`complementary.extractor: self`: the actor, given the extractor's prompt, samples `candidates` lessons
+        from each chosen episode (distil.py), each measured by its paired gain on the actor's paired episodes; the
+        lessons join the batch as single-turn samples whose reward is that gain (meta turn_rewards [gain]) and
+        whose group is their episode's (ids P * G + episode: above every game's id), so with credit: grpo each
+        lesson's advantage is its gain normalised among the candidates of its episode. The hook (BankHook)
+        consolidates the best of each episode into the bank after the update.
+
+        Inferred (the paper's digest says only that the actor may be the extractor "with another prompt"): the
+        lessons train in the same update as the episodes, with their own groups; they are sampled by the policy
+        that played the step (before its update; the second model samples after the actor's update)."""
+        from credo.families.complementary.distil import chosen_episodes, distil_and_pair
+
+        valid = [not s.meta["failed"] for s in batch.samples]
+        rows = chosen_episodes(self.seed, step, batch.samples, valid, self.c.extract_per_step)
+        if not rows:
+            batch.metrics["extractor/episodes"] = 0
+            return
+        d = distil_and_pair(self, self.backend, self.tokenizer, self.c, seed=self.seed, step=step,
+                            samples=batch.samples, problems=batch.problems, rows=rows)
+        C = self.c.candidates
+        for k, out in enumerate(d.outputs):
+            t, j = divmod(k, C)
+            gain, m = float(d.gains[t, j]), d.metas[t]
+            out.meta = {"turn_rewards": [gain], "failed": False, "experience": None, "game": None,
+                        "task_key": m["task_key"], "env_seed": m["env_seed"],
+                        "lesson": {"episode": t, "candidate": j, "text": d.lessons[t][j][0], "gain": gain,
+                                   "task_key": m["task_key"]}}
+            batch.samples.append(out)
+            batch.problems.append(Problem(prompt=d.prompts[t], answer="", meta={"env_seed": m["env_seed"]}))
+        lesson_groups = self.P * self.G + torch.arange(len(rows)).repeat_interleave(C)
+        batch.group_ids = torch.cat([batch.group_ids, lesson_groups])
+        batch.metrics.update(d.metrics)
+        batch.metrics["extractor/lesson_samples"] = len(d.outputs)
 
     # ---- paired rollouts for the extractor's reward
     def play(self, env_seeds: list[int], notes: list[str], sample_seeds: list[int]) -> tuple[list[float], list[bool]]:
