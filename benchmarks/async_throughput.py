@@ -90,7 +90,7 @@ def main() -> None:
     p.add_argument("--variants", nargs="+", default=None,
                    help="a subset of the variants, in this order (the first is the ratio's baseline)")
     p.add_argument("extra", nargs="*", help="overrides for every run")
-    args = p.parse_args()
+    args = p.parse_intermixed_args()  # overrides after the options (parse_args leaves them unrecognised)
     recipe, variants = ("recipes/async.yaml", RLVR) if args.what == "rlvr" else \
         ("recipes/async_multiturn.yaml", MULTITURN)
     steps = args.steps or (12 if args.what == "rlvr" else 6)
