@@ -32,7 +32,7 @@ def test_cpu_recipes_pass_the_checks_of_credo_run(tmp_path, monkeypatch):
 def test_accuracy_sweep_runs_every_off_policy_loss_at_both_lags_against_sync():
     """recipes/ablations/async_accuracy.yaml: the synchronous baseline, then decoupled PPO, TIS, TOPR and CISPO at
     S = 1 and 2 in fixed_lag, each reading the behaviour policy (no warning from credo check), the most informative
-    arms first (a partial sweep has complete seeds of them: credo ablate runs variant by variant)."""
+    arms first (within a seed, credo ablate runs the variants in this order)."""
     from credo import ablate
     from credo.preflight import reads_behaviour_policy
 
