@@ -3,16 +3,19 @@
     python benchmarks/async_throughput.py rlvr [--steps 12] [--warmup 2] [--rounds 1]
     python benchmarks/async_throughput.py multiturn [--steps 6] [--warmup 1] [--rounds 1]
 
-`rlvr`: recipes/async.yaml (the quickstart's GRPO phase after its cached warm-up) three ways, one run at a time and
-in alternating order (sync, overlap S=1, overlap S=2, then reversed, ...) so a change in the machine's load falls on
-all of them alike:
+`rlvr`: recipes/async.yaml (the quickstart's GRPO phase after its cached warm-up) four ways, one run at a time and
+in alternating order (sync, sync_1thread, overlap S=1, overlap S=2, then reversed, ...) so a change in the
+machine's load falls on all of them alike:
 
 - sync: rollout.max_staleness 0, the trainer with every core (run.threads = the machine's cores);
+- sync_1thread: the same on one thread, the thread count of each overlap process (so the ratio against it is the
+  overlap alone, not a change in threads);
 - overlap S = 1 and S = 2: one rollout worker process and the trainer, each with half the cores.
 
 Per run, over the steps after --warmup: the median `perf/step_time_s` (rollout to weight sync: in overlap the
-trainer's wait for the workers is inside it), tokens/s (the sum of tokens over the sum of step times) and the mean
-`async/trainer_idle_frac` / `async/rollout_idle_frac`. The ratio is sync's median step time over the variant's.
+trainer's wait for the workers is inside it), tokens/s (the sum of tokens over the sum of step times), the median
+rollout / log-prob / update seconds of a step, and the mean `async/trainer_idle_frac` / `async/rollout_idle_frac`.
+The ratio is the first variant's median step time over the variant's.
 
 `multiturn`: recipes/async_multiturn.yaml (GuessNumber with simulated log-normal env step latency, median
 env.kwargs.latency_s, sigma env.kwargs.latency_sigma) with env.trajectory_async true against false, synchronous
@@ -39,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 RLVR = {
     "sync": ["rollout.max_staleness=0", f"run.threads={os.cpu_count() or 1}"],
+    "sync_1thread": ["rollout.max_staleness=0", "run.threads=1"],
     "overlap_S1": ["rollout.max_staleness=1", "rollout.async_mode=overlap", "run.threads=1"],
     "overlap_S2": ["rollout.max_staleness=2", "rollout.async_mode=overlap", "run.threads=1"],
 }
@@ -63,7 +67,10 @@ def summarize(rows: list[dict], warmup: int) -> dict:
     mean = lambda key: statistics.fmean(r[key] for r in steps) if steps and key in steps[0] else None
     times = [r["perf/step_time_s"] for r in steps]
     tokens = sum(r["perf/tokens_per_s"] * r["perf/step_time_s"] for r in steps)
+    phase = lambda key: statistics.median(r[key] for r in steps) if steps and key in steps[0] else None
     out = {"steps": len(steps), "step_time_median_s": statistics.median(times), "tokens_per_s": tokens / sum(times),
+           "rollout_median_s": phase("perf/rollout_s"), "logprob_median_s": phase("perf/logprob_s"),
+           "update_median_s": phase("perf/update_s"),
            "trainer_idle_frac": mean("async/trainer_idle_frac"), "rollout_idle_frac": mean("async/rollout_idle_frac"),
            "staleness_mean": mean("async/staleness_mean"), "dropped_stale": mean("async/dropped_stale")}
     if steps and "perf/episodes_per_s" in steps[0]:
@@ -80,8 +87,10 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=None, help="first steps left out (start-up costs)")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--out", default=None, help="JSON lines of the runs (default: print only)")
+    p.add_argument("--variants", nargs="+", default=None,
+                   help="a subset of the variants, in this order (the first is the ratio's baseline)")
     p.add_argument("extra", nargs="*", help="overrides for every run")
-    args = p.parse_args()
+    args = p.parse_intermixed_args()  # overrides after the options (parse_args leaves them unrecognised)
     recipe, variants = ("recipes/async.yaml", RLVR) if args.what == "rlvr" else \
         ("recipes/async_multiturn.yaml", MULTITURN)
     steps = args.steps or (12 if args.what == "rlvr" else 6)
@@ -90,8 +99,11 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip()
     tmp = Path(tempfile.mkdtemp(prefix="credo-async-bench-"))
-    results: dict[str, list[dict]] = {v: [] for v in variants}
-    names = list(variants)
+    names = args.variants or list(variants)
+    unknown = [v for v in names if v not in variants]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown} for {args.what}; known: {list(variants)}")
+    results: dict[str, list[dict]] = {v: [] for v in names}
     for rnd in range(args.rounds):
         for name in names if rnd % 2 == 0 else names[::-1]:
             t = time.time()

@@ -27,3 +27,30 @@ def test_cpu_recipes_pass_the_checks_of_credo_run(tmp_path, monkeypatch):
     assert check_run(r) == [] and (r.rollout.max_staleness, r.rollout.async_mode) == (1, "overlap")
     m = load_recipe(REPO / "recipes" / "async_multiturn.yaml")
     assert check_run(m) == [] and m.env.trajectory_async and m.env.kwargs["latency_s"] > 0
+
+
+def test_accuracy_sweep_runs_every_off_policy_loss_at_both_lags_against_sync():
+    """recipes/ablations/async_accuracy.yaml: the synchronous baseline, then decoupled PPO, TIS, TOPR and CISPO at
+    S = 1 and 2 in fixed_lag, each reading the behaviour policy (no warning from credo check), the most informative
+    arms first (within a seed, credo ablate runs the variants in this order)."""
+    from credo import ablate
+    from credo.preflight import reads_behaviour_policy
+
+    sweep = ablate.load_sweep(REPO / "recipes" / "ablations" / "async_accuracy.yaml")
+    assert len(sweep.seeds) >= 5 and sweep.baseline == "sync"
+    assert list(sweep.variants)[:3] == ["sync", "s1_dppo", "s2_dppo"]
+    sweep.seeds = sweep.seeds[:1]
+    arms = {}
+    for run in ablate.plan_runs(sweep, threads=1):
+        r = run.recipe
+        arms[run.variant] = (r.rollout.max_staleness, r.algo.policy_loss, r.algo.loss_kwargs)
+        assert r.rollout.async_mode == "fixed_lag" and r.rollout.backend == "hf", run.variant
+        assert reads_behaviour_policy(r.algo.policy_loss, r.algo.loss_kwargs) == (r.rollout.max_staleness > 0), \
+            run.variant
+    assert arms["sync"] == (0, "ppo", {})
+    for s in (1, 2):
+        assert arms[f"s{s}_dppo"] == (s, "ppo", {"correction": "tis", "correction_cap": 2.0})
+        assert arms[f"s{s}_tis"] == (s, "reinforce", {"correction": "tis", "correction_cap": 2.0})
+        assert arms[f"s{s}_topr"] == (s, "topr", {"behaviour_ratio": True})
+        assert arms[f"s{s}_cispo"] == (s, "cispo", {"behaviour_ratio": True})
+    assert len(arms) == 9
