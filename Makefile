@@ -24,7 +24,7 @@ quickstart: install
 # two pytest workers, a test file each at a time (module fixtures such as a vLLM engine are built once): on 2 cores
 # the suite is mostly process start-ups, engine start-ups and single-threaded Python, so this halves CI's wall time
 test: install
-	$(PY) -m pytest -q -ra --durations=15 -n 2 --dist loadfile -m "not heavy" $(ARGS)
+	$(PY) -m pytest -q -ra --durations=15 -n 2 --dist loadfile -m "not heavy" --timeout 300 $(ARGS)
 
 # the few tests of a minute or more each (multi-process and engine runs that CI's budget leaves out)
 test-heavy: install

@@ -53,6 +53,46 @@ def op_build_notice(extensions_dir: Path, op: str = SHM_COMM_OP) -> str | None:
             "minutes with no other output; later runs reuse it)")
 
 
+def load_cpu_comm_op(extensions_dir: Path, *, verbose: bool = False, wait_s: float = 900.0) -> None:
+    """Build (the first time) and load DeepSpeed's CPU comm op while holding a kernel lock, before init_distributed.
+
+    torch guards a build with a lock *file* (`<dir>/<op>/lock`). A build killed mid-compile (SIGKILL, a test's
+    subprocess timeout) leaves it behind, and every later load of the op, built or not, then waits on it forever:
+    torch's FileBaton has no timeout, and a whole test suite once stalled on it. Here every credo process loads
+    the op only while it holds an flock on `<dir>/<op>.credo-lock`, which the kernel drops when its holder dies;
+    so a torch lock file found while holding it was left by a dead build, and is removed (saying so). DeepSpeed
+    keeps the loaded op per process, so init_distributed does not take torch's lock again. The flock is held for
+    the build only, never across the rendezvous, so ranks started together on one machine take turns without
+    waiting on each other. A holder still alive after `wait_s` (a build hung) is an error naming the lock file.
+    """
+    import fcntl
+    import time
+
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        return  # DeepSpeed falls back to plain gloo: nothing to build
+    extensions_dir.mkdir(parents=True, exist_ok=True)
+    with open(extensions_dir / f"{builder.NAME}.credo-lock", "a") as held:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"DeepSpeed's CPU op is still being built by another process after {wait_s:.0f} s "
+                                       f"(it holds {held.name}); if that build hangs, end it") from None
+                time.sleep(0.2)
+        for stale in extensions_dir.glob("*/lock"):
+            print(f"credo: removing {stale}, a build lock left by a build that was killed", file=sys.stderr, flush=True)
+            stale.unlink(missing_ok=True)
+        with contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO()):
+            builder.load(verbose=verbose)
+
+
 def setup_distributed(*, verbose: bool = False) -> tuple[int, int]:
     """Initialise the process group (a world of one when not launched); return (rank, world_size).
 
@@ -71,6 +111,8 @@ def setup_distributed(*, verbose: bool = False) -> tuple[int, int]:
         notice = op_build_notice(torch_extensions_dir()) if os.environ.get("DS_ACCELERATOR") == "cpu" else None
         if notice and os.environ.get("LOCAL_RANK", "0") == "0":  # one line per machine, not per process
             print(notice, file=sys.stderr, flush=True)
+        if os.environ.get("DS_ACCELERATOR") == "cpu":
+            load_cpu_comm_op(torch_extensions_dir(), verbose=verbose)
         quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
         with quiet:
             deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", verbose=False)

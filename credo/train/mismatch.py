@@ -49,4 +49,4 @@ def step_mismatch_metrics(batch: Batch, pi_old: torch.Tensor) -> dict[str, float
     sampler = gather_ragged(batch.rollout_log_probs[m].detach().double())
     if not (torch.isfinite(trainer).all() and torch.isfinite(sampler).all()):
         return {k: math.nan for k in MISMATCH_METRICS}
-    return mismatch_metrics(trainer[None], sampler[None], torch.ones(1, trainer.numel(), dtype=torch.bool))
+    return mismatch_metrics(trainer[None], sampler[None], torch.ones(1, trainer.numel(), dtype=torch.bool, device=trainer.device))

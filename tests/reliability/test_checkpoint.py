@@ -273,6 +273,7 @@ def test_setup_distributed_picks_the_backend_and_swallows_deepspeeds_print_unles
         calls.append(dist_backend)
 
     monkeypatch.setattr(deepspeed, "init_distributed", fake_init)
+    monkeypatch.setattr("credo.distributed.engine.load_cpu_comm_op", lambda *a, **kw: None)  # no op build here
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "get_rank", lambda: 0)
     monkeypatch.setattr(dist, "get_world_size", lambda: 1)

@@ -133,6 +133,7 @@ def test_setup_distributed_makes_a_world_of_one_when_not_launched(monkeypatch, c
 
     calls = []
     monkeypatch.setattr(deepspeed, "init_distributed", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(eng, "load_cpu_comm_op", lambda *a, **kw: None)  # no op build here
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "get_rank", lambda: 0)
     monkeypatch.setattr(dist, "get_world_size", lambda: 1)
@@ -154,6 +155,7 @@ def test_setup_distributed_keeps_a_launchers_world_and_an_initialised_group(monk
 
     calls = []
     monkeypatch.setattr(deepspeed, "init_distributed", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(eng, "load_cpu_comm_op", lambda *a, **kw: None)  # no op build here
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_rank", lambda: 3)
     monkeypatch.setattr(dist, "get_world_size", lambda: 4)
