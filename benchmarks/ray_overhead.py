@@ -2,11 +2,12 @@
 
     python benchmarks/ray_overhead.py --steps 20 [recipe overrides...]
 
-Builds three quickstart trainers side by side from the recipe (the SFT warm-up cached beforehand, not timed):
+Builds four quickstart trainers side by side from the recipe (the SFT warm-up cached beforehand, not timed):
 `local` (cluster.engine: local, today's in-process HFBackend), `ray` (cluster.engine: ray with one rollout worker:
 full weight pushes, one RNG stream per call like the local backend, the same torch thread count; the reward stays in
-threads, cluster.reward.workers: 0, unless --ray-rewards) and `ray-delta` (the same with sparse delta pushes).
-Each step runs on the three in turn (the order rotating), so a load that drifts on a shared machine hits them
+threads, cluster.reward.workers: 0, unless --ray-rewards), `ray-delta` (the same with sparse delta pushes) and
+`ray-gloo` (full pushes by a Gloo broadcast, cluster.sync_transport: gloo).
+Each step runs on the four in turn (the order rotating), so a load that drifts on a shared machine hits them
 alike; the ratios are medians of per-step ratios. Prints the median `perf/step_time_s`, `perf/rollout_s` and
 `perf/sync_s` (over steps 2.., the killed step left out), the ray/local ratios, Ray's start-up time (ray.init, a
 worker placed and its model loaded, each trainer's build and first step), with --kill-at the recovery time (the
@@ -41,10 +42,16 @@ def build_trainer(recipe: str, out: Path, overrides: list[str]):
     return Trainer(r), r
 
 
-def ray_overrides(sync: str, threads: int, ray_rewards: bool) -> list[str]:
+MODES = {"local": None, "ray": ("full", "object_store"), "ray-delta": ("delta", "object_store"),
+         "ray-gloo": ("full", "gloo")}
+"""mode -> (cluster.sync, cluster.sync_transport) of its Ray trainer; None: the local engine."""
+
+
+def ray_overrides(sync: str, transport: str, threads: int, ray_rewards: bool) -> list[str]:
     """cluster.engine: ray with one rollout worker that samples exactly as the local backend (one RNG stream)."""
     return ["cluster.engine=ray", "cluster.rollout.workers=1", "cluster.rollout.per_sample_seeds=false",
-            f"cluster.rollout.threads={threads}", f"cluster.sync={sync}", "cluster.rollout.resources={CPU: 1}",
+            f"cluster.rollout.threads={threads}", f"cluster.sync={sync}", f"cluster.sync_transport={transport}",
+            "cluster.rollout.resources={CPU: 1}",
             f"cluster.reward.workers={2 if ray_rewards else 0}", "cluster.reward.resources={CPU: 0.5}",
             "cluster.env.workers=0", "cluster.judge.workers=0", "cluster.startup_timeout_s=1800"]
 
@@ -105,12 +112,11 @@ def main() -> None:
     os.environ.setdefault("RAY_worker_niceness", "0")  # as credo's own local Ray: workers not reniced
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="warning")
     init_s = time.perf_counter() - t0
-    modes = ("local", "ray", "ray-delta")
+    modes = tuple(MODES)
     trainers, backends, startups, build_s = {}, {}, [], {}
     threads = torch.get_num_threads()
     for mode in modes:
-        extra = [] if mode == "local" else ray_overrides("delta" if mode == "ray-delta" else "full", threads,
-                                                         args.ray_rewards)
+        extra = [] if mode == "local" else ray_overrides(*MODES[mode], threads, args.ray_rewards)
         t0 = time.perf_counter()
         trainers[mode], r = build_trainer(args.recipe, tmp / mode, [*args.overrides, *extra])
         build_s[mode] = time.perf_counter() - t0
@@ -148,11 +154,11 @@ def main() -> None:
     for key in ("perf/step_time_s", "perf/rollout_s", "perf/sync_s"):
         med = {m: statistics.median(rows[m][i][key] for i in timed) for m in modes}
         if key == "perf/sync_s":  # the local push is a no-op (the backend samples the trainer's module): no ratio
-            print(f"{key:18s} local {med['local']:.4f} s | ray {med['ray']:.4f} s | ray-delta {med['ray-delta']:.4f} s")
+            print(f"{key:18s} " + " | ".join(f"{m} {med[m]:.4f} s" for m in modes))
             continue
         ratio = {m: statistics.median(rows[m][i][key] / rows["local"][i][key] for i in timed) for m in modes[1:]}
-        print(f"{key:18s} local {med['local']:.4f} s | ray {med['ray']:.4f} s (x{ratio['ray']:.3f}) | "
-              f"ray-delta {med['ray-delta']:.4f} s (x{ratio['ray-delta']:.3f})")
+        print(f"{key:18s} local {med['local']:.4f} s | "
+              + " | ".join(f"{m} {med[m]:.4f} s (x{ratio[m]:.3f})" for m in modes[1:]))
     if args.kill_at:
         row = rows["ray"][args.kill_at - 1]
         print(f"worker killed at step {args.kill_at}: cluster/worker_restarts {row['cluster/worker_restarts']}, "

@@ -198,13 +198,20 @@ def check_cluster_placement(r: Recipe, roles: tuple[str, ...]) -> list[str]:
     c = r.cluster
     if c.engine != "ray":
         return []
+    notes = []
+    if c.sync_transport == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():  # a note, not an error: `credo check` may run on a node without a GPU
+            notes.append("cluster.sync_transport 'nccl': this machine sees no CUDA device; the trainer must run on a "
+                         "GPU node (the run stops at its first weight push otherwise)")
     if c.address:
-        return [f"cluster placement of {', '.join(roles)} not checked here (cluster.address = '{c.address}'): "
+        return notes + [f"cluster placement of {', '.join(roles)} not checked here (cluster.address = '{c.address}'): "
                 "checked against the live cluster's nodes at start-up, before any worker starts"]
     from credo.distributed.ray.config import check_placement, local_nodes
 
     check_placement(c, local_nodes(c), roles)
-    return []
+    return notes
 
 
 def _check_reward(spec: str | None, key: str) -> None:

@@ -246,15 +246,14 @@ def check_cluster(cfg: ClusterConfig) -> None:
     if not ro.per_sample_seeds and (ro.workers > 1 or el.max):
         raise ConfigError("config key 'cluster.rollout.per_sample_seeds' = false: one RNG stream per call makes the tokens "
                           "depend on how prompts are split, so it needs rollout.workers: 1 and no elastic pool")
-    if cfg.sync_transport == "nccl":
-        if cfg.sync == "delta":
-            raise ConfigError("config key 'cluster.sync' = 'delta' with sync_transport 'nccl': a delta is an index/value "
-                              "list sent through the object store; NCCL broadcasts dense tensors (use sync: full)")
+    t = cfg.sync_transport
+    if t != "object_store" and cfg.sync == "delta":
+        raise ConfigError(f"config key 'cluster.sync' = 'delta' with sync_transport '{t}': a delta is an index/value "
+                          f"list sent through the object store; a {t} broadcast sends dense tensors (use sync: full)")
+    if t == "nccl":
         if "GPU" not in (ro.resources or DEFAULT_RESOURCES):
             raise ConfigError(f"config key 'cluster.sync_transport' = 'nccl' needs GPU rollout workers, but "
                               f"cluster.rollout.resources = {dict(ro.resources) or DEFAULT_RESOURCES} asks for no GPU")
-        raise ConfigError("config key 'cluster.sync_transport' = 'nccl': the collective path is documented in "
-                          "docs/cluster.md but not built in this version; use object_store (works on GPU too)")
 
 
 def _check_async(r: Recipe) -> None:

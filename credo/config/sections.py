@@ -337,9 +337,9 @@ class ClusterConfig:
     sync: str = one_of("full", ("full", "delta"))
     """Weight push after each update: full (every tensor) or delta (only the elements that changed in the rollout
     dtype since the last push: indices and values); the workers' weights are bitwise the same either way."""
-    sync_transport: str = one_of("object_store", ("object_store", "nccl"))
-    """object_store: one ray.put of the weights, every worker reads it (CPU or GPU). nccl: a collective broadcast
-    from trainer rank 0 to GPU workers; documented in docs/cluster.md, not built in this version (refused)."""
+    sync_transport: str = one_of("object_store", ("object_store", "gloo", "nccl"))
+    """object_store: one ray.put of the weights, every worker reads it (CPU or GPU). gloo / nccl: a broadcast in a
+    process group of the trainer and the rollout workers, over TCP between CPUs / between GPUs (docs/cluster.md)."""
     startup_timeout_s: float = ranged(300.0, gt=0)
     """Longest wait for a worker to be placed and to load its model; past it the run stops naming the role."""
     call_timeout_s: float = ranged(600.0, gt=0)

@@ -83,8 +83,9 @@ def test_a_role_no_node_offers_is_refused_at_start_up_naming_it(tmp_path):
 
 
 def test_the_multiturn_recipe_with_its_envs_on_ray_actors_gives_the_local_metrics(tmp_path):
-    """The multi-turn family builds its env actors from the recipe (cluster.env), and rollout runs on a Ray worker:
-    every metric but perf/* and cluster/* equals the local run's."""
+    """The multi-turn family builds its env actors from the recipe (cluster.env), and rollout runs on a Ray worker
+    whose weights come by a Gloo broadcast (cluster.sync_transport: gloo): every metric but perf/* and cluster/*
+    equals the local run's."""
     from credo.trainer import Trainer
 
     def go(out, **extra):
@@ -96,9 +97,10 @@ def test_the_multiturn_recipe_with_its_envs_on_ray_actors_gives_the_local_metric
 
     local = go(tmp_path / "local")
     on_ray = go(tmp_path / "ray", **{**RAY, "cluster.env.workers": 2, "cluster.env.resources": "{CPU: 0.25}",
-                                     "cluster.rollout.per_sample_seeds": "false"})
+                                     "cluster.rollout.per_sample_seeds": "false", "cluster.sync_transport": "gloo"})
     assert strip(on_ray) == strip(local)
     steps = [row for row in on_ray if "train/loss" in row]
     assert all(row["cluster/env_workers"] == 2 and row["cluster/env_busy_frac"] > 0 for row in steps)
     assert any(row["env/turns_mean"] > 1 for row in steps)  # episodes went on past a first env step on the actors
     assert "cluster/reward_workers" not in steps[0]  # the env's return is the reward: no reward pool was built
+    assert sum(row["cluster/rollout_groups_formed"] for row in steps) == 1  # the pushes went by one Gloo group

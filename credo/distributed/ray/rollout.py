@@ -12,6 +12,9 @@ would have been, so a fault or a change of pool size does not change the step's 
 
 Weights travel through the Ray object store: one `ray.put` per push, every worker reads it. `sync='delta'` sends
 only the elements whose bits changed in the wire dtype since the last push (credo.distributed.ray.weights).
+With `transport='gloo'` or `'nccl'` a full push is instead a broadcast in a process group of the trainer and the
+workers (credo.distributed.ray.collective), formed again whenever the pool's members change. A worker that joins
+or replaces a lost one gets its first weights through the object store, then joins the group at the next push.
 The wire dtype is the rollout dtype (`dtype`), or the trainer's with FP8 weights (they are quantised from it).
 """
 
@@ -40,6 +43,8 @@ class RayRolloutBackend:
         engine: 'hf' or 'vllm'; model_dtype: the trainer's dtype; dtype: the rollout dtype (None: the trainer's).
         fp8_weights, max_batch, per_sample_seeds: as `HFBackend` (per_sample_seeds=False needs one worker).
         threads: torch threads per worker; sync: 'full' or 'delta'.
+        transport: 'object_store', or a collective broadcast: 'gloo' (CPU workers) or 'nccl' (GPU workers); the
+            collective sends full weights only (sync='full').
         elastic: (min, max) workers while they join and leave; None = a fixed pool.
         shards_per_worker: shards of a call per worker (more: finer load balance and less work redone on a loss).
         initial_model: push these weights at start (version 0) instead of trusting the folder's to be the trainer's.
@@ -50,9 +55,17 @@ class RayRolloutBackend:
                  per_sample_seeds: bool = True, threads: int = 1, sync: str = "full", role: str = "rollout",
                  max_restarts: int = 3, startup_timeout_s: float = 300.0, call_timeout_s: float = 600.0,
                  elastic: tuple[int, int] | None = None, shards_per_worker: int = 1, initial_model=None,
-                 vllm_kwargs: dict | None = None):
+                 vllm_kwargs: dict | None = None, transport: str = "object_store"):
         if sync not in ("full", "delta"):
             raise ValueError(f"sync is {sync!r}, expected 'full' or 'delta'")
+        if transport not in ("object_store", "gloo", "nccl"):
+            raise ValueError(f"transport is {transport!r}, expected 'object_store', 'gloo' or 'nccl'")
+        if transport != "object_store" and sync != "full":
+            raise ValueError(f"transport {transport!r} broadcasts dense tensors: it needs sync='full', not {sync!r}")
+        self.transport = transport
+        self._coll = None  # the collective group (rank 0 here), and the (slot, handle) members it was formed with
+        self._coll_members: tuple = ()
+        self.groups_formed = 0  # collective groups formed since the last metrics() (membership changes show here)
         if workers < 1 or shards_per_worker < 1:
             raise ValueError(f"workers={workers}, shards_per_worker={shards_per_worker}: expected >= 1 each")
         if not per_sample_seeds and (workers > 1 or elastic):
@@ -91,6 +104,7 @@ class RayRolloutBackend:
         if role == "rollout":
             el = rc.elastic
             extra = dict(per_sample_seeds=rc.per_sample_seeds, threads=rc.threads, sync=cluster.sync,
+                         transport=cluster.sync_transport,
                          elastic=(el.min, el.max) if el.max else None)
         return cls(model_path, workers=rc.workers, resources=resources_of(rc), role=role, max_restarts=rc.max_restarts,
                    startup_timeout_s=cluster.startup_timeout_s, call_timeout_s=cluster.call_timeout_s, **extra, **kwargs)
@@ -217,12 +231,16 @@ class RayRolloutBackend:
         else:
             payload = ("full", new)
             stats[f"cluster/{r}_sync_bytes"] = nbytes(new)
-        ref = ray.put(payload)
-        self._last, self.version = new, version
-        self._full_ref = ref if payload[0] == "full" else None
         with self._lock:
             slots = [s for s in self.active if s not in self.leaving]
-        self._broadcast(ref, slots, version)
+        if self.transport != "object_store":
+            self._last, self.version, self._full_ref = new, version, None
+            self._collective_push(new, slots, version)
+        else:
+            ref = ray.put(payload)
+            self._last, self.version = new, version
+            self._full_ref = ref if payload[0] == "full" else None
+            self._broadcast(ref, slots, version)
         self.sync_metrics = {**stats, f"cluster/{r}_sync_s": time.perf_counter() - t0}
 
     def _broadcast(self, ref, slots: list[int], version: int) -> None:
@@ -240,6 +258,79 @@ class RayRolloutBackend:
                 raise user_error(e) from None
         for (slot, handle), cause in lost:
             self._lost(slot, handle, cause)
+
+    # ------------------------------------------------------------------------------------ collective pushes
+    def _collective_push(self, new: dict, slots: list[int], version: int) -> None:
+        """A full push as one broadcast per bucket from here (rank 0) to the group's members, (re)formed first if
+        the pool's members changed. A member lost or hung during it is replaced and given the weights through the
+        object store; the group is formed again at the next push."""
+        import ray
+
+        from credo.distributed.ray.collective import broadcast_state, layout_of
+
+        members = tuple((s, self.group.handles[s]) for s in slots)
+        if self._coll is None or members != self._coll_members:
+            members = self._form_group(members)
+        calls = {h.receive.remote(layout_of(new), version): (s, h) for s, h in members}
+        try:
+            broadcast_state(self._coll, new)
+            failed = None
+        except RuntimeError as e:  # a member died or hung mid-broadcast (the group's timeout is call_timeout_s)
+            failed = e
+        # after a failed broadcast a member may wait for bytes that never come: it is given a short grace only
+        wait_s = self.call_timeout_s if failed is None else min(self.call_timeout_s, 10.0)
+        ready, late = ray.wait(list(calls), num_returns=len(calls), timeout=wait_s)
+        lost = [(calls[r], f"collective weight push ran past {wait_s} s") for r in late]
+        for r in ready:
+            try:
+                ray.get(r)
+            except loss_errors() as e:
+                lost.append((calls[r], e))
+            except Exception as e:
+                if failed is None:
+                    raise user_error(e) from None
+                lost.append((calls[r], f"its collective weight push broke off: {user_error(e)}"))
+        if failed is not None or lost:
+            self._drop_group()
+        for (slot, handle), cause in lost:
+            self._lost(slot, handle, cause)
+
+    def _form_group(self, members: tuple) -> tuple:
+        """A new collective group of this process (rank 0) and `members` (ranks 1..), after a liveness check that
+        replaces the dead ones (so no rank is awaited in vain); the members it was formed with."""
+        import ray
+
+        from credo.distributed.ray.collective import master_store, open_group
+
+        self._drop_group()
+        alive = {h.ready.remote(): (s, h) for s, h in members}
+        ready, late = ray.wait(list(alive), num_returns=len(alive), timeout=self.call_timeout_s)
+        for r in ready:
+            try:
+                ray.get(r)
+            except loss_errors() as e:
+                self._lost(*alive[r], e)
+        for r in late:
+            self._lost(*alive[r], f"did not answer within cluster.call_timeout_s = {self.call_timeout_s} s")
+        members = tuple((s, self.group.handles[s]) for s, _ in members)
+        host = ray.util.get_node_ip_address()
+        world = len(members) + 1
+        store = master_store(host, world, self.call_timeout_s)
+        joins = [h.join_group.remote(self.transport, host, store.port, rank, world, self.call_timeout_s)
+                 for rank, (_, h) in enumerate(members, start=1)]
+        try:
+            group = open_group(self.transport, host, store.port, 0, world, self.call_timeout_s, store=store)
+            ray.get(joins, timeout=self.call_timeout_s)
+        except Exception as e:
+            raise ClusterWorkerError(f"role '{self.role}': the {self.transport} group of the trainer and {len(members)} "
+                                     f"worker(s) was not formed within cluster.call_timeout_s = {self.call_timeout_s} s: "
+                                     f"{user_error(e)}") from None
+        self._coll, self._coll_members = group, members
+        self.groups_formed += 1
+        return members
+
+    def _drop_group(self) -> None:
+        self._coll, self._coll_members = None, ()
 
     # ------------------------------------------------------------------------------------ elastic capacity
     def add_worker(self) -> int:
@@ -288,11 +379,16 @@ class RayRolloutBackend:
                                              timeout=self.call_timeout_s)))
 
     def metrics(self) -> dict:
-        """`cluster/<role>_*` since the last call: workers, busy_frac, queue_depth, restarts, and the last push's bytes."""
+        """`cluster/<role>_*` since the last call: workers, busy_frac, queue_depth, restarts, the last push's bytes,
+        and with a collective transport the groups formed (one, plus one per change of the pool's members)."""
         redone, self.redone_shards = self.redone_shards, 0
-        return {**self.group.stats.read(len(self.active)), f"cluster/{self.role}_redone_shards": redone,
-                **self.sync_metrics}
+        out = {**self.group.stats.read(len(self.active)), f"cluster/{self.role}_redone_shards": redone,
+               **self.sync_metrics}
+        if self.transport != "object_store":
+            out[f"cluster/{self.role}_groups_formed"], self.groups_formed = self.groups_formed, 0
+        return out
 
     def close(self) -> None:
+        self._drop_group()
         self.group.close()
         self.active = []

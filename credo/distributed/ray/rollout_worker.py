@@ -63,6 +63,7 @@ class RolloutWorker:
         self.engine = engine
         self.target = pushed.state_dict(keep_vars=True)
         self.pushed = pushed
+        self.group = None  # the collective group of cluster.sync_transport gloo/nccl, once joined
 
     def ready(self) -> dict:
         """Where this worker runs: node id, process id, torch threads."""
@@ -82,6 +83,27 @@ class RolloutWorker:
             apply_delta(self.target, data)
         else:
             raise ValueError(f"weight push of kind {kind!r}, expected 'full' or 'delta'")
+        self._loaded(version)
+
+    def join_group(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
+        """Join the trainer's collective group for weight pushes (a new one each time the pool's membership changes:
+        the old one, which may hold a dead peer, is dropped first)."""
+        from credo.distributed.ray.collective import open_group
+
+        self.group = None
+        self.group = open_group(backend, host, port, rank, world, timeout_s)
+
+    def receive(self, layout: list, version: int) -> None:
+        """Take part in the trainer's broadcast of a full weight push (tensors as `layout` says); later samples carry
+        `version`."""
+        from credo.distributed.ray.collective import receive_state
+
+        if self.group is None:
+            raise RuntimeError("a collective weight push reached a rollout worker that has joined no group")
+        load_full(self.target, receive_state(self.group, layout))
+        self._loaded(version)
+
+    def _loaded(self, version: int) -> None:
         if self.engine == "vllm" or self.fp8_weights:  # re-quantise from the host / push it into the engine
             self.backend.sync_weights(self.host, version)
         self.backend.version = version
