@@ -51,7 +51,7 @@ def test_a_vllm_worker_in_an_actor_samples_with_the_pushed_weights(tmp_path, mon
             for p, s in zip(prompts, samples):
                 want = trainer_log_probs(model, p, s.response_ids)
                 torch.testing.assert_close(torch.tensor(s.rollout_log_probs, dtype=torch.float64),
-                                           torch.tensor(want), atol=1e-4, rtol=0)
+                                           torch.tensor(want, dtype=torch.float64), atol=1e-4, rtol=0)
         assert list(backend.digests().values()) == [state_digest(wire_state(model, None))]
         assert backend.metrics()["cluster/rollout_sync_bytes"] <= backend.sync_metrics["cluster/rollout_sync_full_bytes"]
     finally:

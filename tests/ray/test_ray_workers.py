@@ -82,7 +82,6 @@ def judge(tmp_path_factory):
     return tiny_policy(tmp_path_factory.mktemp("ray-judge"), seed=1)
 
 
-@pytest.mark.heavy  # 19.5 s at load 5 (2026-12-04): outside CI's budget; `make test-heavy` runs it
 def test_a_judge_pool_generates_like_the_local_judge_and_survives_a_killed_worker(ray_local, judge):
     from credo.distributed.ray.rollout import RayRolloutBackend
     from credo.families.judges.reward import JudgeReward
@@ -130,7 +129,6 @@ def play(policy, env_factory, step: int):
     return rows, metrics, [s.meta["error"] for s in batch.samples]
 
 
-@pytest.mark.heavy  # 15.3 s at load 5 (2026-12-04): outside CI's budget; `make test-heavy` runs it
 def test_envs_on_actors_play_like_local_envs_through_the_unchanged_multiturn_source(ray_local, policy, tmp_path):
     from credo.distributed.ray.envs import RayEnvPool
 
