@@ -18,10 +18,15 @@ log = logging.getLogger("credo")
 PLOT_EVERY = 10
 PANELS = [("reward", ("train/reward_mean",), "train/rewards/"), ("eval", (), "eval/"), ("loss", ("train/loss",), None),
           ("KL to reference", ("train/kl",), None), ("entropy", ("train/entropy",), None),
-          ("grad norm", ("train/grad_norm",), None), ("response length", ("train/response_len",), None)]
-"""curves.png: (title, keys always drawn, prefix whose every key is drawn too). The eval panel draws what the run
-logs under eval/ (accuracy, reward_mean, return, ...); the reward panel adds each reward function's mean."""
-OPTIONAL_PANELS = {"KL to reference"}  # drawn only when some row has it (runs with a reference model)
+          ("grad norm", ("train/grad_norm",), None), ("response length", ("train/response_len",), None),
+          ("cluster: busy fraction", (), ("cluster/", "_busy_frac")),
+          ("cluster: workers", ("cluster/worker_restarts",), ("cluster/", "_workers")),
+          ("cluster: queue depth", (), ("cluster/", "_queue_depth"))]
+"""curves.png: (title, keys always drawn, prefix whose every key is drawn too, or (prefix, suffix)). The eval panel
+draws what the run logs under eval/ (accuracy, reward_mean, return, ...); the reward panel adds each reward
+function's mean; the cluster panels (runs on Ray) draw each role's busy fraction, worker count and queue depth."""
+OPTIONAL_PANELS = {"KL to reference", "cluster: busy fraction", "cluster: workers", "cluster: queue depth"}
+"""Drawn only when some row has one of their keys (a reference model; cluster.engine: ray)."""
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -53,12 +58,14 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def panel_keys(rows: list[dict], keys: tuple, prefix: str | None) -> list[str]:
-    """`keys`, then every key of `rows` that starts with `prefix` and holds a number somewhere, sorted."""
+def panel_keys(rows: list[dict], keys: tuple, prefix: str | tuple[str, str] | None) -> list[str]:
+    """`keys`, then every key of `rows` that starts with `prefix` (and ends with the suffix, for a pair) and holds
+    a number somewhere, sorted."""
     found = list(keys)
     if prefix:
-        found += sorted({k for r in rows for k, v in r.items() if k.startswith(prefix) and k not in found
-                         and _is_number(v)})
+        start, end = prefix if isinstance(prefix, tuple) else (prefix, "")
+        found += sorted({k for r in rows for k, v in r.items() if k.startswith(start) and k.endswith(end)
+                         and k not in found and _is_number(v)})
     return found
 
 

@@ -51,6 +51,27 @@ def test_eval_panel_with_accuracy_only_keeps_its_one_line():
     assert list(panels["reward"]) == ["reward_mean"]
 
 
+def test_cluster_panels_draw_each_roles_busy_fraction_workers_and_queue_only_on_ray():
+    import matplotlib.pyplot as plt
+
+    rows = [{"step": s, "train/reward_mean": 0.1, "cluster/rollout_busy_frac": 0.2 * s, "cluster/reward_busy_frac": 0.1,
+             "cluster/rollout_workers": 1 + s, "cluster/reward_workers": 4, "cluster/worker_restarts": s - 1,
+             "cluster/rollout_queue_depth": s, "cluster/rollout_sync_bytes": 100, "cluster/connect_s": 2.0}
+            for s in (1, 2, 3)]
+    fig = curves_figure(rows)
+    panels = _lines(fig)
+    plt.close(fig)
+    assert panels["cluster: busy fraction"]["rollout_busy_frac"][1] == pytest.approx([0.2, 0.4, 0.6])
+    assert set(panels["cluster: busy fraction"]) == {"rollout_busy_frac", "reward_busy_frac"}
+    assert set(panels["cluster: workers"]) == {"worker_restarts", "rollout_workers", "reward_workers"}
+    assert panels["cluster: workers"]["worker_restarts"][1] == [0.0, 1.0, 2.0]
+    assert panels["cluster: queue depth"] == {"rollout_queue_depth": ([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])}
+    local = curves_figure([{k: v for k, v in r.items() if not k.startswith("cluster/")} for r in rows])
+    titles = set(_lines(local))
+    plt.close(local)
+    assert not any(t.startswith("cluster") for t in titles)  # a local run's figure is as before
+
+
 def _tracker(run_dir, **kw) -> Tracker:
     return Tracker(run_dir, total_steps=4, start_step=kw.pop("start_step", 0), enabled=True, progress=False,
                    plot=False, wandb_cfg=None, config={}, **kw)
