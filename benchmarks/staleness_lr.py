@@ -86,6 +86,8 @@ def train_one(r, label: str, *, stop_at_collapse: bool) -> None:
     t = time.perf_counter()
     print(label, flush=True)
     trainer = Trainer(r.recipe)
+    # the run's provenance, for analyze (which may run later, at another commit)
+    (r.run_dir / "started.json").write_text(json.dumps({"commit": head_commit(), "date": time.strftime("%Y-%m-%d")}))
     if stop_at_collapse:
         watch_collapse(trainer)
     try:
@@ -179,13 +181,26 @@ def fit_slope(points: list[tuple[float, float]]) -> dict:
     return {"n": n, "slope": b, "intercept": a, "se": se, "ci95": [b - h, b + h]}
 
 
-def analyze(sweep_path: str, results: str | None, plot: str | None) -> dict:
+def head_commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def provenance(run_dir: Path, run_commit: str | None) -> dict:
+    """The commit and date the run trained at: its started.json (written by `run`); for a folder without one, the
+    date of its metrics file and `--run-commit` (else HEAD, marked as the commit analyze ran at)."""
+    started = run_dir / "started.json"
+    if started.exists():
+        return json.loads(started.read_text())
+    date = time.strftime("%Y-%m-%d", time.gmtime((run_dir / "metrics.jsonl").stat().st_mtime))
+    return {"commit": run_commit or f"{head_commit()} (analyzed; run commit not recorded)", "date": date}
+
+
+def analyze(sweep_path: str, results: str | None, plot: str | None, run_commit: str | None = None) -> dict:
     from credo.ablate.plan import plan_runs
     from credo.ablate.spec import load_sweep
 
     sweep = load_sweep(sweep_path)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
     lines, table = [], {}
     for r in plan_runs(sweep, threads=1):
         rows = rows_of(r.run_dir)
@@ -204,8 +219,8 @@ def analyze(sweep_path: str, results: str | None, plot: str | None) -> dict:
                  / max(1, len(train_rows[-5:])),
                  "train/grad_norm_max": max((x.get("train/grad_norm", 0.0) for x in train_rows), default=None)}
         lines.append({"sweep": sweep.name, "variant": r.variant, "seed": r.seed, "S": S, "lr": lr,
-                      "staleness_lr_scaling": r.recipe.optim.staleness_lr_scaling, "commit": commit,
-                      "date": time.strftime("%Y-%m-%d"), "host": f"{platform.node()} ({platform.machine()}, 2 cores)",
+                      "staleness_lr_scaling": r.recipe.optim.staleness_lr_scaling,
+                      **provenance(r.run_dir, run_commit), "host": f"{platform.node()} ({platform.machine()}, 2 cores)",
                       "steps": r.recipe.run.steps, "finished": last_step(r.run_dir) == r.recipe.run.steps,
                       "stopped_non_finite": stopped, "stopped_at_collapse": (r.run_dir / "COLLAPSED").exists(),
                       "collapsed": m is not None, "M_collapse": m, **final,
@@ -301,11 +316,12 @@ def main() -> None:
     b.add_argument("sweep")
     b.add_argument("--results")
     b.add_argument("--plot")
+    b.add_argument("--run-commit", help="the commit the runs trained at, for run folders without started.json")
     args = p.parse_args()
     if args.cmd == "run":
         run_all(args.sweep, args.only, args.staleness, args.seeds, args.adaptive)
     else:
-        analyze(args.sweep, args.results, args.plot)
+        analyze(args.sweep, args.results, args.plot, args.run_commit)
 
 
 if __name__ == "__main__":
