@@ -27,7 +27,6 @@ import argparse
 import json
 import math
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -87,7 +86,9 @@ def train_one(r, label: str, *, stop_at_collapse: bool) -> None:
     print(label, flush=True)
     trainer = Trainer(r.recipe)
     # the run's provenance, for analyze (which may run later, at another commit)
-    (r.run_dir / "started.json").write_text(json.dumps({"commit": head_commit(), "date": time.strftime("%Y-%m-%d")}))
+    from credo.ablate.results import git_commit
+
+    (r.run_dir / "started.json").write_text(json.dumps({"commit": git_commit(REPO), "date": time.strftime("%Y-%m-%d")}))
     if stop_at_collapse:
         watch_collapse(trainer)
     try:
@@ -181,19 +182,16 @@ def fit_slope(points: list[tuple[float, float]]) -> dict:
     return {"n": n, "slope": b, "intercept": a, "se": se, "ci95": [b - h, b + h]}
 
 
-def head_commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                          text=True).stdout.strip()
-
-
 def provenance(run_dir: Path, run_commit: str | None) -> dict:
     """The commit and date the run trained at: its started.json (written by `run`); for a folder without one, the
     date of its metrics file and `--run-commit` (else HEAD, marked as the commit analyze ran at)."""
+    from credo.ablate.results import git_commit
+
     started = run_dir / "started.json"
     if started.exists():
         return json.loads(started.read_text())
     date = time.strftime("%Y-%m-%d", time.gmtime((run_dir / "metrics.jsonl").stat().st_mtime))
-    return {"commit": run_commit or f"{head_commit()} (analyzed; run commit not recorded)", "date": date}
+    return {"commit": run_commit or f"{git_commit(REPO)} (analyzed; run commit not recorded)", "date": date}
 
 
 def analyze(sweep_path: str, results: str | None, plot: str | None, run_commit: str | None = None) -> dict:
