@@ -185,7 +185,8 @@ def summarize_records(records: list[dict], metrics: list[Metric], *, variants: l
         comparisons: named in advance; compared on metrics[0], Holm-adjusted together.
 
     Raises:
-        ValueError: two records of one (variant, seed), or a baseline or comparison naming no variant.
+        ValueError: two records of one (variant, seed), a baseline or comparison naming no variant, or a metric
+            whose curve no record holds.
     """
     seen = set()
     for r in records:
@@ -196,6 +197,13 @@ def summarize_records(records: list[dict], metrics: list[Metric], *, variants: l
     for name in [baseline] + [v for c in comparisons for v in (c.a, c.b)]:
         if name is not None and name not in order:
             raise ValueError(f"'{name}' names no variant of these results (variants: {', '.join(order)})")
+    if records:  # a key no run recorded would give an empty table and exit 0: name it instead
+        recorded = sorted({k for r in records for k in r.get("curves", {})})
+        for m in metrics:
+            if m.key not in recorded:
+                raise ValueError(f"metric '{m.key}': no run of these results recorded its curve (curves recorded: "
+                                 f"{', '.join(recorded) or 'none'}); a results line keeps the curves of its sweep's "
+                                 "`curves` and `metrics` keys, and the last value of every key under `final`")
     results = [_variant_result(v, [r for r in records if r["variant"] == v], metrics) for v in order]
     by_name = {v.variant: v for v in results}
     vs_baseline: dict[str, dict[str, Compared]] = {}

@@ -130,6 +130,12 @@ def test_report_errors_name_what_is_wrong(tmp_path, capsys):
                           ([str(res), "--sweep", "s1", "--baseline", "zz"], "'zz' names no variant")]:
         code, _, err = _report(capsys, *argv)
         assert code == 2 and message in err, (argv, err)
+    # a key no run recorded a curve of: an error naming it and the recorded ones, not an empty table and exit 0
+    rec = tmp_path / "rec.jsonl"
+    upsert_results(rec, [{"sweep": "s", "variant": "a", "seed": 0, "final": {"perf/rss": 1.0},
+                          "curves": {"eval/accuracy": {"0": 0.5}}}])
+    code, out, err = _report(capsys, str(rec), "--metric", "perf/rss:final")
+    assert code == 2 and out == "" and "metric 'perf/rss'" in err and "curves recorded: eval/accuracy" in err
 
 
 def test_metric_parsing():
