@@ -21,6 +21,7 @@ embeddings (a source that conditions the policy on a sampled latent); the traine
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -155,7 +156,10 @@ class HFBackend:
             inputs = prefixed_inputs(self.model, ids.to(device), attn.to(device), prefix_embeds.to(device))
         was_training = self.model.training
         self.model.eval()
-        with torch.random.fork_rng(devices=[]):
+        # Only a sampling call draws from (and so forks) the global RNG: greedy and per-sample-seeded calls draw
+        # nothing, and must not save and restore it, as a sampler in another thread (the Complementary RL
+        # extractor beside the trainer) would rewind the trainer's own stream in between
+        with torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext():
             if seed is not None:
                 torch.manual_seed(seed)
             out = self.model.generate(**inputs, generation_config=config, logits_processor=processors)

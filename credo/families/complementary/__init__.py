@@ -7,6 +7,7 @@
     distil.py     both modes: choose episodes, sample lessons, measure them on paired rollouts, consolidate
     extractor.py  the second model: its warm-up on scripted lessons, its GRPO update
     hook.py       the step hooks: the second model's (distil, pair, train it, consolidate); the one-model mode's
+    beside.py     complementary.extractor_async: the second model's step in a worker thread beside the next step
     build.py      build-time parts: the env checks, the one-model mode's lesson warm-up, the hooks
 
 Active when `stages.rollout: complementary` (with an `env:` section). See docs/complementary.md.

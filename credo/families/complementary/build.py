@@ -138,5 +138,20 @@ def make_hook(ctx, source, c):
     engine = build_engine(model, lr=c.extractor_lr, betas=(0.9, 0.999), weight_decay=c.extractor_weight_decay,
                           grad_clip=c.extractor_grad_clip, zero_stage=ctx.zero_stage, warmup_steps=0, micro_batch=n,
                           grad_accum=1, bf16=ctx.dtype == "bfloat16")
-    return ExtractorHook(source, engine, HFBackend(engine.module, ctx.tokenizer), ctx.tokenizer, c, seed=ctx.seed,
-                         zero_stage=ctx.zero_stage, world=ctx.world)
+    if not c.extractor_async:
+        return ExtractorHook(source, engine, HFBackend(engine.module, ctx.tokenizer), ctx.tokenizer, c, seed=ctx.seed,
+                             zero_stage=ctx.zero_stage, world=ctx.world)
+    # beside the actor (beside.py): a tokenizer, an actor copy and samplers of its own, none of which draws from
+    # the global RNG (the trainer's thread forks and reseeds it at every generate call)
+    import copy
+
+    from credo.distributed.rollout_copy import RolloutCopy
+    from credo.families.complementary.beside import Beside
+
+    tok = copy.deepcopy(ctx.tokenizer)
+    actor = RolloutCopy(ctx.engine.module, dtype=None, fp8_weights=False)
+    max_batch = r.rollout.hf_max_batch
+    return ExtractorHook(source, engine, HFBackend(engine.module, tok, per_sample_seeds=True, max_batch=max_batch),
+                         tok, c, seed=ctx.seed, zero_stage=ctx.zero_stage, world=ctx.world,
+                         beside=(Beside(), actor, ctx.engine.module,
+                                 HFBackend(actor.module, tok, per_sample_seeds=True, max_batch=max_batch)))

@@ -67,6 +67,12 @@ class ComplementaryConfig:
     """Most entries the bank keeps (the lowest-scored go first)."""
     inject_in_eval: bool = True
     """eval/return plays the held-out episodes with the bank's lessons (the deployed actor); false = without."""
+    extractor_async: bool = False
+    """The extractor's step (observe, distil, pair, train, consolidate) of step k runs in a worker thread beside the
+    actor's step k+1 (beside.py), on a copy of the bank and a copy of the actor's weights after step k; its bank is
+    installed after step k+1, so the actor is shown a bank exactly one step older (complementary/bank_lag) and the
+    extractor/* and bank/* metrics of step k+1 describe the work on step k's batch. Only with extractor: model or
+    frozen, the hf backend and rollout.max_staleness: 0. false = the synchronous hook after the sync."""
 
 
 def check_complementary(r) -> None:
@@ -94,6 +100,8 @@ def check_complementary(r) -> None:
                           "credit: grpo (or complementary.conditional_groups: false)")
     if c.extractor == "self":
         check_one_model(r)
+    if c.extractor_async:
+        check_async(r)
     if c.lesson_tokens >= r.env.max_total_tokens:
         raise out_of_range("complementary.lesson_tokens", c.lesson_tokens,
                            f"< env.max_total_tokens ({r.env.max_total_tokens})")
@@ -112,3 +120,22 @@ def check_one_model(r) -> None:
         raise ConfigError(f"config key 'complementary.extractor_path' = '{c.extractor_path}': with "
                           "complementary.extractor: self the actor is the extractor (no second model to load): "
                           "expected 'actor'")
+
+
+def check_async(r) -> None:
+    """complementary.extractor_async: the work it moves is the second model's (the one-model mode's lessons are
+    sampled inside the rollout); its worker samples the paired episodes with the hf backend on its own copy of the
+    actor; a second lag on top of rollout.max_staleness is not built."""
+    c = r.complementary
+    if c.extractor not in ("model", "frozen"):
+        raise ConfigError(f"config key 'complementary.extractor_async' = true needs a second model to run beside the "
+                          f"actor: expected complementary.extractor: model or frozen, got '{c.extractor}' (or "
+                          "complementary.extractor_async: false)")
+    if r.rollout.backend != "hf":
+        raise ConfigError(f"config key 'complementary.extractor_async' = true plays its paired episodes with the hf "
+                          f"backend on a copy of the actor: expected rollout.backend: hf, got '{r.rollout.backend}' "
+                          "(or complementary.extractor_async: false)")
+    if r.rollout.max_staleness > 0:
+        raise ConfigError(f"config key 'complementary.extractor_async' = true with rollout.max_staleness = "
+                          f"{r.rollout.max_staleness}: a bank lag on top of a rollout lag is not built; expected "
+                          "rollout.max_staleness: 0 (or complementary.extractor_async: false)")

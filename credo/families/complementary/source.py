@@ -63,10 +63,19 @@ class ComplementaryRollout(MultiTurnRollout):
     def __init__(self, env_cfg, section, tokenizer, backend, **kw):
         super().__init__(env_cfg, tokenizer, backend, **kw)
         self.c = section
-        self.bank = ExperienceBank(add_min=section.add_min, capacity=section.capacity, min_uses=section.min_uses,
-                                   delete_below=section.delete_below)
+        self.bank = self.new_bank()
+        self.beside = None  # complementary.extractor_async: the extractor's worker (beside.Beside), set by the hook
+        self.bank_step = 0  # with it: the last step whose extractor work the installed bank holds
         self._shown: list = []
         self._keys: dict[int, str] = {}
+
+    def new_bank(self) -> ExperienceBank:
+        c = self.c
+        return ExperienceBank(add_min=c.add_min, capacity=c.capacity, min_uses=c.min_uses, delete_below=c.delete_below)
+
+    def install(self, bank: ExperienceBank, step: int) -> None:
+        """complementary.extractor_async: the bank the extractor's work on step `step` left becomes the one shown."""
+        self.bank, self.bank_step = bank, step
 
     # ---- task keys and retrieval
     def task_key(self, env_seed: int) -> str:
@@ -122,6 +131,8 @@ class ComplementaryRollout(MultiTurnRollout):
             "complementary/no_entry_frac": sum(m and x is None for m, x in zip(meant, self._shown)) / n_meant
             if any(meant) else 0.0,
             "complementary/bank_size": len(self.bank), "complementary/bank_version": self.bank.version})
+        if self.beside is not None:  # steps whose extractor work the shown bank lacks (beside.py: at most 1)
+            batch.metrics["complementary/bank_lag"] = step - 1 - self.bank_step
         if self.c.extractor == "self":
             self.add_lessons(step, batch)
         return batch
@@ -172,10 +183,21 @@ class ComplementaryRollout(MultiTurnRollout):
 
     # ---- state
     def state_dict(self) -> dict:
-        return {"bank": self.bank.state_dict()}
+        if self.beside is None:
+            return {"bank": self.bank.state_dict()}
+        # the extractor's work in flight is joined: its bank is saved beside the shown one, installed at next step
+        return {"bank": self.bank.state_dict(), "bank_step": self.bank_step, "beside": self.beside.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.bank.load_state_dict(state["bank"])
+        if self.beside is not None:
+            self.bank_step = int(state.get("bank_step", 0))
+            self.beside.load_state_dict(state.get("beside", {}), self.new_bank)
+
+    def close(self) -> None:
+        if self.beside is not None:
+            self.beside.close()
+        super().close()
 
 
 def complementary_source(ctx, **kwargs) -> ComplementaryRollout:
