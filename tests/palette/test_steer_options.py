@@ -138,3 +138,11 @@ def test_the_defaults_leave_the_warm_up_key_as_it_was(tmp_path):
     keys = {warmup_key(load_recipe(RECIPE, o), "x") for o in
             ([], ["palette.free_bits=0.1"], ["palette.encoder_input=answer"], ["palette.eval_z=null"])}
     assert len(keys) == 3  # each option changes the warm-up; eval_z (an RL-time key) does not
+
+
+def test_the_steer_recipe_is_the_palette_recipe_with_a_longer_stage_2():
+    base, steer = asdict(load_recipe(RECIPE)), asdict(load_recipe(os.path.join(REPO, "recipes", "palette_steer.yaml")))
+    assert steer["palette"].pop("sft_steps") == 800 and base["palette"].pop("sft_steps") == 100
+    assert steer["run"].pop("name") == "palette_steer" and base["run"].pop("name") == "palette"
+    assert steer == base
+    check_run(load_recipe(os.path.join(REPO, "recipes", "palette_steer.yaml")))
