@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from credo.config import checked, out_of_range, ranged
+from credo.config import checked, one_of, out_of_range, ranged
 from credo.errors import ConfigError
 
 
@@ -28,6 +28,12 @@ class PaletteConfig:
     """Width of the encoder's and the decoder's hidden layer."""
     kl_weight: float = ranged(1.0, ge=0, note="1 = the ELBO")
     """Weight of KL(q(z|x,y) || N(0,I)) in the warm-up loss (a beta-VAE below 1)."""
+    free_bits: float = ranged(0.0, ge=0, note="0 = off")
+    """Free bits (inferred, Kingma et al. 2016): each latent dimension's batch-mean KL counts as at least this many
+    nats in the warm-up loss, so a dimension under the floor is not pushed to the prior (0 = the plain KL term)."""
+    encoder_input: str = one_of("pair", ("pair", "answer"))
+    """What the encoder's input is pooled over: the (question, answer) tokens ('pair', the paper's) or the answer
+    tokens only ('answer', inferred: the question's operands no longer dominate the mean)."""
     vae_steps: int = ranged(200, ge=0)
     """Warm-up stage 1: VAE steps on the demonstrations with the LM frozen (inferred: the VAE is trained first)."""
     sft_steps: int = ranged(100, ge=0)

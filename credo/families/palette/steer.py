@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from credo.errors import ConfigError
-from credo.families.palette.vae import PaletteVAE, load_vae, pooled_states
+from credo.families.palette.vae import PaletteVAE, encoder_input, load_vae
 from credo.families.palette.warmup import VAE_FILE
 
 
@@ -41,7 +41,8 @@ def load_steerable(folder: str):
         raise ConfigError(f"'{folder}' has no checkpoint holding the VAE (checkpoints/step_*)")
     model = load_causal_lm(str(root / "final")).eval()
     state = torch.load(ckpts[-1] / "source" / "rank0.pt", map_location="cpu", weights_only=True)["vae"]
-    vae = PaletteVAE(model.config.hidden_size, cfg["latent_dim"], cfg["prefix_len"], cfg["hidden_size"])
+    vae = PaletteVAE(model.config.hidden_size, cfg["latent_dim"], cfg["prefix_len"], cfg["hidden_size"],
+                     encoder_input=cfg.get("encoder_input", "pair"))
     vae.load_state_dict(state)
     return model, load_tokenizer(str(root / "final")), vae.eval().requires_grad_(False)
 
@@ -53,8 +54,8 @@ def posterior_mean(model, tokenizer, vae, prompt: str, answer: str) -> torch.Ten
     from credo.tasks import Problem
     from credo.tasks.render import plain_prompt
 
-    ids, attn, _ = demo_batch(tokenizer, plain_prompt, [Problem(prompt, answer)])
-    mu, _ = vae.encode(pooled_states(model, ids, attn))
+    ids, attn, answer_mask = demo_batch(tokenizer, plain_prompt, [Problem(prompt, answer)])
+    mu, _ = vae.encode(encoder_input(model, ids, attn, answer_mask, vae.encoder_input))
     return mu[0]
 
 

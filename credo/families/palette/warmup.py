@@ -37,6 +37,8 @@ VAE_FILE = "palette_vae.pt"
 WARMUP_KEYS = ("latent_dim", "prefix_len", "hidden_size", "kl_weight", "vae_steps", "sft_steps", "sft_train_vae",
                "batch_size", "vae_lr", "sft_lr", "seed")
 """The palette settings the warm-up depends on (the others act at RL time only)."""
+OPTIONAL_WARMUP_KEYS = {"free_bits": 0.0, "encoder_input": "pair"}
+"""Warm-up settings added later: in the key only when not at their default, so the older caches stay valid."""
 
 
 def warmup_key(r, base_path: str) -> str:
@@ -44,6 +46,7 @@ def warmup_key(r, base_path: str) -> str:
     p = asdict(r.palette)
     payload = {"model": model_digest(Path(base_path)) if Path(base_path).is_dir() else {"hub_id": base_path},
                "data": data_digest(r), "palette": {k: p[k] for k in WARMUP_KEYS}, "version": 1}
+    payload["palette"].update({k: p[k] for k, default in OPTIONAL_WARMUP_KEYS.items() if p[k] != default})
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -64,7 +67,8 @@ def demo_batch(tok, render, problems) -> tuple[torch.Tensor, torch.Tensor, torch
 def new_vae(model, p) -> PaletteVAE:
     """A VAE for `model` with the section's shape, its prefix scaled like the model's token embeddings."""
     emb = model.get_input_embeddings().weight
-    return PaletteVAE(emb.shape[1], p.latent_dim, p.prefix_len, p.hidden_size, embed_std=float(emb.detach().float().std()))
+    return PaletteVAE(emb.shape[1], p.latent_dim, p.prefix_len, p.hidden_size, embed_std=float(emb.detach().float().std()),
+                      encoder_input=p.encoder_input)
 
 
 def train_stage(model, vae, task, tok, render, p, *, steps: int, params: list, lr: float, gen: torch.Generator,
@@ -78,8 +82,8 @@ def train_stage(model, vae, task, tok, render, p, *, steps: int, params: list, l
         idx = torch.randint(0, len(task), (p.batch_size,), generator=gen).tolist()
         ids, attn, answer = (t.to(dev) for t in demo_batch(tok, render, [task.train(i) for i in idx]))
         eps = torch.randn(len(idx), p.latent_dim, generator=gen).to(dev)
-        terms = elbo_terms(model, vae, ids, attn, answer, eps)
-        loss = elbo_loss(terms, p.kl_weight)
+        terms = elbo_terms(model, vae, ids, attn, answer, eps, pool=p.encoder_input)
+        loss = elbo_loss(terms, p.kl_weight, p.free_bits)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([q for g in opt.param_groups for q in g["params"]], 1.0)
