@@ -35,6 +35,12 @@ RECIPES: dict[str, list[str]] = {
     "ce_rm": ["run.steps=20"],
     "pgenrm": [],
     "complementary": [],
+    "async": ["run.steps=20"],
+    "async_multiturn": ["run.steps=10"],
+    "polymath": ["run.steps=20"],
+    "shop": ["run.steps=10"],
+    "palette": ["run.steps=10"],
+    "longtail": ["run.steps=10"],
 }
 """Recipe -> overrides (shortened where the full run adds minutes and no new code path)."""
 
