@@ -142,7 +142,7 @@ def make_hook(ctx, source, c):
         return ExtractorHook(source, engine, HFBackend(engine.module, ctx.tokenizer), ctx.tokenizer, c, seed=ctx.seed,
                              zero_stage=ctx.zero_stage, world=ctx.world)
     # beside the actor (beside.py): a tokenizer, an actor copy and samplers of its own, none of which draws from
-    # the global RNG (the trainer's thread forks and reseeds it at every generate call)
+    # the global RNG (the trainer's thread forks and reseeds it at every seeded sampling call)
     import copy
 
     from credo.distributed.rollout_copy import RolloutCopy
