@@ -18,7 +18,7 @@ from __future__ import annotations
 from credo.errors import ConfigError
 from credo.tasks import arithmetic as _arithmetic  # noqa: F401  (registers 'arithmetic')
 from credo.tasks import longtail as _longtail  # noqa: F401  (registers 'longtail_add')
-from credo.tasks import skills as _skills  # noqa: F401  (registers 'add_scratch', 'mul_scratch', 'sort')
+from credo.tasks import skills as _skills  # noqa: F401  (registers 'add_scratch', 'mul_scratch', 'sub_scratch', 'sort')
 from credo.tasks.arithmetic import ArithmeticTask
 from credo.tasks.problem import Problem, SplitSpaceTask
 from credo.tasks.reasoning_gym import ReasoningGymTask, check_rg_name

@@ -8,6 +8,10 @@ result: the model may write any scratchpad it likes, but only a right result ear
   significant first, then `>` and the zero-padded sum. Reward: the integer after the last `>` equals a+b.
 - `mul_scratch`: `347*6=` -> `7*6+0=42,4*6+4=28,3*6+2=20>2082`: an n-digit by 1-digit product, one
   `a*b+carry=cd` column per digit. Reward: the integer after the last `>` equals a*b.
+- `sub_scratch`: `734-286=` -> `4-6-0=18,3-8-1=14,7-2-1=04>448`: an n-digit minus n-digit difference (the first
+  operand at least the second), one `a-b-borrow=Bd` column per digit, least significant first, where `B` is the
+  borrow out and `d` the column's digit (`d - 10B = a - b - borrow`, as `add_scratch` writes carry and digit).
+  Reward: the integer after the last `>` equals a-b.
 - `sort`: `sort:qwhdmxaqbn=` -> `abdhmnqqwx`: the letters in alphabetical order (repeats allowed). Reward: the
   response equals the sorted string exactly.
 
@@ -25,7 +29,7 @@ import string
 from credo.errors import ConfigError
 from credo.tasks.problem import Problem, SplitSpaceTask
 from credo.tasks.registry import register_task
-from credo.tasks.skill_tags import column_add_skills, column_mul_skills, sort_skills
+from credo.tasks.skill_tags import column_add_skills, column_mul_skills, column_sub_skills, sort_skills
 
 
 def _final_int(response: str) -> int | None:
@@ -101,6 +105,36 @@ class MulScratchTask(_ScratchTask):
         answer = ",".join(cols) + f">{a * b:0{n + 1}d}"
         return Problem(prompt=f"{a:0{n}d}*{b}=", answer=answer,
                        meta={"result": a * b, "skills": column_mul_skills(a, b, n)})
+
+
+def worked_difference(a: int, b: int, n: int) -> str:
+    """The column-by-column worked difference a - b (a >= b) of two n-digit numbers (the sub_scratch format)."""
+    da, db = f"{a:0{n}d}"[::-1], f"{b:0{n}d}"[::-1]
+    cols, borrow = [], 0
+    for x, y in zip(da, db):
+        d = int(x) - int(y) - borrow
+        out = int(d < 0)
+        cols.append(f"{x}-{y}-{borrow}={out}{d + 10 * out}")
+        borrow = out
+    return ",".join(cols) + f">{a - b:0{n}d}"
+
+
+@register_task("sub_scratch")
+class SubScratchTask(_ScratchTask):
+    """n-digit minus n-digit subtraction (first operand >= second) with a column-by-column scratchpad of borrows."""
+
+    def __init__(self, train_size: int, eval_size: int, seed: int, digits: int = 2):
+        if not 2 <= digits <= 4:  # 1 digit: 55 problems and 9-token answers
+            raise ConfigError(f"task.kwargs.digits = {digits}: expected 2..4")
+        self.digits = digits
+        hi = 10 ** digits
+        space = [(a, b) for a in range(hi) for b in range(a + 1)]
+        super().__init__(space, train_size, eval_size, seed)
+
+    def _problem(self, a: int, b: int) -> Problem:
+        n = self.digits
+        return Problem(prompt=f"{a:0{n}d}-{b:0{n}d}=", answer=worked_difference(a, b, n),
+                       meta={"result": a - b, "skills": column_sub_skills(a, b)})
 
 
 @register_task("sort")

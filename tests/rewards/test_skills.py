@@ -59,6 +59,25 @@ def test_mul_scratch_answers_are_correct_column_arithmetic(digits):
             carry = s // 10
 
 
+@pytest.mark.parametrize("digits", [2, 3])
+def test_sub_scratch_answers_are_correct_column_arithmetic(digits):
+    t = _task("sub_scratch", digits=digits)
+    for i in range(min(300, len(t))):
+        p = t.train(i)
+        a, b = (int(x) for x in p.prompt.rstrip("=").split("-"))
+        assert a >= b and len(p.prompt) == 2 * digits + 2
+        cols, final = _columns(p.answer)
+        assert len(cols) == digits and int(final) == a - b and len(final) == digits
+        borrow = 0
+        for k, col in enumerate(cols):  # least significant digit first; each column writes borrow-out, digit
+            x, y, c, out, d = map(int, re.fullmatch(r"(\d)-(\d)-(\d)=(\d)(\d)", col).groups())
+            assert (x, y, c) == (a // 10 ** k % 10, b // 10 ** k % 10, borrow)
+            assert d - 10 * out == x - y - c and 0 <= d <= 9 and out in (0, 1)
+            borrow = out
+        assert borrow == 0 and t.score(p.answer, p) == 1.0
+        assert p.meta["skills"].get("borrow", 0) == sum(int(col[-2]) for col in cols)
+
+
 def test_scratch_verifier_checks_only_the_final_result():
     t = _task("add_scratch", digits=3)
     p = t.train(0)
@@ -80,7 +99,7 @@ def test_sort_answers_and_verifier():
     assert _task("sort", length=8, alphabet=3).train(0).prompt[5:-1].strip("abc") == ""
 
 
-@pytest.mark.parametrize("name,kwargs", [("add_scratch", {"digits": 3}), ("mul_scratch", {"digits": 3}),
+@pytest.mark.parametrize("name,kwargs", [("add_scratch", {"digits": 3}), ("mul_scratch", {"digits": 3}), ("sub_scratch", {"digits": 2}),
                                          ("sort", {"length": 16})])
 def test_splits_are_disjoint_and_answers_long(name, kwargs):
     t = _task(name, **kwargs)
@@ -91,6 +110,7 @@ def test_splits_are_disjoint_and_answers_long(name, kwargs):
 
 
 @pytest.mark.parametrize("name,kwargs,key", [("add_scratch", {"digits": 9}, "digits"), ("mul_scratch", {"digits": 0}, "digits"),
+                                             ("sub_scratch", {"digits": 1}, "digits"),
                                              ("sort", {"length": 1}, "length"), ("sort", {"alphabet": 30}, "alphabet")])
 def test_bad_kwargs_name_the_key(name, kwargs, key):
     with pytest.raises(ConfigError, match=f"task.kwargs.{key}"):
