@@ -13,7 +13,7 @@ SPEC.loader.exec_module(critics_entropy)
 
 def _row(variant, seed, entropy, unfiltered=None, sha="w"):
     values = {"train/entropy last-10 mean": entropy, "train/entropy_unfiltered last-10 mean": unfiltered}
-    return {"variant": variant, "seed": seed, "values": values, "warmup_sha256": f"{sha}{seed}"}
+    return {"variant": variant, "seed": seed, "values": values, "warmup_key": f"{sha}{seed}"}
 
 
 def test_filtered_runs_use_the_unfiltered_key_and_tests_are_paired(tmp_path, capsys):
