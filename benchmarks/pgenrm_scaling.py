@@ -9,11 +9,25 @@ cached) and runs `credo.families.judges.pgenrm.scaling.run_scaling` on it with s
 setting the mean over seeds of per-user accuracy with its 95% Student-t interval, and the paired per-seed
 differences Ind-N - none, Ind-N+Pro-M - none, Ind-N+Pro-M - Ind-N and Ind-N+Pro-M - Ind-(N+M) (the
 equal-budget control); and pgenrm_scaling.png.
+
+It also writes the raw per-seed results that `credo report` reads (`--results`, default
+docs/results/pgenrm_scaling.jsonl; `--results ''` writes none): one line per (setting, seed) of sweep
+`pgenrm_scaling` (`pgenrm_records`), variants the settings none, ind (Ind-N), ind_more (Ind-(N+M)), ind_pro
+(Ind-N + Pro-M) and pro (Pro-M alone), with the metrics pgenrm/per_user_accuracy, pgenrm/per_pair_accuracy and
+pgenrm/determined_accuracy / pgenrm/open_accuracy (per pair, on the pairs whose shots pin the user's rule / leave
+it open); the none line also holds the seed's diagnostics pgenrm/determined_frac, pgenrm/neighbour_same_rule,
+pgenrm/prototype_purity, pgenrm/chains_per_s and pgenrm/unparseable_{greedy,self,neighbour}. With `--model final`
+the same metrics of the trained run's final/ follow as pgenrm/final/<metric>. The settings of one seed share its
+warmup_key, so the report pairs them by seed (a rerun replaces its own lines; other lines are kept):
+
+    credo report docs/results/pgenrm_scaling.jsonl --metric pgenrm/per_user_accuracy --baseline none \\
+        --variants none ind ind_more ind_pro --compare 'ind_pro vs ind' --compare 'ind_pro vs ind_more'
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import time
@@ -22,6 +36,59 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 NAMES = {"none": "no scaling (greedy)", "ind": "Ind-N", "ind_pro": "Ind-N + Pro-M", "ind_more": "Ind-(N+M)",
          "pro": "Pro-M alone"}
+SWEEP = "pgenrm_scaling"
+
+
+def seed_diagnostics(r: dict) -> dict[str, float]:
+    """Numbers of one evaluation that no setting owns (they go on the line of `none` only)."""
+    return {"determined_frac": r["by_shots"]["determined_frac"], "neighbour_same_rule": r["neighbour_same_rule"],
+            "prototype_purity": r["prototype_purity"], "chains_per_s": r["chains_per_s"],
+            **{f"unparseable_{k}": r["unparseable"][k] for k in ("greedy", "self", "neighbour")}}
+
+
+def setting_metrics(r: dict, setting: str) -> dict[str, float]:
+    """{metric: value} of one setting in one evaluation (`run_scaling`'s dict); a subset with no pair is left out."""
+    out = {"per_user_accuracy": r["per_user"][setting], "per_pair_accuracy": r["per_pair"][setting]}
+    for part in ("determined", "open"):
+        if r["by_shots"][part][setting] is not None:
+            out[f"{part}_accuracy"] = r["by_shots"][part][setting]
+    return out | (seed_diagnostics(r) if setting == "none" else {})
+
+
+def seed_overrides(overrides: list[str], seed: int) -> list[str]:
+    """A seed's overrides (its run folder, which says nothing of its numbers, is added by `main`)."""
+    return [*overrides, f"run.seed={seed}", f"sft.seed={seed}"]
+
+
+def config_hash(recipe: str, overrides: list[str], settings: dict) -> str:
+    """Hash of what a seed's evaluation is made of: the recipe (path relative to the repository when inside it),
+    the seed's overrides and the scaling settings (n, m, k, embed, model)."""
+    path = Path(recipe).resolve()
+    name = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+    text = json.dumps({"recipe": name, "overrides": list(overrides), **settings}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def pgenrm_records(results: dict, seeds: list[int], *, recipe: str, overrides: list[str], settings: dict,
+                   commit: str, host: dict, date: str) -> list[dict]:
+    """The `credo report` lines (schema of credo.ablate.results) of every (setting, seed): results is seed -> the
+    seed's JSON ({"sft": run_scaling's dict, "final": the same for the trained run (--model final), "wall_s"})."""
+    out = []
+    for s in seeds:
+        res = results[s]
+        for setting in NAMES:
+            final = {f"pgenrm/{k}": v for k, v in setting_metrics(res["sft"], setting).items()}
+            if "final" in res:
+                final |= {f"pgenrm/final/{k}": v for k, v in setting_metrics(res["final"], setting).items()}
+            out.append({
+                "schema": 1, "sweep": SWEEP, "variant": setting, "seed": s, "sft_seed": s,
+                "warmup_key": f"{SWEEP}/seed{s}", "warmup_sha256": None,
+                "config_hash": config_hash(recipe, seed_overrides(overrides, s), settings),
+                "overrides": list(overrides), "commit": commit, "date": date, "host": host,
+                "wall_s": res.get("wall_s"), "steps": None, "final": final,
+                "curves": {k: {"0": v} for k, v in final.items()}, "values": {},
+            })
+    return out
 
 
 def fmt(ci) -> str:
@@ -49,6 +116,8 @@ def main() -> None:
                     help="sft: the PSI warm-up alone (no GRPO); final: train the whole recipe (PSI then CRE) and "
                          "evaluate its final/ (and the warm-up too)")
     ap.add_argument("--out-dir", default="runs/pgenrm")
+    ap.add_argument("--results", default="docs/results/pgenrm_scaling.jsonl",
+                    help="the results file `credo report` reads (one line per setting and seed; '' for none)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
 
@@ -71,7 +140,7 @@ def main() -> None:
         f = out / f"seed{s}.json"
         if not f.exists():
             t0 = time.time()
-            recipe = load_recipe(args.recipe, [*args.overrides, f"run.seed={s}", f"sft.seed={s}",
+            recipe = load_recipe(args.recipe, [*seed_overrides(args.overrides, s),
                                                f"run.output_dir={out / f'seed{s}'}"])
             res = {}
             if args.model == "final":
@@ -114,6 +183,15 @@ def main() -> None:
     (out / "table.md").write_text("\n".join(rows) + "\n")
     print("\n".join(rows))
     plot(results, args, out / "pgenrm_scaling.png")
+    if args.results:
+        from credo.ablate.results import git_commit, host_fingerprint, upsert_results
+
+        settings = {"n": args.n, "m": args.m, "k": args.k, "embed": args.embed, "model": args.model}
+        upsert_results(args.results, pgenrm_records(
+            results, args.seeds, recipe=args.recipe, overrides=args.overrides, settings=settings,
+            commit=git_commit(REPO), host=host_fingerprint(threads=torch.get_num_threads()),
+            date=time.strftime("%Y-%m-%dT%H:%M:%S")))
+        print(f"results: {args.results} ({len(args.seeds) * len(NAMES)} lines of sweep {SWEEP})")
 
 
 def plot(results: dict, args, path: Path) -> None:
