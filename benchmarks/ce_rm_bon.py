@@ -91,7 +91,10 @@ def bon_records(results: dict, seeds: list[int], ns: list[int], *, answers: list
                 "schema": 1, "sweep": SWEEP, "variant": pick, "seed": s, "sft_seed": s,
                 "warmup_key": f"{SWEEP}/seed{s}", "warmup_sha256": None,
                 "config_hash": config_hash(recipe, seed_overrides(overrides, s), ns), "overrides": list(overrides),
-                "commit": commit, "date": date, "host": host, "wall_s": res.get("wall_s"), "steps": None,
+                "commit": commit, "date": date, "host": host,
+                # one process made every pick of a seed: its wall time on the first line only, so a report's total
+                # counts it once
+                "wall_s": res.get("wall_s") if pick == PICKS[0] else None, "steps": None,
                 "final": final, "curves": curves, "values": {},
             })
     return out

@@ -85,7 +85,8 @@ def pgenrm_records(results: dict, seeds: list[int], *, recipe: str, overrides: l
                 "warmup_key": f"{SWEEP}/seed{s}", "warmup_sha256": None,
                 "config_hash": config_hash(recipe, seed_overrides(overrides, s), settings),
                 "overrides": list(overrides), "commit": commit, "date": date, "host": host,
-                "wall_s": res.get("wall_s"), "steps": None, "final": final,
+                "wall_s": res.get("wall_s") if setting == next(iter(NAMES)) else None,  # the seed's one process, counted once
+                "steps": None, "final": final,
                 "curves": {k: {"0": v} for k, v in final.items()}, "values": {},
             })
     return out

@@ -102,6 +102,8 @@ def test_bon_records_have_the_schema_and_pair_the_picks_of_a_seed(bon_file):
                        "overrides", "commit", "date", "host", "wall_s", "steps", "final", "curves", "values"]
     assert r["schema"] == 1 and r["sft_seed"] == 1 and r["warmup_sha256"] is None and r["values"] == {}
     assert r["overrides"] == ["judge.steps=10"] and r["wall_s"] == 91.0 and r["commit"] == "abc1234"
+    walls = {(x["variant"], x["seed"]): x["wall_s"] for x in recs}  # a seed's one process, counted once
+    assert walls == {(v, s): (90.0 + s if v == "judge" else None) for v, s in walls}
     assert r["final"]["bon/criteria_accuracy"] == 1.0 and r["final"]["bon/label_accuracy"] == pytest.approx(0.6)
     assert r["curves"]["bon/unparseable_frac"] == {"0": 0.125}
     assert r["curves"]["bon/accuracy"] == {"1": 1.0, "2": 1.0, "4": 0.5}   # seed 1: picks 1, 1, then the '6.' (wrong)
@@ -220,6 +222,7 @@ def test_pgenrm_records_hold_each_setting_per_seed(tmp_path):
     by = {(r["variant"], r["seed"]): r for r in recs}
     for s in PG:
         assert len({by[(v, s)]["warmup_key"] for v in PG[s]}) == 1 and by[("none", s)]["wall_s"] == 100.0 + s
+        assert [by[(v, s)]["wall_s"] for v in PG[s] if v != "none"] == [None] * (len(PG[s]) - 1)
         for v in PG[s]:
             assert by[(v, s)]["final"]["pgenrm/per_user_accuracy"] == pytest.approx(PER_USER[s][v])
             assert by[(v, s)]["curves"]["pgenrm/per_user_accuracy"] == {"0": pytest.approx(PER_USER[s][v])}
