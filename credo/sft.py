@@ -94,11 +94,42 @@ def data_digest(r: Recipe) -> dict:
     return d
 
 
+def cpu_identity(cpuinfo: str | Path = "/proc/cpuinfo") -> dict:
+    """The CPU's vendor and its widest vector instruction set, as the hardware reports them (not as torch is told
+    to dispatch): MKL picks its GEMM code path from these whatever ATEN_CPU_CAPABILITY says, so an Intel host
+    running torch's AVX2 kernels and an AMD AVX2 host train different warm-ups (measured, docs/reproductions.md
+    "Warm-up determinism"). Where /proc/cpuinfo is absent, platform.processor() stands for the vendor."""
+    vendor, flags = None, set()
+    try:
+        for line in Path(cpuinfo).read_text().splitlines():
+            name, _, value = line.partition(":")
+            name = name.strip()
+            if name == "vendor_id" and vendor is None:
+                vendor = value.strip()
+            elif name in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    except OSError:
+        import platform
+
+        vendor = platform.processor() or None
+    isa = next((i for i, f in (("avx512", "avx512f"), ("avx2", "avx2"), ("avx", "avx"), ("sse4_2", "sse4_2"))
+                if f in flags), None)
+    return {"vendor": vendor, "isa": isa}
+
+
+# environment variables that steer MKL's and oneDNN's code paths; MKL_ENABLE_INSTRUCTIONS=AVX2 on an AVX-512 host
+# gives other warm-up weights (measured), so a variable of this list set on a run is part of the warm-up's key
+KERNEL_ENV = ("MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+
+
 def kernel_fingerprint() -> dict:
     """What of the host changes a warm-up's bits: the instruction set torch's CPU kernels dispatch to (AVX-512,
-    AVX2, ...; ATEN_CPU_CAPABILITY pins it) and MKL's GEMM code path when pinned (MKL_CBWR). Measured in
-    docs/reproductions.md ("Warm-up determinism"): the thread count and the data order change nothing."""
-    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "mkl_cbwr": os.environ.get("MKL_CBWR")}
+    AVX2, ...; ATEN_CPU_CAPABILITY pins it), MKL's GEMM code path when pinned (MKL_CBWR, and the variables of
+    KERNEL_ENV), and the CPU's vendor and widest instruction set (:func:`cpu_identity`), from which MKL picks
+    that path otherwise. Measured in docs/reproductions.md ("Warm-up determinism"): the thread count and the
+    data order change nothing."""
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "mkl_cbwr": os.environ.get("MKL_CBWR"),
+            "kernel_env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ}, "cpu": cpu_identity()}
 
 
 def sft_cache_key(r: Recipe, base_path: str) -> str:

@@ -81,3 +81,38 @@ def test_the_cache_key_records_the_kernels(tmp_path, monkeypatch):
     other = {"AVX512": "AVX2"}.get(torch.backends.cpu.get_cpu_capability(), "AVX512")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: other)  # as another host reports it
     assert sft_cache_key(r, "tiny") != key
+
+
+def test_the_cache_key_records_the_cpu_vendor_and_isa(tmp_path, monkeypatch):
+    """An Intel host told to run torch's AVX2 kernels reports the capability of an AMD AVX2 host but trains other
+    weights (MKL picks its path by vendor and hardware ISA): the key must differ between the two."""
+    import credo.sft as sft
+
+    monkeypatch.setenv("CREDO_CACHE", str(tmp_path))
+    r = load_recipe(REPO / "recipes" / "quickstart.yaml", SHORT)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    monkeypatch.setattr(sft, "cpu_identity", lambda: {"vendor": "GenuineIntel", "isa": "avx512"})
+    intel = sft.sft_cache_key(r, "tiny")
+    monkeypatch.setattr(sft, "cpu_identity", lambda: {"vendor": "AuthenticAMD", "isa": "avx2"})
+    assert sft.sft_cache_key(r, "tiny") != intel
+    monkeypatch.setattr(sft, "cpu_identity", lambda: {"vendor": "GenuineIntel", "isa": "avx2"})
+    assert sft.sft_cache_key(r, "tiny") != intel
+    monkeypatch.setattr(sft, "cpu_identity", lambda: {"vendor": "GenuineIntel", "isa": "avx512"})
+    assert sft.sft_cache_key(r, "tiny") == intel
+    for name in sft.KERNEL_ENV:  # each steers MKL's or oneDNN's path: MKL_ENABLE_INSTRUCTIONS=AVX2 changes the bits
+        monkeypatch.setenv(name, "AVX2")
+        assert sft.sft_cache_key(r, "tiny") != intel, name
+        monkeypatch.delenv(name)
+
+
+def test_cpu_identity_reads_vendor_and_widest_isa(tmp_path):
+    from credo.sft import cpu_identity
+
+    amd = tmp_path / "amd"
+    amd.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse4_2 avx avx2 fma\n\n"
+                   "processor\t: 1\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse4_2 avx avx2 fma\n")
+    assert cpu_identity(amd) == {"vendor": "AuthenticAMD", "isa": "avx2"}
+    intel = tmp_path / "intel"
+    intel.write_text("vendor_id\t: GenuineIntel\nflags\t\t: fpu avx avx2 avx512f avx512bw\n")
+    assert cpu_identity(intel) == {"vendor": "GenuineIntel", "isa": "avx512"}
+    assert cpu_identity(tmp_path / "absent")["isa"] is None
