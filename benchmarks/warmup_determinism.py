@@ -5,6 +5,8 @@ fresh interpreter with its own cache (the tiny model is rebuilt too):
 
     python benchmarks/warmup_determinism.py matrix [--steps 20]   # digests of the initial and warmed-up weights
     python benchmarks/warmup_determinism.py ops                   # the first module output that differs, per setting
+    python benchmarks/warmup_determinism.py matrix --steps 280 --pins   # the full warm-up under the pins tried
+                                                                        # against another host's (2026-12-06)
 
 `matrix` prints, per setting (thread count; ATEN_CPU_CAPABILITY, the instruction set torch's kernels use; MKL's
 code path MKL_CBWR; oneDNN's ISA), the sha256 prefixes of the built tiny model and of the warm-up of
@@ -33,6 +35,13 @@ SETTINGS = [  # (threads, environment)
     (1, {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}), (1, {"ONEDNN_MAX_CPU_ISA": "AVX2"}),
     (1, {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}),
 ]
+# the pins tried on an Intel AVX-512 host to reproduce an AMD AVX2 host's warm-up (docs/reproductions.md, "Two real hosts")
+PIN_SETTINGS = [(1, {}), (1, {"ATEN_CPU_CAPABILITY": "avx2"}), (1, {"ATEN_CPU_CAPABILITY": "avx2", "MKL_DEBUG_CPU_TYPE": "5"}),
+                (1, {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}),
+                (1, {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}),
+                (1, {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                     "ONEDNN_MAX_CPU_ISA": "AVX2"}),
+                (1, {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX"}), (1, {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"})]
 OPS_SETTINGS = [{"ATEN_CPU_CAPABILITY": "avx2"}, {"MKL_CBWR": "COMPATIBLE"}, {"MKL_CBWR": "AVX512"}, {"OMP_NUM_THREADS": "8"}]
 
 
@@ -48,6 +57,7 @@ def _child_warmup(threads: int, steps: int) -> None:
     import torch
     from safetensors.torch import load_file
 
+    from credo.ablate.results import _warmup_sha256
     from credo.config import load_recipe
     from credo.models import resolve_model_path
     from credo.tasks import make_task
@@ -60,6 +70,7 @@ def _child_warmup(threads: int, steps: int) -> None:
     print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(),
                       "init": _digest(load_file(os.path.join(base, "model.safetensors"))),
                       "warmup": _digest(load_file(os.path.join(out, "model.safetensors"))),
+                      "key": Path(out).name, "file": _warmup_sha256(Path(out).name)[:12],  # as a results line has them
                       "loss": json.loads(Path(out, "sft.json").read_text())["final_loss"]}))
 
 
@@ -115,14 +126,16 @@ def _run_child(args: list[str], env: dict, cache: str) -> str:
     return p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
 
 
-def matrix(steps: int) -> None:
-    print(f"| threads | environment | capability | initial model | warm-up ({steps} steps) | final loss |")
-    print("|---|---|---|---|---|---|")
-    for threads, env in SETTINGS:
+def matrix(steps: int, settings: list) -> None:
+    print(f"| threads | environment | capability | initial model | warm-up ({steps} steps) | final loss "
+          "| cache key | warmup_sha256 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for threads, env in settings:
         with tempfile.TemporaryDirectory() as cache:
             row = json.loads(_run_child(["_warmup", str(threads), str(steps)], env, cache))
         shown = " ".join(f"{k}={v}" for k, v in env.items()) or "(host default)"
-        print(f"| {threads} | {shown} | {row['capability']} | {row['init']} | {row['warmup']} | {row['loss']!r} |", flush=True)
+        print(f"| {threads} | {shown} | {row['capability']} | {row['init']} | {row['warmup']} | {row['loss']!r} "
+              f"| {row['key']} | {row['file']} |", flush=True)
 
 
 def ops() -> None:
@@ -161,8 +174,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=["matrix", "ops"], help="matrix: digests per setting; ops: the first op that differs")
     p.add_argument("--steps", type=int, default=20, help="warm-up steps in matrix (default 20)")
+    p.add_argument("--pins", action="store_true", help="matrix over the cross-host pins (PIN_SETTINGS) instead")
     args = p.parse_args()
-    matrix(args.steps) if args.what == "matrix" else ops()
+    matrix(args.steps, PIN_SETTINGS if args.pins else SETTINGS) if args.what == "matrix" else ops()
 
 
 if __name__ == "__main__":
