@@ -1,16 +1,19 @@
-"""Holm-adjusted p and Hedges' g [95% CI] for the tables of docs/reproductions.md that kept no per-seed values.
+"""Holm-adjusted p and Hedges' g [95% CI] for the published tables that kept no per-seed values.
 
-Those tables were run before issue 33 and printed, per variant, the mean and 95% Student-t interval over n
-seeds (and often a Welch p). Their seeds' values are gone, so `credo report` cannot remake them; but a mean,
-an interval and n give the sample variance back (s = half-width * sqrt(n) / t(0.975, n - 1)), and with it
-Welch's test, Holm's adjustment over the table's comparisons and Hedges' g with its interval, the same
-formulas as `credo.ablate.stats` uses on raw values. The figures are rounded to 3 digits, so the restated p
-are good to about one significant digit (the `p printed` column shows how far they land from the p computed
-from the raw values at the time). A `d` table (only Cohen's d printed) gets g and its interval from d and n.
+Those tables (the first runs, moved to docs/reproductions-history.md when the reruns under issue 33's protocol
+replaced them in docs/reproductions.md) were run before issue 33 and printed, per variant, the mean and 95%
+Student-t interval over n seeds (and often a Welch p). Their seeds' values are gone, so `credo report` cannot
+remake them; but a mean, an interval and n give the sample variance back (s = half-width * sqrt(n) /
+t(0.975, n - 1)), and with it Welch's test, Holm's adjustment over the table's comparisons and Hedges' g with
+its interval, the same formulas as `credo.ablate.stats` uses on raw values. The figures are rounded to 3
+digits, so the restated p are good to about one significant digit (the `p printed` column shows how far they
+land from the p computed from the raw values at the time). A `d` table (only Cohen's d printed) gets g and its
+interval from d and n.
 
-    python benchmarks/legacy_table_stats.py                          # every table, as markdown
-    python benchmarks/legacy_table_stats.py --update docs/reproductions.md   # rewrite the legacy stats blocks
-    python benchmarks/legacy_table_stats.py --check docs/reproductions.md    # exit 1 when a block differs
+    python benchmarks/legacy_table_stats.py                                          # every table, as markdown
+    python benchmarks/legacy_table_stats.py --update docs/reproductions-history.md   # rewrite the legacy stats blocks
+    python benchmarks/legacy_table_stats.py --check docs/reproductions-history.md    # exit 1 when a block differs
+    python benchmarks/legacy_table_stats.py --check                                  # both pages (DOCS)
 
 A block in the doc: `<!-- legacy stats NAME -->` ... `<!-- /legacy stats -->`, NAME a key of
 docs/results/legacy_summaries.yaml (the printed numbers, transcribed).
@@ -29,6 +32,8 @@ import yaml
 from credo.ablate.stats import hedges_g_from_moments, holm, t_quantile, welch_from_moments
 
 SUMMARIES = Path(__file__).resolve().parents[1] / "docs" / "results" / "legacy_summaries.yaml"
+# the pages that hold (or may hold) `<!-- legacy stats NAME -->` blocks; --update/--check without a page take these
+DOCS = [Path(__file__).resolve().parents[1] / "docs" / name for name in ("reproductions-history.md", "reproductions.md")]
 BLOCK_RE = re.compile(r"^<!-- legacy stats (?P<name>\S+) -->\n(?P<body>.*?)^<!-- /legacy stats -->$", re.M | re.S)
 
 
@@ -99,23 +104,27 @@ def _rewrite(doc: Path, specs: dict) -> tuple[str, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--update", metavar="DOC.md", help="rewrite the doc's `<!-- legacy stats NAME -->` blocks")
-    ap.add_argument("--check", metavar="DOC.md", help="exit 1, naming them, when a block differs from its output")
+    ap.add_argument("--update", metavar="DOC.md", nargs="*",
+                    help="rewrite the docs' `<!-- legacy stats NAME -->` blocks (default: docs/reproductions-history.md "
+                         "and docs/reproductions.md)")
+    ap.add_argument("--check", metavar="DOC.md", nargs="*",
+                    help="exit 1, naming them, when a block differs from its output (default: the same pages)")
     args = ap.parse_args(argv)
     specs = yaml.safe_load(SUMMARIES.read_text())
-    if not (args.update or args.check):
+    if args.update is None and args.check is None:
         print("\n".join(f"## {name}\n\n{render(name, spec)}" for name, spec in specs.items()))
         return 0
-    doc = Path(args.update or args.check)
-    text, stale = _rewrite(doc, specs)
-    if args.update:
-        doc.write_text(text)
-        print(f"legacy stats: {len(stale)} block(s) of {doc} rewritten")
-        return 0
-    if stale:
-        print(f"legacy stats: blocks of {doc} differ from their output: {', '.join(stale)}", file=sys.stderr)
-        return 1
-    return 0
+    docs = [Path(d) for d in (args.update if args.update is not None else args.check)] or DOCS
+    failed = False
+    for doc in docs:
+        text, stale = _rewrite(doc, specs)
+        if args.update is not None:
+            doc.write_text(text)
+            print(f"legacy stats: {len(stale)} block(s) of {doc} rewritten")
+        elif stale:
+            print(f"legacy stats: blocks of {doc} differ from their output: {', '.join(stale)}", file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

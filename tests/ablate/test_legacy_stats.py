@@ -49,8 +49,38 @@ def test_restated_p_lands_near_the_p_printed_from_raw_values(name):
             assert abs(p - printed) < 0.1 and abs(math.log10(p) - math.log10(printed)) < 0.25, (name, variant, p)
 
 
-def test_the_docs_blocks_are_the_scripts_output():
-    doc = REPO / "docs" / "reproductions.md"
+HISTORY = REPO / "docs" / "reproductions-history.md"
+
+
+def test_the_script_reads_the_history_page_and_the_reproductions_page():
+    assert HISTORY in legacy.DOCS and REPO / "docs" / "reproductions.md" in legacy.DOCS
+
+
+@pytest.mark.parametrize("doc", legacy.DOCS, ids=lambda d: d.name)
+def test_the_docs_blocks_are_the_scripts_output(doc):
     text, stale = legacy._rewrite(doc, SPECS)
-    assert legacy.BLOCK_RE.search(doc.read_text()), "no legacy stats block in docs/reproductions.md"
     assert not stale, f"rerun `python benchmarks/legacy_table_stats.py --update {doc.relative_to(REPO)}`: {stale}"
+    assert text == doc.read_text()
+
+
+def test_every_transcribed_table_has_its_block_and_the_first_runs_are_on_the_history_page():
+    names = {doc.name: [m["name"] for m in legacy.BLOCK_RE.finditer(doc.read_text())] for doc in legacy.DOCS}
+    assert names[HISTORY.name], "no legacy stats block in docs/reproductions-history.md"
+    found = [n for ns in names.values() for n in ns]
+    assert sorted(found) == sorted(set(found)), f"a block appears twice: {found}"
+    assert set(found) == set(SPECS), f"legacy_summaries.yaml and the pages' blocks differ: {set(SPECS) ^ set(found)}"
+
+
+def test_the_check_fails_on_a_block_that_differs_from_the_script(tmp_path, capsys):
+    text = HISTORY.read_text()
+    m = legacy.BLOCK_RE.search(text)
+    body = m["body"]
+    changed = body.replace("| not shown |", "| shown |", 1) if "| not shown |" in body else body.replace("[", "[ ", 1)
+    assert changed != body
+    doc = tmp_path / "page.md"
+    doc.write_text(text[:m.start("body")] + changed + text[m.end("body"):])
+    assert legacy._rewrite(doc, SPECS)[1] == [m["name"]]
+    assert legacy.main(["--check", str(doc)]) == 1
+    assert m["name"] in capsys.readouterr().err
+    assert legacy.main(["--update", str(doc)]) == 0
+    assert legacy.main(["--check", str(doc)]) == 0 and doc.read_text() == legacy._rewrite(HISTORY, SPECS)[0]
