@@ -40,3 +40,13 @@ def test_different_warmups_fall_back_to_welch(tmp_path, capsys):
     critics_entropy.main([str(path)])
     out = capsys.readouterr().out
     assert "| grpo | +0.1000 [" in out and "| Welch |" in out and "paired" not in out
+
+
+def test_the_entropy_table_in_the_docs_is_what_the_script_prints_from_the_committed_results(capsys):
+    """docs/reproductions.md prints this script's table outside a `credo report` block: remake it from
+    docs/results/critics.jsonl and require it there verbatim, so an edit of either shows."""
+    repo = Path(__file__).parents[2]
+    critics_entropy.main([str(repo / "docs" / "results" / "critics.jsonl"), "--baseline", "asyppo"])
+    made = capsys.readouterr().out.strip()
+    assert made.count("\n") >= 3
+    assert made in (repo / "docs" / "reproductions.md").read_text(), "the critics entropy table of docs/reproductions.md differs from `python benchmarks/critics_entropy.py docs/results/critics.jsonl --baseline asyppo`"
