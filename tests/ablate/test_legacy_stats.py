@@ -52,10 +52,6 @@ def test_restated_p_lands_near_the_p_printed_from_raw_values(name):
 HISTORY = REPO / "docs" / "reproductions-history.md"
 
 
-def test_the_script_reads_the_history_page_and_the_reproductions_page():
-    assert HISTORY in legacy.DOCS and REPO / "docs" / "reproductions.md" in legacy.DOCS
-
-
 @pytest.mark.parametrize("doc", legacy.DOCS, ids=lambda d: d.name)
 def test_the_docs_blocks_are_the_scripts_output(doc):
     text, stale = legacy._rewrite(doc, SPECS)
