@@ -248,6 +248,7 @@ def _check(args) -> int:
 
 def _run(args) -> int:
     from credo.config import load_recipe
+    from credo.distributed.engine import teardown_distributed
     from credo.errors import RewardFunctionError, TrainingError
     from credo.train.interrupt import RunInterrupted
     from credo.trainer import train
@@ -264,6 +265,7 @@ def _run(args) -> int:
         return 130
     if _rank() == 0:
         print(f"credo: run finished: {run_dir}")
+    teardown_distributed()
     return 0
 
 

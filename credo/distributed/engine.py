@@ -119,6 +119,18 @@ def setup_distributed(*, verbose: bool = False) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def teardown_distributed() -> None:
+    """After a finished multi-process run, wait for every rank and destroy the process group.
+
+    Left to the interpreter's exit, the gloo group's threads can outlive it and abort a rank with 'terminate called
+    without an active exception' after all its work is done (two CI runs, 2026-12-05 and 12-06: the outputs
+    written, the launcher still failing). A world of one is left alone: in-process callers keep their group.
+    """
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))

@@ -48,3 +48,6 @@ if __name__ == "__main__":
 
     if not dist.is_initialized() or dist.get_rank() == 0:
         torch.save(res, out / f"world{next(iter(res.values()))['world']}.pt")
+    from credo.distributed.engine import teardown_distributed
+
+    teardown_distributed()
