@@ -1,5 +1,5 @@
-"""Import paths that moved in round 3 ("a family is a folder"): they keep working for one release, with a
-DeprecationWarning naming the new path. Nothing in credo imports an old path; this table is their only trace.
+"""Import paths that moved in round 3 ("a family is a folder") and round 4 (rollout schedules are parts): they keep
+working for one release, with a DeprecationWarning naming the new path. Nothing in credo imports an old path; this table is their only trace.
 
     MODULES      old module -> new module (a proxy module forwards every attribute to the new one)
     ATTRIBUTES   (old module, name) -> new module: a name that left a module which itself stayed
@@ -40,6 +40,10 @@ MODULES = {
     "credo.rewards.skills": "credo.tasks.skills",
     "credo.rewards.data": "credo.tasks.data",
     "credo.rewards.chat": "credo.tasks.render",
+    # round 4: rollout schedules are parts (credo/schedules/), not core modules
+    "credo.train.tail_batching": "credo.schedules.tail_batching",
+    "credo.train.fixed_lag": "credo.schedules.fixed_lag",
+    "credo.train.overlap": "credo.schedules.overlap",
 }
 
 ATTRIBUTES = {

@@ -76,7 +76,7 @@ def check(recipe: Any, overrides: list[str] | Mapping[str, Any] | None = None, *
     """
     from credo.train.build import check_run
 
-    return check_run(load(recipe, overrides, **sections))
+    return list(check_run(load(recipe, overrides, **sections)).notes)
 
 
 def evaluate(model: str | Path, recipe: Any, overrides: list[str] | Mapping[str, Any] | None = None, *,

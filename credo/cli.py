@@ -237,10 +237,10 @@ def _check(args) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     _library_verbosity(recipe.run.verbose)
-    notes = check_run(recipe)
+    plan = check_run(recipe)
     if args.show:
         print(recipe_to_yaml(recipe), end="")
-    for note in notes:  # a note that starts 'warning:' is printed as one
+    for note in plan.notes:  # a note that starts 'warning:' is printed as one
         print(f"credo: {note}" if note.startswith("warning:") else f"credo: note: {note}")
     print(f"credo check: OK ({args.recipe}{', ' + str(len(args.overrides)) + ' overrides' if args.overrides else ''})")
     return 0

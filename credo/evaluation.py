@@ -65,7 +65,7 @@ def saved_model_recipe(r: Recipe, folder: Path, *, samples: int | None, temperat
         r.run.eval_samples = samples
     if r.run.eval_temperature == 0 and samples is None:
         r.run.eval_samples = 1  # greedy decoding draws one sample
-    validate_recipe(r, check_registries=True)
+    validate_recipe(r)  # its names are resolved by the run plan (evaluate_model's preflight)
     return r
 
 
@@ -80,7 +80,6 @@ def evaluate_model(model: str | Path, recipe: Recipe, *, samples: int | None = N
     import torch
 
     from credo.distributed.engine import device
-    from credo.family import active_families
     from credo.models import check_vocab, load_causal_lm, load_tokenizer
     from credo.preflight import preflight
     from credo.tasks.render import prompt_renderer
@@ -91,11 +90,11 @@ def evaluate_model(model: str | Path, recipe: Recipe, *, samples: int | None = N
     with ExitStack() as stack:
         folder = model_folder(model, stack)
         r = saved_model_recipe(recipe, folder, samples=samples, temperature=temperature)
-        for note in preflight(r):
+        plan = preflight(r)
+        for note in plan.notes:
             log.info(note)
         torch.set_num_threads(r.run.threads or max(1, os.cpu_count() or 1))
-        active = active_families(r)
-        task = run_task(r, active)
+        task = run_task(plan)
         tokenizer = load_tokenizer(r.model.path)
         policy = None  # the hf backend samples with it; vLLM loads the folder itself (FP8 quantises it from here)
         if r.rollout.backend == "hf" or r.rollout.fp8_weights:
@@ -103,14 +102,14 @@ def evaluate_model(model: str | Path, recipe: Recipe, *, samples: int | None = N
             check_vocab(policy, tokenizer, r.model.path)
         ro = r.rollout
         ctx = StageContext(rank=0, world=1, seed=r.run.seed, tokenizer=tokenizer, task=task,
-                           backend=make_backend(r, SimpleNamespace(module=policy), tokenizer, r.model.path),
+                           backend=make_backend(plan, SimpleNamespace(module=policy), tokenizer, r.model.path),
                            rollout=dict(prompts_per_step=ro.prompts_per_step, group_size=ro.group_size,
                                         max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p),
                            render=prompt_renderer(tokenizer, r.task.system_prompt, r.task.chat_template),
-                           task_config=r.task, policy_path=r.model.path, dtype=r.model.dtype)
-        source = build_source(r, ctx, active)
+                           task_config=r.task, policy_path=r.model.path, dtype=r.model.dtype, recipe=r)
+        source = build_source(plan, ctx)
         stack.callback(source.close)
-        evaluator = make_evaluator(r, ctx, active, SimpleNamespace(source=source, reward_fn=default_reward_fn(r, task)))
+        evaluator = make_evaluator(plan, ctx, SimpleNamespace(source=source, reward_fn=default_reward_fn(plan, task)))
         value = evaluator()
         prompts, completions, scores = getattr(evaluator, "last_samples", ([], [], []))
         return {"metrics": {evaluator.metric: value}, "model": str(model),

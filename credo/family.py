@@ -13,7 +13,9 @@ declares, in one `Family` value:
     stage_defaults(recipe) stages that replace 'default' when it is active (the critic stage for advantages)
     warmup_digest(recipe)  what the warm-up's cache key must add (the env, for expert demonstrations)
     holdout(recipe)        training problems held out of the default rollout source (MIPU's validation prompts)
-    build                  the module of its build-time parts, imported only when active; any of
+    refusals               combinations with its section that cannot run, as `credo.capabilities.Refusal` rows
+    build                  the module of its build-time parts, imported only when active: it declares
+                           `PARTS = FamilyParts(...)`, checked when loaded (an unknown part is an error), with any of
                               check_names(recipe)                 names its section uses (env ids)
                               preflight(recipe) -> notes          targets its section points at (model folders)
                               task(recipe) -> task or None        the run's task, when the family makes it
@@ -22,8 +24,6 @@ declares, in one `Family` value:
                               hooks(ctx, parts) -> [StepHook]     called around every train step
                               warmup(recipe, task, policy_path, log=) -> (policy_path, key)
                                                                   its own warm-up after credo's (cached by it)
-                              rollout_options(recipe) -> dict     what the rollout engine must support
-                                                                  ({'prompt_embeds': True}: vLLM prompt embeddings)
 
 The core (`credo.config`, `credo.train`, `credo.trainer`) names no family: it reads this table. The built-in
 families are listed in `credo/families/__init__.py`; a recipe adds its own with `families: ['pkg.mod:attr']`.
@@ -47,12 +47,34 @@ KINDS = ("rollout", "reward", "advantage", "probe")
 
 @dataclass(frozen=True)
 class StageEntry:
-    """A family's stage: where its factory lives and what settings it takes."""
+    """A family's stage: where its factory lives, what settings it takes and, for a rollout source, its capabilities."""
 
     factory: str
     """'module:attr' of `factory(ctx, settings)` (or `factory(ctx, **kwargs)` when `settings` is None)."""
     settings: type | None = None
     """Dataclass of the stage's `stages.<kind>_kwargs`; None: the stage takes no settings."""
+    provides: frozenset = frozenset()
+    """What the stage provides to a schedule (a rollout source: `batch_state`, `prompt_draw`; credo.capabilities)."""
+    backend_needs: frozenset = frozenset()
+    """Capabilities the rollout backend must provide for this stage (a source with soft prefixes: `prompt_embeds`)."""
+
+
+@dataclass(frozen=True)
+class FamilyParts:
+    """A family's build-time parts (its build module's `PARTS`); each optional. See the module docstring."""
+
+    check_names: Callable[[Any], None] | None = None
+    """check_names(recipe): the names its section uses resolve (env ids); raises ConfigError."""
+    preflight: Callable[[Any], list] | None = None
+    """preflight(recipe) -> notes: what its section points at exists (model folders), before any warm-up."""
+    task: Callable[[Any], Any] | None = None
+    """task(recipe) -> the run's task, when the family makes it (a multi-turn env's expert episodes)."""
+    evaluator: Callable[..., Any] | None = None
+    """evaluator(ctx, source, temperature) -> the held-out evaluation (with a `metric`)."""
+    hooks: Callable[..., list] | None = None
+    """hooks(ctx, parts) -> [StepHook], called around every train step."""
+    warmup: Callable[..., tuple] | None = None
+    """warmup(recipe, task, policy_path, log=) -> (policy_path, key): its own cached warm-up after credo's."""
 
 
 def _never(r: Any) -> bool:
@@ -96,9 +118,10 @@ class Family:
     fixed_on_resume: tuple = ()
     """Keys of its section a resume cannot honour (they shape state in the checkpoint), refused even with
     run.allow_config_change."""
+    refusals: tuple = ()
+    """`credo.capabilities.Refusal` rows: combinations with its section that cannot run, each with its reason."""
     build: str | None = None
-    """The module of its build-time parts (functions preflight, check_names, task, evaluator, hooks, warmup,
-    rollout_options; each optional), imported only when the family is active."""
+    """The module of its build-time parts (`PARTS = FamilyParts(...)`), imported only when the family is active."""
 
     def settings(self, recipe: Any) -> Any:
         """This family's section of `recipe` (its defaults when the recipe was built without it)."""
@@ -107,9 +130,21 @@ class Family:
         found = getattr(recipe, self.section, None)
         return found if found is not None else self.config()
 
-    def parts(self) -> Any:
-        """The module of build-time parts (None when the family has none)."""
-        return None if self.build is None else importlib.import_module(self.build)
+    def parts(self) -> FamilyParts:
+        """Its build-time parts, checked: the build module's `PARTS` must be a FamilyParts (an empty one when the
+        family has no build module)."""
+        if self.build is None:
+            return FamilyParts()
+        return _load_parts(self.name, self.build)
+
+
+@functools.lru_cache(maxsize=None)
+def _load_parts(name: str, module: str) -> FamilyParts:
+    found = getattr(importlib.import_module(module), "PARTS", None)
+    if not isinstance(found, FamilyParts):
+        raise TypeError(f"family '{name}': {module}.PARTS is {type(found).__name__}, expected a credo.family.FamilyParts "
+                        "(its build-time parts, each named as a keyword so a misspelt part is an error)")
+    return found
 
 
 def import_spec(spec: str, key: str) -> Any:

@@ -1,162 +1,60 @@
 """Checks of what a recipe points at, done in seconds before anything heavy runs (`credo check`, `credo run`).
 
-`credo.config` checks the recipe's own values; this module is the one place that resolves the names a recipe
-uses (`check_names`: losses, estimators, stages and their settings, reward functions, each active family's
-names such as env ids) and checks what they point at (`preflight`):
+`preflight(recipe)` resolves the run plan (`credo.plan.resolve_plan`: every name the recipe uses, once, with every
+capability and refusal checked) and then checks what the plan points at:
 
     model.path        the folder exists, has config.json, and its tokenizer loads with an EOS and a PAD
                       (a hub id not in the local cache on an offline machine is 'not checked (offline)')
     model.lora        target_modules wrap linear layers below the output head (on an empty model)
-    reward.function(s) import, and accept fn(responses, problems) or TRL's fn(completions, **kwargs)
     task.name         a built-in task, or a reasoning-gym dataset (did-you-mean on a typo); its kwargs build
     rollout.backend   vllm is installed for 'vllm'; run.wandb needs wandb; cluster.engine 'ray' needs ray
     cluster.*.resources  each role a node can host (this machine's resources for a Ray the run starts itself)
     run.resume        a checkpoint path exists
     run.output_dir    its nearest existing parent is a folder
+    families          each active family's own `preflight` part (its model folders, its env's first prompt)
 
 so that a missing reward module does not surface only after a minutes-long SFT warm-up. Each failure is a
-`ConfigError` naming the key; `preflight` returns notes on what it could not check.
+`ConfigError` naming the key; the returned plan's `notes` say what could not be checked.
 """
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
-import inspect
 import os
 from pathlib import Path
 
 from credo.config import Recipe
 from credo.errors import ConfigError
-from credo.family import active_families, families_of, stage_defaults
-
-LOSS_RESERVED = {"log_probs", "old_log_probs", "advantages", "mask", "global_tokens", "global_seqs", "agg_mode", "weights",
-                 "rollout_log_probs", "norm_len"}
-"""Keywords of a policy loss the trainer sets (algo.loss_kwargs may not)."""
-ADV_RESERVED = {"rewards", "group_ids", "mask", "token_rewards", "values"}
-"""Keywords of an advantage estimator the trainer sets (algo.advantage_kwargs may not)."""
+from credo.plan import RunPlan, async_warnings, reads_behaviour_policy, resolve_plan, with_notes  # noqa: F401
 
 
-def preflight(r: Recipe) -> list[str]:
-    """Resolve every name the recipe uses, then check the model, task, files and optional dependencies it names.
+def preflight(r: Recipe) -> RunPlan:
+    """Resolve the run plan, then check the model, task, files and optional dependencies it names.
 
     Returns:
-        Notes, one line each, on what was not checked (e.g. a hub model id on an offline machine).
+        The plan, its `notes` one line each on what was not checked (e.g. a hub model id on an offline machine)
+        and the warnings (starting 'warning: ').
 
     Raises:
-        ConfigError: naming the key whose target is missing or unusable.
+        ConfigError: naming the key whose target is missing or unusable, or the two keys that do not combine.
     """
-    notes: list[str] = []
     _check_output_dir(r.run.output_dir)
     _check_resume(r.run.resume)
     _check_dependencies(r)
-    for key, settings in check_names(r).items():  # a stage's optional package, now rather than after the warm-up
-        if hasattr(settings, "check_dependencies"):
-            settings.check_dependencies(key)
-    notes += _check_task(r)
+    plan = resolve_plan(r)
+    notes: list[str] = []
+    notes += _check_task(r, plan)
     notes += check_model(r.model.path)
     if r.model.lora.r or r.model.gradient_checkpointing:  # against the model's classes, on an empty model
         from credo.lora import check_model_options
         from credo.models import resolve_model_path
 
         check_model_options(r, resolve_model_path(r.model.path, r.model.tiny))
-    notes += check_cluster_placement(r, ("rollout", "reward") if r.stages.reward == "default" else ("rollout",))
-    notes += async_warnings(r)
-    for fam in active_families(r):
-        parts = fam.parts()
-        if parts is not None and hasattr(parts, "preflight"):
-            notes += parts.preflight(r)
-    return notes
-
-
-def check_names(r: Recipe) -> dict:
-    """Names against credo.algos' registries and their kwargs against the functions' signatures, the stages and
-    their settings, the reward functions (imported and their signature checked), and each active family's names.
-
-    Returns:
-        The stages' checked settings, by recipe key (`credo.train.registry.check_stages`).
-    """
-    from credo.train.registry import check_stages
-
-    _check_algo_names(r)
-    settings = check_stages(r.stages, families_of(r))
-    for fam in active_families(r):
-        parts = fam.parts()
-        if parts is not None and hasattr(parts, "check_names"):
-            parts.check_names(r)
-    _check_reward(r.reward.function, "reward.function")
-    for i, spec in enumerate(r.reward.functions):  # importable now, not at step 1 after the model has loaded
-        _check_reward(spec, f"reward.functions[{i}]")
-    return settings
-
-
-def _check_algo_names(r: Recipe) -> None:
-    from credo import algos
-    from credo.algos.advantages import GROUP_ESTIMATORS
-
-    a = r.algo
-    _check_name(a.policy_loss, algos.POLICY_LOSSES, "algo.policy_loss")
-    _check_name(a.advantage, algos.ADVANTAGE_ESTIMATORS, "algo.advantage")
-    _check_name(a.kl_estimator, algos.KL_ESTIMATORS, "algo.kl_estimator")
-    _check_kwargs(algos.POLICY_LOSSES[a.policy_loss], a.loss_kwargs, "algo.loss_kwargs", LOSS_RESERVED)
-    _check_kwargs(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs, "algo.advantage_kwargs", ADV_RESERVED)
-    # an active family may replace the advantage stage (the critic stage runs GAE); otherwise the trainer's outcome
-    # stage needs an outcome estimator
-    if algos.ADVANTAGE_INPUTS.get(a.advantage) != "outcome" and "advantage" not in stage_defaults(r):
-        raise ConfigError(f"config key 'algo.advantage' = '{a.advantage}' needs per-token rewards or a value "
-                          "model; this trainer takes outcome estimators (e.g. grpo, rloo, lite_ppo), or gae with a critic: section")
-    if a.advantage in GROUP_ESTIMATORS and r.rollout.group_size < 2:
-        raise ConfigError(f"config key 'rollout.group_size' = {r.rollout.group_size} is out of range: expected >= 2 with "
-                          f"algo.advantage = '{a.advantage}', whose baseline is the group mean (a group of one gets "
-                          "advantage 0 and no gradient); use more samples per prompt or a batch estimator (reinforce_pp)")
-
-
-def reads_behaviour_policy(loss: str, loss_kwargs: dict) -> bool:
-    """Whether policy loss `loss` with `loss_kwargs` uses the sampler's log-probs mu (`rollout_log_probs`): a
-    correction (TIS, MIS: decoupled PPO is ppo + tis), the ratio against mu (`behaviour_ratio`, TOPR and CISPO as ROLL
-    runs them), or a kernel that reads them itself (IPA's chunk filter, MIPU's weights)."""
-    from credo import algos
-
-    if loss_kwargs.get("correction") in ("tis", "mis") or loss_kwargs.get("behaviour_ratio"):
-        return True
-    return "rollout_log_probs" in inspect.signature(algos.POLICY_LOSSES[loss]).parameters
-
-
-def async_warnings(r: Recipe) -> list[str]:
-    """Warnings on an asynchronous recipe (rollout.max_staleness > 0) whose loss ignores the behaviour policy: it
-    then treats samples of a policy S versions old as if the recomputed pi_old had drawn them."""
-    a, s = r.algo, r.rollout.max_staleness
-    if s == 0 or reads_behaviour_policy(a.policy_loss, a.loss_kwargs):
-        return []
-    return [f"warning: rollout.max_staleness = {s} with algo.policy_loss '{a.policy_loss}', which ignores the behaviour "
-            "policy (its ratio is against the recomputed pi_old, not the sampler's mu); set algo.loss_kwargs.correction: "
-            "tis (decoupled PPO) or mis, or behaviour_ratio: true (TOPR, CISPO), or a loss that reads the sampler's "
-            "log-probs (ipa, mipu)"]
-
-
-def _check_kwargs(fn, kwargs: dict, key: str, reserved: set[str]) -> None:
-    """Every key must be a keyword the function (or the kernel a decorator wraps) accepts."""
-    inner = inspect.signature(fn)  # follows functools.wraps to the kernel
-    outer = inspect.signature(fn, follow_wrapped=False)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inner.parameters.values()):
-        return
-    names = [n for sig in (outer, inner) for n, p in sig.parameters.items()
-             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    valid = sorted(set(n for n in names if n not in reserved))
-    for k in kwargs:
-        if k in reserved:
-            raise ConfigError(f"config key '{key}.{k}' is set by the trainer and cannot be given here")
-        if k not in valid:
-            close = difflib.get_close_matches(k, valid, n=1, cutoff=0.5)
-            hint = f"; did you mean '{key}.{close[0]}'?" if close else ""
-            raise ConfigError(f"unknown config key '{key}.{k}'{hint} (valid: {', '.join(valid)})")
-
-
-def _check_name(name: str, registry: dict, key: str) -> None:
-    if name not in registry:
-        close = difflib.get_close_matches(name, list(registry), n=1, cutoff=0.5)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"config key '{key}' = '{name}' is not a known name{hint} (known: {', '.join(sorted(registry))})")
+    notes += check_cluster_placement(r, ("rollout", "reward") if plan.stages["reward"].resolved is None else ("rollout",))
+    for a in plan.active:
+        if a.parts.preflight is not None:
+            notes += a.parts.preflight(r)
+    return with_notes(plan, notes)
 
 
 def _check_output_dir(out: str | None) -> None:
@@ -216,33 +114,11 @@ def check_cluster_placement(r: Recipe, roles: tuple[str, ...]) -> list[str]:
     return notes
 
 
-def _check_reward(spec: str | None, key: str) -> None:
-    """The function imports and can be called as fn(responses, problems), or TRL's way (it names `completions`)."""
-    if not spec:
-        return
-    from credo.rewards.functions import is_trl_style
-    from credo.rewards.worker import import_reward_fn
-
-    fn = import_reward_fn(spec, key)
-    if is_trl_style(fn):
-        return
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin or C callable without a signature: trust it
-        return
-    try:
-        sig.bind(["response"], ["problem"])
-    except TypeError as e:
-        raise ConfigError(f"config key '{key}' = '{spec}' has the signature {sig}, which cannot be called as "
-                          f"fn(responses, problems) ({e}); expected fn(responses: list[str], problems: list[Problem]) "
-                          "-> list[float], or a TRL-style fn(completions, **kwargs)") from None
-
-
-def _check_task(r: Recipe) -> list[str]:
+def _check_task(r: Recipe, plan: RunPlan) -> list[str]:
     from credo.tasks import check_rg_name, make_task, task_names
 
     name = r.task.name
-    families = families_of(r)
+    families = plan.families
     if name == "file" or name.startswith("hf:"):
         if name.startswith("hf:") and not Path(name[3:]).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
             return [f"task.name '{name}': not checked (offline)"]
@@ -259,8 +135,9 @@ def _check_task(r: Recipe) -> list[str]:
         return []
     known = task_names(families)
     if name not in known:
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
+        from credo.family import close_names
+
+        hint = close_names(name, known)
         raise ConfigError(f"config key 'task.name' = '{name}' is not a known task{hint} "
                           f"(known: {', '.join(known)}, rg:<dataset>, file or hf:<name-or-folder>)")
     make_task(r.task, families)  # the built-in tasks build in milliseconds and check their own kwargs

@@ -7,8 +7,8 @@
     check_cluster(cluster)                      the cluster: section's values and combinations (no Ray needed)
 
 Unknown keys and wrong types are OmegaConf's structured-config errors, worded with the key's path and the
-closest valid key. Names (losses, estimators, stages, env ids, reward functions) are resolved by
-`credo.preflight`, the one place that imports what a recipe points at.
+closest valid key. Names (losses, estimators, stages, schedules, env ids, reward functions) are resolved once by
+the run plan (`credo.plan`), the one place that imports what a recipe points at.
 """
 
 from __future__ import annotations
@@ -112,11 +112,14 @@ def _check_sections_are_mappings(data: dict, cls: type) -> None:
 
 
 def load_recipe(path: str | Path | dict | DictConfig | None, overrides: list[str] = (), *,
-                validate_names: bool = True) -> Recipe:
+                validate_names: bool | None = None) -> Recipe:
     """Load a YAML recipe (or only defaults when path is None, or a recipe given as a dict or OmegaConf config)
     with `key=value` overrides (or `(key, value)` pairs), strictly.
 
-    With `validate_names`, also resolve every name the recipe uses (`credo.preflight.check_names`).
+    The names a recipe uses (losses, stages, schedules, reward functions, families' names) are resolved once, by the
+    run plan (`credo.plan.resolve_plan`, which `credo check`, `credo run`, `credo eval` and the Python API call before
+    any warm-up), not here: `credo.config` imports no other credo module but `credo.errors`. `validate_names` is
+    accepted for one release and does nothing.
 
     Raises:
         ConfigError: a missing file, an unknown key, a wrong type, an out-of-range value or settings that
@@ -147,10 +150,11 @@ def load_recipe(path: str | Path | dict | DictConfig | None, overrides: list[str
     if recipe.sft.enabled is None:  # resolved here so config.yaml and the warm-up's cache key hold the value used
         recipe.sft.enabled = sft_enabled(recipe)
     validate_recipe(recipe)
-    if validate_names:
-        from credo.preflight import check_names
+    if validate_names is not None:
+        import warnings
 
-        check_names(recipe)
+        warnings.warn("load_recipe(validate_names=...) is deprecated and does nothing: names are resolved by the run "
+                      "plan (credo.plan.resolve_plan, credo check)", DeprecationWarning, stacklevel=2)
     return recipe
 
 
@@ -208,16 +212,6 @@ def _check_combinations(r: Recipe) -> None:
         key, value = ("rollout.fp8_weights", True) if ro.fp8_weights else ("rollout.dtype", ro.dtype)
         raise ConfigError(f"config key '{key}' = {value!r} is not supported with model.lora: the rollout copy at "
                           "another precision is made from the policy's own weights, not the merged ones")
-    tb = ro.tail_batching
-    if tb is not None and tb.max_responses and tb.max_responses < ro.group_size:
-        raise out_of_range("rollout.tail_batching.max_responses", tb.max_responses,
-                           f">= rollout.group_size ({ro.group_size}), or 0 for group_size + 1")
-    if tb is not None and ro.max_staleness > 0:
-        raise ConfigError("config key 'rollout.tail_batching' is set with rollout.max_staleness > 0: tail batching is a "
-                          "synchronous, on-policy schedule; expected rollout.max_staleness: 0 (or no tail_batching)")
-    if tb is not None and r.stages.rollout != "default":
-        raise ConfigError(f"config key 'rollout.tail_batching' is set but stages.rollout is '{r.stages.rollout}': tail "
-                          "batching schedules the default single-turn rollout source; expected stages.rollout: default")
     if (ro.fp8_weights or ro.dtype is not None) and r.optim.zero_stage >= 3 and ro.backend == "hf":
         raise out_of_range("optim.zero_stage", 3, "<= 2 with rollout.dtype or rollout.fp8_weights on the hf backend "
                            "(the rollout copy is made from full weights)")
@@ -256,39 +250,17 @@ def check_cluster(cfg: ClusterConfig) -> None:
                               f"cluster.rollout.resources = {dict(ro.resources) or DEFAULT_RESOURCES} asks for no GPU")
 
 
-def _check_async(r: Recipe) -> None:
-    """Asynchronous training's settings (docs/async.md): what the overlap workers can run."""
-    ro = r.rollout
-    if ro.max_staleness == 0 or ro.async_mode != "overlap":
-        return
-    if ro.backend != "hf":
-        raise ConfigError(f"config key 'rollout.backend' = '{ro.backend}' with rollout.async_mode: overlap: the local "
-                          "rollout workers run the hf backend; expected rollout.backend: hf, or async_mode: fixed_lag")
-    if r.stages.rollout != "default":
-        raise ConfigError(f"config key 'stages.rollout' = '{r.stages.rollout}' with rollout.async_mode: overlap: the "
-                          "rollout workers sample the task's single-turn prompts; expected stages.rollout: default, or "
-                          "async_mode: fixed_lag (any rollout source)")
-    if r.optim.zero_stage >= 3:
-        raise out_of_range("optim.zero_stage", 3, "<= 2 with rollout.async_mode: overlap (the workers take the full "
-                           "weights)")
-
-
-def validate_recipe(r: Recipe, *, check_registries: bool = False) -> None:
+def validate_recipe(r: Recipe) -> None:
     """Range checks, the core combination checks and each family's own checks, each naming the key at fault.
 
-    `check_registries` also resolves the names the recipe uses (`credo.preflight.check_names`)."""
+    The names it uses are resolved by the run plan (`credo.plan.resolve_plan`)."""
     from credo.family import families_of
 
     check_fields(r, "")
     _check_combinations(r)
-    _check_async(r)
     for fam in families_of(r):
         if fam.check is not None:
             fam.check(r)
-    if check_registries:
-        from credo.preflight import check_names
-
-        check_names(r)
 
 
 def recipe_to_yaml(r: Recipe) -> str:

@@ -157,25 +157,25 @@ class RolloutConfig:
     """Simulate FP8 (e4m3, per-output-channel scales) linear-layer weights in the rollout copy at every sync
     (MIPU's FP8 rollout regime); the trainer's weights stay as they are."""
     tail_batching: Optional[TailBatchingConfig] = None
-    """RollPacker's tail batching (short rounds race extra prompts and responses, the losers wait in a long-prompt
+    """Deprecated: stages.schedule: tail_batching. RollPacker's tail batching (short rounds race extra prompts and responses, the losers wait in a long-prompt
     queue for a long round); null = off, {} = on with the paper's settings."""
     max_staleness: int = ranged(0, ge=0, note="0 = synchronous")
-    """Asynchronous training (docs/async.md): the most policy versions a trained sample may lag the trainer (S);
+    """Deprecated: stages.schedule: fixed_lag / overlap with stages.schedule_kwargs.max_staleness. Asynchronous training (docs/async.md): the most policy versions a trained sample may lag the trainer (S);
     0 = every sample of step k comes from the weights after step k-1, as without this key."""
     async_mode: str = one_of("fixed_lag", ASYNC_MODES)
-    """With max_staleness > 0: fixed_lag (one process, deterministic: step k trains on a batch sampled by the policy
+    """Deprecated: stages.schedule. With max_staleness > 0: fixed_lag (one process, deterministic: step k trains on a batch sampled by the policy
     of step k-1-S exactly) or overlap (worker processes generate ahead, at most S versions, while the trainer trains)."""
     stale_policy: str = one_of("drop", ("drop", "keep"))
-    """overlap: a sample that ends up staler than max_staleness is dropped (counted in async/dropped_stale) or kept."""
+    """Deprecated: stages.schedule_kwargs.stale_policy. overlap: a sample that ends up staler than max_staleness is dropped (counted in async/dropped_stale) or kept."""
     async_workers: int = ranged(1, ge=1)
-    """overlap: rollout worker processes, each with its own copy of the policy."""
+    """Deprecated: stages.schedule_kwargs.workers. overlap: rollout worker processes, each with its own copy of the policy."""
     prompt_replication: bool = True
-    """overlap with async_workers > 1: spread each prompt's samples over the workers (ROLL Flash's prompt replication);
+    """Deprecated: stages.schedule_kwargs.prompt_replication. overlap with async_workers > 1: spread each prompt's samples over the workers (ROLL Flash's prompt replication);
     false: each request goes whole to one worker, so groups can finish out of order (and some end up stale)."""
     async_request_prompts: int = ranged(0, ge=0, note="0 = a step's prompts per request")
-    """overlap: prompts per generation request; 1 = ROLL Flash's per-prompt dispatch (no batch barrier)."""
+    """Deprecated: stages.schedule_kwargs.request_prompts. overlap: prompts per generation request; 1 = ROLL Flash's per-prompt dispatch (no batch barrier)."""
     async_timeout_s: float = ranged(600.0, gt=0)
-    """overlap: the longest wait for a rollout worker (its start-up, a result) before the run stops naming it."""
+    """Deprecated: stages.schedule_kwargs.timeout_s. overlap: the longest wait for a rollout worker (its start-up, a result) before the run stops naming it."""
 
 
 @dataclass
@@ -273,6 +273,10 @@ class StagesConfig:
     """Probes on the log-prob recompute, or on the update's forward when there is none (registered names or 'package.module:factory'); an output named 'weights' scales the loss per token."""
     probe_kwargs: dict = field(default_factory=dict)
     """Keyword arguments per probe, keyed by its entry in `probes`."""
+    schedule: str = "sync"
+    """Rollout schedule (credo/schedules/, docs/schedules.md): sync, tail_batching, fixed_lag or overlap."""
+    schedule_kwargs: dict = field(default_factory=dict)
+    """Settings of the schedule, checked strictly against its settings dataclass (e.g. {max_staleness: 1})."""
 
 
 # ---------------------------------------------------------------- cluster: where each role runs (docs/cluster.md)

@@ -35,7 +35,7 @@ def _mode_spec(r, costs: Costs, mode: str) -> ModeSpec:
     tb = getattr(r.rollout, "tail_batching", None)
     if mode == "tail_batching" and tb is not None and r.rollout.backend == "hf":
         # the hf backend's race: one batch of every request, rows leave between chunks of chunk_tokens; its long
-        # rounds are one generate() call (credo.distributed.race, credo.train.tail_batching)
+        # rounds are one generate() call (credo.distributed.race, credo.schedules.tail_batching)
         spec.finish_quantum, spec.long_engine = tb.chunk_tokens, "static"
         race = math.ceil(tb.prompt_ratio * r.rollout.prompts_per_step) * (tb.max_responses or r.rollout.group_size + 1)
         spec.max_batch = max(spec.max_batch, race)

@@ -1,11 +1,13 @@
 """Recipe -> stages: the code that binds a `Recipe` to the stages of a run, through the family table.
 
-`build(recipe)` checks what the recipe names (`credo.preflight`), sets up the process group, makes the task
+`build(plan)` takes the run plan (`credo.plan.RunPlan`, from `credo.preflight.preflight(recipe)`: every name the
+recipe uses resolved once, every capability and refusal checked), sets up the process group, makes the task
 (an active family's, e.g. a multi-turn env's expert episodes, or the recipe's task after a context check),
 the run folder, the warm-up policy (credo's, then an active family's own), the DeepSpeed engine and the rollout
 engine (`credo.train.setup`), then binds every stage once:
 
-    source     a RolloutSource      (stages.rollout: default = the task's single-turn prompts)
+    source     a RolloutSource      (stages.rollout: default = the task's single-turn prompts), scheduled by
+                                    stages.schedule (credo/schedules/: sync, tail_batching, fixed_lag, overlap)
     reward     a RewardModel        (stages.reward: default = reward.functions, reward.function or the verifier)
     probes     Probes               (stages.probes)
     scorer     a PolicyScorer       (temperature, chunking, ZeRO-3 path, reference model, the probes)
@@ -17,7 +19,7 @@ engine (`credo.train.setup`), then binds every stage once:
     evaluate   an evaluator         (an active family's, or the task's held-out split)
 
 A stage named 'default' is the built-in, or the stage an active family puts in its place (the critic stage for
-advantages). This module names no family: it reads `credo.family`'s table.
+advantages). This module names no family and resolves no name: it reads the plan.
 """
 
 from __future__ import annotations
@@ -35,9 +37,9 @@ from credo import algos
 from credo.config import Recipe, recipe_to_dict, recipe_to_yaml
 from credo.distributed.engine import build_engine, device, setup_distributed
 from credo.errors import ConfigError
-from credo.family import Family, active_families, families_of, stage_defaults
 from credo.lora import BaseReference, add_lora
 from credo.models import check_vocab, load_causal_lm, load_tokenizer, resolve_model_path
+from credo.plan import RunPlan
 from credo.preflight import preflight
 from credo.rewards.functions import WeightedRewards
 from credo.rewards.worker import RewardWorker
@@ -46,13 +48,13 @@ from credo.tasks.render import prompt_renderer
 from credo.train.advantage import OutcomeAdvantage
 from credo.train.cluster import open_cluster
 from credo.train.evaluate import Evaluator
-from credo.train.fixed_lag import FixedLagSource
+from credo.schedules.fixed_lag import FixedLagSource
 from credo.train.objective import Objective
-from credo.train.registry import StageContext, build_stage, resolve, settings_of
+from credo.train.registry import StageContext, build_stage
 from credo.train.reward import FunctionReward
 from credo.train.rollout import PromptRollout
 from credo.train.scoring import PolicyScorer
-from credo.train.tail_batching import TailBatchingRollout
+from credo.schedules.tail_batching import TailBatchingRollout
 from credo.train.setup import (check_context, fault_nan_steps, family_warmups, make_backend, make_run_dir,
                                prepare_policy, reward_function)
 from credo.train.staleness import staleness_lr_factor
@@ -97,11 +99,14 @@ class Components:
     zero_stage: int = 0
 
 
-def build(r: Recipe) -> Components:
-    notes = preflight(r)  # seconds, before the process group, the warm-up or any model load
+def build(plan: RunPlan | Recipe) -> Components:
+    """The run's components from its plan (a recipe is planned first: `credo.preflight.preflight`)."""
+    if not isinstance(plan, RunPlan):
+        plan = preflight(plan)  # seconds, before the process group, the warm-up or any model load
+    r = plan.recipe
     if int(os.environ.get("RANK", 0)) == 0:
         log = logging.getLogger("credo")
-        for note in notes:  # 'warning: ...' notes (an asynchronous loss that ignores the behaviour policy) warn
+        for note in plan.notes:  # 'warning: ...' notes (an asynchronous loss that ignores the behaviour policy) warn
             if note.startswith("warning: "):
                 log.warning(note[len("warning: "):])
             else:
@@ -112,12 +117,11 @@ def build(r: Recipe) -> Components:
         raise ConfigError(f"config key 'rollout.prompts_per_step' = {r.rollout.prompts_per_step} must be divisible "
                           f"by the number of processes ({world})")
     torch.manual_seed(r.run.seed)
-    active = active_families(r)
-    task = run_task(r, active)
-    check_reward_inputs(r, task)
+    task = run_task(plan)
+    check_reward_inputs(plan, task)
     run_dir = make_run_dir(r, world)  # made once the recipe is known to start
     policy_path, sft_key = prepare_policy(r, task, rank, world)
-    policy_path, sft_key = family_warmups(r, active, task, policy_path, sft_key, rank, world)
+    policy_path, sft_key = family_warmups(r, plan.active, task, policy_path, sft_key, rank, world)
     tokenizer = load_tokenizer(policy_path)
     model = load_causal_lm(policy_path, r.model.dtype)
     check_vocab(model, tokenizer, policy_path)
@@ -132,7 +136,7 @@ def build(r: Recipe) -> Components:
             load_causal_lm(policy_path, r.model.dtype).to(device()).eval().requires_grad_(False)
     ro, a, o = r.rollout, r.algo, r.optim
     grad_accum = grad_accum_steps(ro.prompts_per_step // world * ro.group_size, a.mini_batches, a.micro_batch_size)
-    lr = o.lr * (staleness_lr_factor(ro.max_staleness, o.staleness_ref) if o.staleness_lr_scaling else 1.0)
+    lr = o.lr * (staleness_lr_factor(plan.staleness, o.staleness_ref) if o.staleness_lr_scaling else 1.0)
     engine = build_engine(model, lr=lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
                           zero_stage=o.zero_stage, warmup_steps=o.warmup_steps, micro_batch=a.micro_batch_size,
                           grad_accum=grad_accum, bf16=r.model.dtype == "bfloat16", lr_schedule=o.lr_schedule,
@@ -141,7 +145,7 @@ def build(r: Recipe) -> Components:
                     temperature=ro.temperature, top_p=ro.top_p)
     cluster = open_cluster(r)  # None with the local engine
     try:
-        return _bind(r, rank, world, run_dir, policy_path, sft_key, tokenizer, task, engine, render, ref, sampling,
+        return _bind(plan, rank, world, run_dir, policy_path, sft_key, tokenizer, task, engine, render, ref, sampling,
                      grad_accum, cluster)
     except BaseException:
         if cluster is not None:
@@ -149,18 +153,19 @@ def build(r: Recipe) -> Components:
         raise
 
 
-def _bind(r: Recipe, rank, world, run_dir, policy_path, sft_key, tokenizer, task, engine, render, ref, sampling,
+def _bind(plan: RunPlan, rank, world, run_dir, policy_path, sft_key, tokenizer, task, engine, render, ref, sampling,
           grad_accum, cluster) -> Components:
     """The stages, the trainer state, the hooks and the evaluator, bound once the engines exist."""
+    r = plan.recipe
     a, o = r.algo, r.optim
     ctx = StageContext(rank=rank, world=world, seed=r.run.seed, tokenizer=tokenizer, task=task, recipe=r,
-                       backend=make_backend(r, engine, tokenizer, policy_path, cluster), engine=engine, rollout=sampling,
+                       backend=make_backend(plan, engine, tokenizer, policy_path, cluster), engine=engine, rollout=sampling,
                        render=render, task_config=r.task, policy_path=policy_path, dtype=r.model.dtype,
                        zero_stage=o.zero_stage, advantage_kwargs=dict(a.advantage_kwargs), ref_model=ref,
                        eval_samples=r.run.eval_samples,
                        reward_isolation=dict(timeout_s=r.reward.timeout_s, workers=r.reward.workers,
                                              max_failure_frac=r.reward.max_failure_frac), cluster=cluster)
-    parts = build_stages(r, ctx, active_families(r), grad_accum)
+    parts = build_stages(plan, ctx, grad_accum)
     config = recipe_to_dict(r)
     stateful = {name: stage for name, stage in (("source", parts.source), ("advantage", parts.advantage),
                                                 ("reward", parts.reward),
@@ -169,8 +174,8 @@ def _bind(r: Recipe, rank, world, run_dir, policy_path, sft_key, tokenizer, task
     parts.state = TrainState(engine, stateful, config=config, sft_key=sft_key, policy_path=policy_path,
                              max_consecutive_skips=r.run.max_consecutive_skips,
                              defaults=recipe_to_dict(type(r)()),
-                             fixed_keys=RESUME_FIXED_KEYS + tuple(k for f in families_of(r) for k in f.fixed_on_resume))
-    hooks = step_hooks(r, ctx, active_families(r), parts) + ([cluster.hook] if cluster is not None else [])
+                             fixed_keys=RESUME_FIXED_KEYS + tuple(k for f in plan.families for k in f.fixed_on_resume))
+    hooks = step_hooks(plan, ctx, parts) + ([cluster.hook] if cluster is not None else [])
     for hook in hooks:  # a hook with state joins the trainer state (checkpoints, resume, rollback)
         if hasattr(hook, "state_dict"):
             parts.state.components[hook.name] = hook
@@ -178,7 +183,7 @@ def _bind(r: Recipe, rank, world, run_dir, policy_path, sft_key, tokenizer, task
     return Components(
         rank=rank, world=world, run_dir=run_dir, tokenizer=tokenizer, task=task, engine=engine, source=parts.source,
         reward=parts.reward, advantage=parts.advantage, scorer=parts.scorer, objective=parts.objective,
-        updater=parts.updater, state=parts.state, evaluate=make_evaluator(r, ctx, active_families(r), parts),
+        updater=parts.updater, state=parts.state, evaluate=make_evaluator(plan, ctx, parts),
         hooks=hooks, cluster=cluster,
         steps=r.run.steps, eval_every=r.run.eval_every, save_every=r.run.save_every,
         keep_last=r.run.keep_last, overlong_filter=a.overlong_filter, dump_every=r.run.dump_rollouts_every,
@@ -188,66 +193,65 @@ def _bind(r: Recipe, rank, world, run_dir, policy_path, sft_key, tokenizer, task
                           tensorboard_dir=run_dir / "tensorboard" if r.run.tensorboard else None))
 
 
-def check_run(r: Recipe) -> list[str]:
-    """`credo check`: every check `build` makes before the warm-up (names, targets, the task and its prompts against
-    the model's context, the reward functions' inputs), without building a model or a run folder. Returns notes."""
-    notes = preflight(r)
+def check_run(r: Recipe) -> RunPlan:
+    """`credo check`: every check `build` makes before the warm-up (names, capabilities, targets, the task and its
+    prompts against the model's context, the reward functions' inputs), without building a model or a run folder.
+    Returns the plan (its `notes`)."""
+    plan = preflight(r)
     world = int(os.environ.get("WORLD_SIZE", 1))
     if r.rollout.prompts_per_step % world:
         raise ConfigError(f"config key 'rollout.prompts_per_step' = {r.rollout.prompts_per_step} must be divisible "
                           f"by the number of processes ({world})")
-    check_reward_inputs(r, run_task(r, active_families(r)))
-    return notes
+    check_reward_inputs(plan, run_task(plan))
+    return plan
 
 
-def check_reward_inputs(r: Recipe, task) -> None:
+def check_reward_inputs(plan: RunPlan, task) -> None:
     """The default reward stage has something to score with, and the reward functions' columns exist."""
     from credo.rewards.functions import check_columns, is_trl_style
-    from credo.rewards.worker import import_reward_fn
 
-    if r.stages.reward == "default" and "reward" not in stage_defaults(r):
-        default_reward_fn(r, task)  # a task without a verifier needs reward functions
-    specs = r.reward.functions or ([r.reward.function] if r.reward.function else [])
-    keys = [f"reward.functions[{i}]" for i in range(len(r.reward.functions))] or ["reward.function"]
-    fns = [import_reward_fn(s, key=k) for s, k in zip(specs, keys)]
-    if any(is_trl_style(f) for f in fns) and not any(hasattr(f.parts(), "task") for f in active_families(r)
-                                                        if f.build):
+    r = plan.recipe
+    if plan.stages["reward"].resolved is None:
+        default_reward_fn(plan, task)  # a task without a verifier needs reward functions
+    keys = [key for key, _, _ in plan.reward_functions]
+    fns = [fn for _, _, fn in plan.reward_functions]
+    if any(is_trl_style(f) for f in fns) and plan.task_owner is None:
         sample = [task.train(i) for i in range(min(len(task), 8))] + list(task.eval_problems()[:8])
         check_columns(fns, keys, sample, f"task '{r.task.name}'")
 
 
-def run_task(r: Recipe, active: list[Family]):
+def run_task(plan: RunPlan):
     """The run's task: an active family's (a multi-turn env's expert episodes), or the recipe's task, whose prompts
     must fit the model's context (checked before the warm-up, not after it)."""
-    for fam in active:
-        parts = fam.parts()
-        if parts is not None and hasattr(parts, "task"):
-            return parts.task(r)
-    task = make_task(r.task, families_of(r))
+    r = plan.recipe
+    if plan.task_owner is not None:
+        return plan.task_owner.parts.task(r)
+    task = make_task(r.task, plan.families)
     check_context(r, resolve_model_path(r.model.path, r.model.tiny), task)
     return task
 
 
-def build_stages(r: Recipe, ctx: StageContext, active: list[Family], grad_accum: int) -> SimpleNamespace:
+def build_stages(plan: RunPlan, ctx: StageContext, grad_accum: int) -> SimpleNamespace:
     """The source, reward, probes, scorer, advantage stage, objective and updater, in the order each needs the last."""
-    ro, a, o, st = r.rollout, r.algo, r.optim, r.stages
+    r = plan.recipe
+    ro, a, o = r.rollout, r.algo, r.optim
     out = SimpleNamespace()
-    out.source = ctx.source = asynchronous(r, ctx, build_source(r, ctx, active))
-    out.reward_fn = default_reward_fn(r, ctx.task)
+    out.source = ctx.source = scheduled(plan, ctx, build_source(plan, ctx))
+    out.reward_fn = default_reward_fn(plan, ctx.task)
     ctx.default = None if out.reward_fn is None else FunctionReward(
         (ctx.cluster is not None and ctx.cluster.reward_worker(r, out.reward_fn))
         or RewardWorker(out.reward_fn, timeout_s=r.reward.timeout_s, workers=r.reward.workers,
                         max_failure_frac=r.reward.max_failure_frac), ctx.tokenizer, ro.group_size)
-    out.reward = _stage(r, ctx, "reward", st.reward, st.reward_kwargs)
+    out.reward = _stage(ctx, plan.stages["reward"])
     ctx.default = None
-    out.probes = {spec: _stage(r, ctx, "probe", spec, st.probe_kwargs.get(spec, {})) for spec in st.probes}
+    out.probes = {p.name: _stage(ctx, p) for p in plan.probes}
     out.scorer = ctx.scorer = PolicyScorer(
         temperature=ro.temperature, chunk_size=a.logprob_chunk_size, hidden_path=o.zero_stage < 3,
-        needs_old_log_probs=a.ppo_epochs * a.mini_batches > 1 or ro.max_staleness > 0, ref_model=ctx.ref_model,
+        needs_old_log_probs=a.ppo_epochs * a.mini_batches > 1 or plan.staleness > 0, ref_model=ctx.ref_model,
         probes=list(out.probes.values()), packed=a.packing, micro_batch_tokens=a.micro_batch_tokens)
     ctx.default = OutcomeAdvantage(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs) \
         if algos.ADVANTAGE_INPUTS.get(a.advantage) == "outcome" else None
-    out.advantage = _stage(r, ctx, "advantage", st.advantage, st.advantage_kwargs)
+    out.advantage = _stage(ctx, plan.stages["advantage"])
     ctx.default = None
     out.objective = Objective(algos.POLICY_LOSSES[a.policy_loss], a.loss_kwargs, agg_mode=a.agg_mode,
                               entropy_coef=a.entropy_coef, kl_coef=a.kl_coef,
@@ -261,92 +265,69 @@ def build_stages(r: Recipe, ctx: StageContext, active: list[Family], grad_accum:
     return out
 
 
-def build_source(r: Recipe, ctx: StageContext, active: list[Family]):
-    """The rollout source (stages.rollout, default: the task's prompts), also set as `ctx.source`."""
-    holdout = sum(f.holdout(r) for f in active)  # training problems an active family keeps out (MIPU's validation)
-    ctx.default = default_source(r, ctx, holdout)
-    ctx.source = _stage(r, ctx, "rollout", r.stages.rollout, r.stages.rollout_kwargs)
+def build_source(plan: RunPlan, ctx: StageContext):
+    """The rollout source (stages.rollout, default: the task's prompts), also set as `ctx.source`; unscheduled."""
+    r = plan.recipe
+    holdout = sum(a.family.holdout(r) for a in plan.active)  # problems an active family keeps out (MIPU's validation)
+    ctx.default = PromptRollout(ctx.task, ctx.tokenizer, ctx.backend, seed=r.run.seed, rank=ctx.rank, world=ctx.world,
+                                render=ctx.render, holdout=holdout, **ctx.rollout)
+    ctx.source = _stage(ctx, plan.stages["rollout"])
+    ctx.default = None
     return ctx.source
 
 
-def default_source(r: Recipe, ctx: StageContext, holdout: int):
-    """The default rollout source: the task's single-turn prompts, scheduled by tail batching when
-    rollout.tail_batching is set."""
-    common = dict(seed=r.run.seed, rank=ctx.rank, world=ctx.world, render=ctx.render, holdout=holdout, **ctx.rollout)
-    tb = r.rollout.tail_batching
-    if tb is None:
-        return PromptRollout(ctx.task, ctx.tokenizer, ctx.backend, **common)
-    return TailBatchingRollout(ctx.task, ctx.tokenizer, ctx.backend, prompt_ratio=tb.prompt_ratio,
-                               max_responses=tb.max_responses or r.rollout.group_size + 1,
-                               chunk_tokens=tb.chunk_tokens, **common)
+def scheduled(plan: RunPlan, ctx: StageContext, source):
+    """The rollout source as the plan's schedule runs it (credo/schedules/: sync returns it as it is)."""
+    return plan.schedule.spec.wrap(source, ctx, plan.schedule.settings)
 
 
-def asynchronous(r: Recipe, ctx: StageContext, source):
-    """The rollout source as rollout.max_staleness asks (docs/async.md): itself when 0 (synchronous), else wrapped to
-    train on batches up to S policy versions old, generated in this process (fixed_lag) or ahead by rollout worker
-    processes (overlap)."""
-    ro = r.rollout
-    if ro.max_staleness == 0:
-        return source
-    if ro.async_mode == "fixed_lag":
-        return FixedLagSource(source, ro.max_staleness, last_step=r.run.steps)
-    from credo.train.overlap import overlap_source
-
-    return overlap_source(r, ctx, source)
-
-
-def _stage(r: Recipe, ctx: StageContext, kind: str, spec: str, kwargs: dict):
-    """The stage `spec` names (or, for 'default', an active family's replacement, else `ctx.default`), built with its
-    family's section in `ctx.section`."""
-    key = f"stages.{kind}" if kind != "probe" else f"stages.probes[{spec}]"
-    if spec == "default":
-        spec = stage_defaults(r).get(kind, spec)
-    resolved = resolve(kind, spec, key, families_of(r))
-    if resolved is None:
+def _stage(ctx: StageContext, stage):
+    """The stage the plan resolved (`credo.plan.StagePlan`), built with its family's section in `ctx.section`; the
+    built-in (`ctx.default`) when it resolved to none."""
+    if stage.resolved is None:
         return ctx.default
-    settings = settings_of(resolved, kwargs, f"stages.{kind}_kwargs" if kind != "probe" else f"stages.probe_kwargs.{spec}")
-    ctx.section = resolved.family.settings(r) if resolved.family is not None else None
+    ctx.section = stage.section
     try:
-        return build_stage(resolved, ctx, settings)
+        return build_stage(stage.resolved, ctx, stage.settings)
     finally:
         ctx.section = None
 
 
-def default_reward_fn(r: Recipe, task):
+def default_reward_fn(plan: RunPlan, task):
     """The default reward stage's function; None when the task has no verifier and the recipe names no reward
     function (then a reward stage must be named: asking for the default is the error `reward_function` raises)."""
-    if r.reward.functions or r.reward.function or getattr(task, "score", None) is not None:
-        return reward_function(r, task)
+    r = plan.recipe
+    if plan.reward_functions or getattr(task, "score", None) is not None:
+        return reward_function(r, task, plan.reward_functions)
     if r.stages.reward == "default":
-        reward_function(r, task)  # raises: the task has no verifier
+        reward_function(r, task, ())  # raises: the task has no verifier
     return None
 
 
-def step_hooks(r: Recipe, ctx: StageContext, active: list[Family], parts: SimpleNamespace) -> list:
+def step_hooks(plan: RunPlan, ctx: StageContext, parts: SimpleNamespace) -> list:
     """The active families' step hooks, each built with its family's section in `ctx.section`."""
     hooks = []
-    for fam in active:
-        module = fam.parts()
-        if module is not None and hasattr(module, "hooks"):
-            ctx.section = fam.settings(r)
-            hooks += module.hooks(ctx, parts)
+    for a in plan.active:
+        if a.parts.hooks is not None:
+            ctx.section = a.section
+            hooks += a.parts.hooks(ctx, parts)
     ctx.section = None
     return hooks
 
 
-def make_evaluator(r: Recipe, ctx: StageContext, active: list[Family], parts: SimpleNamespace):
+def make_evaluator(plan: RunPlan, ctx: StageContext, parts: SimpleNamespace):
     """An active family's held-out evaluation, or the task's eval split (scored by the verifier, or by the
     recipe's reward functions when the task has none); None when run.eval_every is 0."""
+    r = plan.recipe
     if not r.run.eval_every:
         return None
-    for fam in active:
-        module = fam.parts()
-        if module is not None and hasattr(module, "evaluator"):
-            ctx.section = fam.settings(r)
-            try:
-                return module.evaluator(ctx, parts.source, r.run.eval_temperature)
-            finally:
-                ctx.section = None
+    owner = plan.evaluator_owner
+    if owner is not None:
+        ctx.section = owner.section
+        try:
+            return owner.parts.evaluator(ctx, parts.source, r.run.eval_temperature)
+        finally:
+            ctx.section = None
     fn = parts.reward_fn
     eval_reward = fn if isinstance(fn, WeightedRewards) else WeightedRewards([fn])  # scores tasks without a verifier
     return Evaluator(ctx.task, ctx.tokenizer, parts.source, seed=r.run.seed, temperature=r.run.eval_temperature,

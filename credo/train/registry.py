@@ -7,7 +7,7 @@ A stage is named by
 - a name registered in code with `register_stage(kind, name)`;
 - an import spec `package.module:factory`, so a researcher adds a stage in their own file without editing credo.
 
-A factory is called as `factory(ctx, settings)` when its family declares a settings dataclass for it (the
+`resolve` is called only by the run plan (`credo.plan.resolve_plan`), once per stage. A factory is called as `factory(ctx, settings)` when its family declares a settings dataclass for it (the
 recipe's `stages.<kind>_kwargs`, checked field by field at `credo check`, before any warm-up), else as
 `factory(ctx, **kwargs)` with the kwargs checked against its signature. `ctx` is a `StageContext`: what the
 builder has already built. This module imports nothing heavy, so `credo check` resolves names quickly.
@@ -94,11 +94,15 @@ class StageContext:
 
 @dataclass(frozen=True)
 class Resolved:
-    """A stage name resolved: its factory, its settings dataclass (or None) and the family that declares it."""
+    """A stage name resolved: its factory, its settings dataclass (or None), the family that declares it, and its
+    declared capabilities (`credo.capabilities`; a registered or imported factory declares them as attributes
+    `provides` / `backend_needs`, default none)."""
 
     factory: Callable
     settings: type | None = None
     family: Family | None = None
+    provides: frozenset = frozenset()
+    backend_needs: frozenset = frozenset()
 
 
 def resolve(kind: str, spec: str, key: str, families: tuple[Family, ...] = ()) -> Resolved | None:
@@ -116,18 +120,23 @@ def resolve(kind: str, spec: str, key: str, families: tuple[Family, ...] = ()) -
                 raise
         if not callable(obj):
             raise ConfigError(f"config key '{key}' = '{spec}': module '{module}' has no callable '{attr}'")
-        return Resolved(obj)
+        return _declared(obj)
     found = stage_entry(families, kind, spec)
     if found is not None:
         fam, entry = found
-        return Resolved(import_spec(entry.factory, key), entry.settings, fam)
+        return Resolved(import_spec(entry.factory, key), entry.settings, fam, entry.provides, entry.backend_needs)
     if spec in STAGES[kind]:
-        return Resolved(STAGES[kind][spec])
+        return _declared(STAGES[kind][spec])
     names = sorted(set(STAGES[kind]) | set(stage_names(families, kind)))
     close = difflib.get_close_matches(spec, names, n=1, cutoff=0.5)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     raise ConfigError(f"config key '{key}' = '{spec}' is not a known {kind} stage{hint} "
                       f"(known: {', '.join(names) or 'none'}; or give 'package.module:factory')")
+
+
+def _declared(factory: Callable) -> Resolved:
+    return Resolved(factory, provides=frozenset(getattr(factory, "provides", ())),
+                    backend_needs=frozenset(getattr(factory, "backend_needs", ())))
 
 
 def settings_of(resolved: Resolved, kwargs: dict, key: str) -> Any:
@@ -175,32 +184,6 @@ def build_stage(resolved: Resolved, ctx: StageContext, settings: Any):
     return resolved.factory(ctx, settings)
 
 
-def check_stages(stages, families: tuple[Family, ...] = ()) -> dict[str, Any]:
-    """Resolve every stage a recipe names and check its settings (`credo check` time); returns the settings by
-    recipe key. Unknown names, failed imports and bad settings are errors naming the key."""
-    out: dict[str, Any] = {}
-    for kind in ("rollout", "reward", "advantage"):
-        resolved = resolve(kind, getattr(stages, kind), f"stages.{kind}", families)
-        kwargs = getattr(stages, f"{kind}_kwargs")
-        if resolved is None and kwargs:
-            raise ConfigError(f"config key 'stages.{kind}_kwargs' is set but stages.{kind} is 'default', whose settings "
-                              "live in their own sections; name the stage they are for")
-        if resolved is not None:
-            out[f"stages.{kind}_kwargs"] = settings_of(resolved, kwargs, f"stages.{kind}_kwargs")
-    for i, spec in enumerate(stages.probes):
-        if not isinstance(spec, str):
-            raise ConfigError(f"config key 'stages.probes[{i}]' = {spec!r}: expected a name or 'package.module:factory'")
-        resolved = resolve("probe", spec, f"stages.probes[{i}]", families)
-        if resolved is None:
-            raise ConfigError(f"config key 'stages.probes[{i}]': there is no default probe; name one")
-        key = f"stages.probe_kwargs.{spec}"
-        out[key] = settings_of(resolved, stages.probe_kwargs.get(spec, {}), key)
-    for spec in stages.probe_kwargs:
-        if spec not in stages.probes:
-            raise ConfigError(f"config key 'stages.probe_kwargs.{spec}' names no entry of stages.probes ({stages.probes})")
-    return out
-
-
 def _check_factory_kwargs(factory: Callable, kwargs: dict, key: str) -> None:
     """Each key of `kwargs` is a keyword `factory(ctx, ...)` takes (a factory with **kwargs takes any)."""
     params = list(inspect.signature(factory).parameters.values())[1:]  # the first is ctx
@@ -214,5 +197,5 @@ def _check_factory_kwargs(factory: Callable, kwargs: dict, key: str) -> None:
             raise ConfigError(f"unknown config key '{key}.{k}'{hint} (valid: {', '.join(valid) or 'none'})")
 
 
-__all__ = ["DEFAULT", "KINDS", "STAGES", "Resolved", "StageContext", "StageEntry", "build_stage", "check_stages",
+__all__ = ["DEFAULT", "KINDS", "STAGES", "Resolved", "StageContext", "StageEntry", "build_stage",
            "register_stage", "resolve", "settings_of", "stage_settings"]

@@ -2,13 +2,13 @@
 
     make_run_dir(r, world)                      the run folder (refuses a folder that holds a run, unless resuming)
     prepare_policy(r, task, rank, world)        the base policy's folder: the cached warm-up's output, or the model
-    family_warmups(r, active, task, path, key)  an active family's own warm-up after credo's (build part `warmup`)
+    family_warmups(r, active, task, path, key)  an active family's own warm-up after credo's (its part `warmup`)
     check_context(r, base_path, task)           every prompt + rollout.max_new_tokens fits the model's context
-    make_backend(r, engine, tokenizer, path)    the rollout engine: hf (the trainer's own module), vLLM, or Ray
-                                                rollout workers (cluster.engine: ray), with the options active
-                                                families ask for (build part `rollout_options`)
-    reward_function(r, task)                    the group reward function: reward.functions, reward.function or
-                                                the task's verifier
+    make_backend(plan, engine, tokenizer, path) the rollout engine: hf (the trainer's own module), vLLM, or Ray
+                                                rollout workers (cluster.engine: ray), with what the plan needs of
+                                                it (prompt embeddings for a source with soft prefixes)
+    reward_function(r, task, functions)         the group reward function: the plan's imported reward.functions
+                                                or reward.function, or the task's verifier
     fault_nan_steps()                           the test hook CREDO_FAULT_NAN_STEP
 """
 
@@ -28,7 +28,7 @@ from credo.distributed.rollout import HFBackend
 from credo.errors import ConfigError
 from credo.models import load_tokenizer, resolve_model_path
 from credo.rewards.functions import WeightedRewards, is_trl_style
-from credo.rewards.worker import import_reward_fn, per_sample
+from credo.rewards.worker import per_sample
 from credo.tasks.render import encode_prompts, prompt_renderer
 
 
@@ -41,12 +41,13 @@ def fault_nan_steps() -> frozenset[int]:
     return frozenset(steps)
 
 
-def reward_function(r: Recipe, task):
-    """The group reward function: reward.functions (weighted), reward.function, or the task's verifier."""
+def reward_function(r: Recipe, task, functions: tuple = ()):
+    """The group reward function: reward.functions (weighted), reward.function, or the task's verifier.
+    `functions`: the plan's (key, spec, imported function) of reward.function(s) (`credo.plan.RunPlan`)."""
     if r.reward.functions:
-        return WeightedRewards.from_specs(r.reward.functions, r.reward.weights)
+        return WeightedRewards([fn for _, _, fn in functions], r.reward.weights)
     if r.reward.function:
-        fn = import_reward_fn(r.reward.function)
+        fn = functions[0][2]
         return WeightedRewards([fn]) if is_trl_style(fn) else fn  # a TRL-style function is called TRL's way
     if getattr(task, "score", None) is None:
         raise ConfigError(f"task '{r.task.name}' has no verifier: expected reward.functions (TRL-style reward "
@@ -91,22 +92,23 @@ def prepare_policy(r: Recipe, task, rank: int, world: int) -> tuple[str, str | N
     return out[0], out[1]
 
 
-def family_warmups(r: Recipe, active: list, task, policy_path: str, sft_key: str | None, rank: int,
+def family_warmups(r: Recipe, active: tuple, task, policy_path: str, sft_key: str | None, rank: int,
                    world: int) -> tuple[str, str | None]:
-    """Each active family's own warm-up, after credo's: its build part `warmup(recipe, task, policy_path, log=) ->
-    (policy_path, key)` runs on rank 0 (it caches its output as credo's warm-up does) and every rank takes the folder
-    it returns. Its key joins the warm-up key a resume is checked against. No family warm-up: nothing changes."""
-    for fam in active:
-        parts = fam.parts()
-        if parts is None or not hasattr(parts, "warmup"):
+    """Each active family's own warm-up (`credo.plan.ActiveFamily`), after credo's: its part `warmup(recipe, task,
+    policy_path, log=) -> (policy_path, key)` runs on rank 0 (it caches its output as credo's warm-up does) and every
+    rank takes the folder it returns. Its key joins the warm-up key a resume is checked against. No family warm-up:
+    nothing changes."""
+    for a in active:
+        if a.parts.warmup is None:
             continue
         out: list = [None, None]
         if rank == 0:
-            out = list(parts.warmup(r, task, policy_path, log=lambda m: logging.getLogger("credo").info(m)))
+            out = list(a.parts.warmup(r, task, policy_path, log=lambda m: logging.getLogger("credo").info(m)))
         if world > 1:
             dist.broadcast_object_list(out, src=0)
+        name = a.family.name
         if out[1] is not None:
-            policy_path, sft_key = out[0], f"{sft_key}+{fam.name}:{out[1]}" if sft_key else f"{fam.name}:{out[1]}"
+            policy_path, sft_key = out[0], f"{sft_key}+{name}:{out[1]}" if sft_key else f"{name}:{out[1]}"
     return policy_path, sft_key
 
 
@@ -138,28 +140,26 @@ def check_context(r: Recipe, base_path: str, task) -> None:
             f" > the model's context of {limit} tokens (max_position_embeddings); shorten prompts or max_new_tokens")
 
 
-def make_backend(r: Recipe, engine, tokenizer, policy_path: str, cluster=None):
+def make_backend(plan, engine, tokenizer, policy_path: str, cluster=None):
     """The rollout engine: Ray rollout workers when `cluster` (cluster.engine: ray), else hf (sampling from the
-    trainer's own module) or vLLM in this process."""
+    trainer's own module) or vLLM in this process, with what the plan (`credo.plan.RunPlan`) needs of it."""
+    from credo.capabilities import PROMPT_EMBEDS
+
+    r = plan.recipe
     ro = r.rollout
     if cluster is not None:
         return cluster.rollout_backend(r, engine, policy_path)
     if ro.backend == "hf":
         return HFBackend(engine.module, tokenizer, max_batch=ro.hf_max_batch, dtype=ro.dtype, fp8_weights=ro.fp8_weights)
     from credo.distributed.vllm_backend import VLLMBackend
-    from credo.family import active_families
 
-    options: dict = {}  # what an active family needs of the engine (prompt embeddings for soft prefixes)
-    for fam in active_families(r):
-        parts = fam.parts()
-        if parts is not None and hasattr(parts, "rollout_options"):
-            options.update(parts.rollout_options(r))
+    embeds = plan.needs_backend(PROMPT_EMBEDS)  # a source with soft prefixes (palette) sends prompt embeddings
     eager = ro.vllm_enforce_eager
     backend = VLLMBackend(policy_path, dtype=ro.dtype or r.model.dtype, seed=r.run.seed,
                           kv_cache_gib=ro.vllm_kv_cache_gib, gpu_memory_utilization=ro.vllm_gpu_memory_utilization,
                           enforce_eager=(not torch.cuda.is_available()) if eager is None else eager,
                           fp8_weights=ro.fp8_weights,
-                          input_embeddings=engine.module.get_input_embeddings() if options.get("prompt_embeds") else None)
+                          input_embeddings=engine.module.get_input_embeddings() if embeds else None)
     if ro.fp8_weights:  # the engine loaded full-precision weights from disk: quantise them before step 1
         backend.sync_weights(engine.module, 0)
     return backend

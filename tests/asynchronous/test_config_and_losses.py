@@ -4,6 +4,8 @@ against a count by hand, and the staleness learning-rate factor."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -32,15 +34,20 @@ def test_bad_values_name_their_key(override, message):
 
 
 @pytest.mark.parametrize("overrides,key", [
-    (["rollout.backend=vllm"], "rollout.backend"),
-    (["stages.rollout=multiturn"], "stages.rollout"),
-    (["optim.zero_stage=3"], "optim.zero_stage"),
+    (["rollout.backend=vllm"], "'rollout.backend' = 'vllm'"),
+    (["stages.rollout=multiturn"], "'stages.rollout' = 'multiturn'"),
+    (["optim.zero_stage=3"], "'optim.zero_stage' = 3"),
 ])
-def test_overlap_refuses_what_its_workers_cannot_run(overrides, key):
-    base = ["rollout.max_staleness=1", "rollout.async_mode=overlap"]
-    with pytest.raises(ConfigError, match=f"config key '{key}'"):
-        load_recipe(QUICK, base + overrides, validate_names=False)
-    load_recipe(QUICK, ["rollout.async_mode=overlap"] + overrides[:0], validate_names=False)  # S = 0: no overlap
+@pytest.mark.parametrize("schedule", [["stages.schedule=overlap"],
+                                      ["rollout.max_staleness=1", "rollout.async_mode=overlap"]])  # the old keys
+def test_overlap_refuses_what_its_workers_cannot_run(overrides, key, schedule):
+    """Refused by the run plan (credo check), naming both keys, before any warm-up."""
+    from credo.plan import resolve_plan
+
+    with pytest.raises(ConfigError, match=r"^config keys .*overlap.* and " + re.escape(key) + " do not combine"):
+        resolve_plan(load_recipe(QUICK, schedule + overrides))
+    plan = resolve_plan(load_recipe(QUICK, ["rollout.async_mode=overlap"]))  # S = 0: no overlap, and a warning
+    assert plan.schedule.name == "sync" and any("the run is synchronous" in n for n in plan.notes)
 
 
 @pytest.mark.parametrize("loss,kwargs,warns", [
@@ -57,21 +64,22 @@ def test_overlap_refuses_what_its_workers_cannot_run(overrides, key):
     ("mipu", "{}", False),                                # its kernel weights by pi_old / mu
 ])
 def test_a_loss_that_ignores_the_behaviour_policy_is_warned_about_by_name(loss, kwargs, warns):
-    r = load_recipe(QUICK, ["rollout.max_staleness=2", f"algo.policy_loss={loss}", f"algo.loss_kwargs={kwargs}"])
-    notes = async_warnings(r)
+    r = load_recipe(QUICK, ["stages.schedule=fixed_lag", "stages.schedule_kwargs={max_staleness: 2}",
+                            f"algo.policy_loss={loss}", f"algo.loss_kwargs={kwargs}"])
+    notes = async_warnings(r, 2, "fixed_lag")
     assert bool(notes) == warns
     if warns:
-        assert notes[0].startswith("warning: rollout.max_staleness = 2") and f"'{loss}'" in notes[0]
-    assert async_warnings(load_recipe(QUICK, [f"algo.policy_loss={loss}", f"algo.loss_kwargs={kwargs}"])) == []
+        assert notes[0].startswith("warning: stages.schedule 'fixed_lag' with max_staleness = 2") and f"'{loss}'" in notes[0]
+    assert async_warnings(load_recipe(QUICK, [f"algo.policy_loss={loss}", f"algo.loss_kwargs={kwargs}"]), 0) == []
 
 
 def test_credo_check_prints_the_warning(tmp_path, monkeypatch, capsys):
     from credo.cli import main
 
     monkeypatch.setenv("CREDO_CACHE", str(tmp_path))
-    assert main(["check", QUICK, "rollout.max_staleness=1", "run.output_dir=" + str(tmp_path / "run")]) == 0
+    assert main(["check", QUICK, "stages.schedule=fixed_lag", "run.output_dir=" + str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
-    assert "credo: warning: rollout.max_staleness = 1 with algo.policy_loss 'ppo'" in out
+    assert "credo: warning: stages.schedule 'fixed_lag' with max_staleness = 1 and algo.policy_loss 'ppo'" in out
     assert "credo check: OK" in out
 
 

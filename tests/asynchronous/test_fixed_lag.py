@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from credo.distributed.rollout import HFBackend
-from credo.train.fixed_lag import FixedLagSource
+from credo.schedules.fixed_lag import FixedLagSource
 from tests.asynchronous.common import arithmetic, perturb, prompt_rollout, same_samples, tiny_policy
 
 

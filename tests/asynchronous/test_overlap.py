@@ -12,7 +12,7 @@ import torch
 
 from credo.distributed.rollout import HFBackend
 from credo.distributed.rollout_workers import GenerationRequest, LocalRolloutWorkers, RolloutWorkerError, WorkerSpec
-from credo.train.overlap import OverlapSource
+from credo.schedules.overlap import OverlapSource
 from credo.train.scoring import policy_forward
 from tests.asynchronous.common import arithmetic, perturb, prompt_rollout, tiny_policy
 

@@ -127,7 +127,7 @@ def test_model_folder_whose_tokenizer_has_no_eos_fails_and_no_pad_passes(tmp_pat
     tok = build_char_tokenizer()
     tok.pad_token = None  # pad = eos, with a warning, as TRL does (tests/byo)
     tok.save_pretrained(model)
-    assert preflight(recipe(tmp_path, **{"model.path": str(model)})) == []
+    assert preflight(recipe(tmp_path, **{"model.path": str(model)})).notes == ()
 
 
 def test_hub_id_offline_is_a_note_not_an_error():
@@ -377,7 +377,7 @@ def test_reward_functions_are_checked_before_any_warm_up(tmp_path):
     with pytest.raises(ConfigError, match=r"reward.functions\[1\] = 'tests.no_such_module:f' cannot be imported"):
         preflight(recipe(tmp_path, **{"reward.function": "null", "reward.functions": "['tests.byo.rewards:has_digit', 'tests.no_such_module:f']"}))
     # TRL-style functions pass (they are called with keywords, not as fn(responses, problems))
-    assert preflight(recipe(tmp_path, **{"reward.function": "null", "reward.functions": "['tests.byo.rewards:has_digit']"})) == []
+    assert preflight(recipe(tmp_path, **{"reward.function": "null", "reward.functions": "['tests.byo.rewards:has_digit']"})).notes == ()
 
 
 def test_data_set_files_and_fields_are_checked_before_any_warm_up(tmp_path):
@@ -390,4 +390,4 @@ def test_data_set_files_and_fields_are_checked_before_any_warm_up(tmp_path):
         preflight(recipe(tmp_path, **{"task.name": "file",
                                       "task.kwargs": f"{{train: '{tmp_path / 'missing.jsonl'}', prompt_field: question}}"}))
     ok = f"{{train: '{data}', prompt_field: question, answer_field: answer}}"
-    assert preflight(recipe(tmp_path, **{"task.name": "file", "task.kwargs": ok, "task.eval_size": 1})) == []
+    assert preflight(recipe(tmp_path, **{"task.name": "file", "task.kwargs": ok, "task.eval_size": 1})).notes == ()

@@ -7,9 +7,19 @@ import pytest
 
 from credo.config import ConfigError, StagesConfig
 from credo.train import registry
-from credo.train.registry import DEFAULT, KINDS, StageContext, check_stages, register_stage, resolve
+from credo.train.registry import DEFAULT, KINDS, StageContext, register_stage, resolve
 
 NOT_CALLABLE = 3
+
+
+def check_stages(stages_config):
+    """The run plan's resolution of a recipe's `stages:` section (the one place names are resolved)."""
+    from credo.config import load_recipe
+    from credo.plan import resolve_plan
+
+    r = load_recipe(None, ["run.name=t"])
+    r.stages = stages_config
+    return resolve_plan(r)
 
 
 def factory(ctx, scale: float = 1.0, *, mode="a"):

@@ -22,7 +22,7 @@ from credo.distributed.race import hf_race, race_winners  # noqa: E402
 from credo.distributed.rollout import HFBackend, seeds_digest  # noqa: E402
 from credo.tasks.problem import Problem  # noqa: E402
 from credo.train.scoring import policy_forward  # noqa: E402
-from credo.train.tail_batching import TailBatchingRollout  # noqa: E402
+from credo.schedules.tail_batching import TailBatchingRollout  # noqa: E402
 
 V, EOS, PAD = 40, 2, 0
 

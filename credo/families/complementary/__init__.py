@@ -13,7 +13,8 @@
 Active when `stages.rollout: complementary` (with an `env:` section). See docs/complementary.md.
 """
 
-from credo.families.complementary.config import ComplementaryConfig, check_complementary
+from credo.capabilities import BATCH_STATE
+from credo.families.complementary.config import REFUSALS, ComplementaryConfig, check_complementary
 from credo.families.multiturn.config import ENV_ROLLOUTS
 from credo.family import Family, StageEntry
 
@@ -30,7 +31,9 @@ FAMILY = Family(
     section="complementary",
     config=ComplementaryConfig,
     check=check_complementary,
-    stages={"rollout": {"complementary": StageEntry("credo.families.complementary.source:complementary_source")}},
+    stages={"rollout": {"complementary": StageEntry("credo.families.complementary.source:complementary_source",
+                                                    provides=frozenset({BATCH_STATE}))}},
+    refusals=REFUSALS,
     active=_active,
     fixed_on_resume=("complementary.extractor", "complementary.extractor_path"),
     build="credo.families.complementary.build",

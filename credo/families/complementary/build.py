@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from credo.errors import ConfigError
+from credo.family import FamilyParts
 
 
 def preflight(r) -> list[str]:
@@ -155,3 +156,6 @@ def make_hook(ctx, source, c):
                          tok, c, seed=ctx.seed, zero_stage=ctx.zero_stage, world=ctx.world,
                          beside=(Beside(), actor, ctx.engine.module,
                                  HFBackend(actor.module, tok, per_sample_seeds=True, max_batch=max_batch)))
+
+
+PARTS = FamilyParts(preflight=preflight, hooks=hooks, warmup=warmup)

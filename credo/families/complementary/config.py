@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from credo.config import checked, one_of, out_of_range, ranged
+from credo.capabilities import Refusal
 from credo.errors import ConfigError
 
 EXTRACTORS = ("model", "frozen", "none", "self")
@@ -125,7 +126,7 @@ def check_one_model(r) -> None:
 def check_async(r) -> None:
     """complementary.extractor_async: the work it moves is the second model's (the one-model mode's lessons are
     sampled inside the rollout); its worker samples the paired episodes with the hf backend on its own copy of the
-    actor; a second lag on top of rollout.max_staleness is not built."""
+    actor; a second lag on top of an asynchronous schedule is not built (a row in `REFUSALS`)."""
     c = r.complementary
     if c.extractor not in ("model", "frozen"):
         raise ConfigError(f"config key 'complementary.extractor_async' = true needs a second model to run beside the "
@@ -135,7 +136,12 @@ def check_async(r) -> None:
         raise ConfigError(f"config key 'complementary.extractor_async' = true plays its paired episodes with the hf "
                           f"backend on a copy of the actor: expected rollout.backend: hf, got '{r.rollout.backend}' "
                           "(or complementary.extractor_async: false)")
-    if r.rollout.max_staleness > 0:
-        raise ConfigError(f"config key 'complementary.extractor_async' = true with rollout.max_staleness = "
-                          f"{r.rollout.max_staleness}: a bank lag on top of a rollout lag is not built; expected "
-                          "rollout.max_staleness: 0 (or complementary.extractor_async: false)")
+
+
+REFUSALS = (
+    Refusal(("complementary.extractor_async", "stages.schedule"),
+            lambda r, p: r.complementary.extractor_async and p.schedule.staleness > 0,
+            "a bank lag on top of a rollout lag is not built; expected a synchronous schedule "
+            "(or complementary.extractor_async: false)"),
+)
+"""Combinations the complementary family cannot run in (checked by the run plan with every other row)."""

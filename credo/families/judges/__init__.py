@@ -15,6 +15,7 @@ See docs/judges.md.
 """
 
 from credo.families.judges.config import CERMRolloutSettings, JudgeConfig, RMNLHFSettings, check_judge
+from credo.capabilities import BATCH_STATE
 from credo.family import Family, StageEntry
 
 
@@ -34,7 +35,7 @@ FAMILY = Family(
                    "rm_nlhf": StageEntry("credo.families.judges.rm_nlhf:rm_nlhf_stage", RMNLHFSettings),
                    "ce_rm": StageEntry("credo.families.judges.ce_rm:ce_rm_reward")},
         "rollout": {"ce_rm_two_stage": StageEntry("credo.families.judges.ce_rm:two_stage_source",
-                                                  CERMRolloutSettings)},
+                                                  CERMRolloutSettings, provides=frozenset({BATCH_STATE}))},
     },
     tasks={"judge_arithmetic": "credo.families.judges.tasks:ArithmeticJudgeTask",
            "ce_rm_arithmetic": "credo.families.judges.tasks:CriteriaJudgeTask",

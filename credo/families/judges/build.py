@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from credo.family import FamilyParts
+
 
 def preflight(r) -> list[str]:
     """judge.path exists and its tokenizer loads (a hub id not cached here is a note, not an error); with
@@ -12,3 +14,6 @@ def preflight(r) -> list[str]:
     if r.cluster.engine == "ray" and r.cluster.judge.workers:
         notes += check_cluster_placement(r, ("judge",))
     return notes
+
+
+PARTS = FamilyParts(preflight=preflight)

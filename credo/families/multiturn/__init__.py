@@ -16,6 +16,7 @@ Active when `env.id` is set (with `stages.rollout: multiturn`). See docs/multitu
 from dataclasses import asdict
 
 from credo.families.multiturn.config import LATENCY_KEYS, EnvConfig, TurnCreditSettings, check_env
+from credo.capabilities import BATCH_STATE
 from credo.family import Family, StageEntry
 
 
@@ -40,7 +41,8 @@ FAMILY = Family(
     config=EnvConfig,
     check=check_env,
     stages={
-        "rollout": {"multiturn": StageEntry("credo.families.multiturn.source:multiturn_source")},
+        "rollout": {"multiturn": StageEntry("credo.families.multiturn.source:multiturn_source",
+                                            provides=frozenset({BATCH_STATE}))},
         "reward": {"env": StageEntry("credo.families.multiturn.source:env_reward")},
         "advantage": {"turn_credit": StageEntry("credo.families.multiturn.turn_credit:turn_credit",
                                                 TurnCreditSettings)},

@@ -5,6 +5,7 @@ context), the warm-up task and the evaluator."""
 from __future__ import annotations
 
 from credo.errors import ConfigError
+from credo.family import FamilyParts
 
 
 def check_names(r) -> None:
@@ -114,3 +115,6 @@ def evaluator(ctx, source, temperature: float):
     from credo.families.multiturn.source import EnvEvaluator
 
     return EnvEvaluator(source, ctx.section.eval_episodes, temperature=temperature, seed=ctx.seed)
+
+
+PARTS = FamilyParts(check_names=check_names, preflight=preflight, task=task, evaluator=evaluator)

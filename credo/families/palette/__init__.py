@@ -9,13 +9,14 @@
                 the within-group diversity hook
     steer.py    inference with a chosen z (`credo palette`): a z given, or the posterior mean of an example answer
     task.py     `add_two_ways`: addition demonstrated in two scratchpad strategies (the steering demo)
-    build.py    build-time parts: the prefix-length check, the warm-up, the hook, the vLLM engine option
+    build.py    build-time parts: the prefix-length check, the warm-up, the hook
 
 Active when `palette.enabled` (the palette source replaces the default rollout source) or `palette.diversity_metrics`
 alone (a baseline measured the same way). See docs/palette.md.
 """
 
-from credo.families.palette.config import PaletteConfig, check_palette
+from credo.families.palette.config import REFUSALS, PaletteConfig, check_palette
+from credo.capabilities import PROMPT_EMBEDS
 from credo.family import Family, StageEntry
 
 
@@ -39,10 +40,12 @@ FAMILY = Family(
     section="palette",
     config=PaletteConfig,
     check=check_palette,
-    stages={"rollout": {"palette": StageEntry("credo.families.palette.source:palette_source")}},
+    stages={"rollout": {"palette": StageEntry("credo.families.palette.source:palette_source",
+                                              backend_needs=frozenset({PROMPT_EMBEDS}))}},
     tasks={"add_two_ways": "credo.families.palette.task:add_two_ways"},
     active=_active,
     stage_defaults=_stage_defaults,
+    refusals=REFUSALS,
     fixed_on_resume=("palette.enabled", "palette.latent_dim", "palette.prefix_len", "palette.hidden_size"),
     build="credo.families.palette.build",
 )

@@ -1,10 +1,11 @@
 """Build-time parts of the palette family (`credo.family`): the prefix-length check at `credo check`, the palette
-warm-up after credo's SFT, the within-group diversity hook, and the option the vLLM engine needs (prompt
-embeddings)."""
+warm-up after credo's SFT and the within-group diversity hook. (What the rollout engine must provide, prompt
+embeddings, is declared on the palette source's StageEntry.)"""
 
 from __future__ import annotations
 
 from credo.errors import ConfigError
+from credo.family import FamilyParts
 
 
 def preflight(r) -> list[str]:
@@ -57,13 +58,11 @@ def warmup(r, task, policy_path: str, *, log) -> tuple[str, str | None]:
     return run_warmup(r, policy_path, task, log=log)
 
 
-def rollout_options(r) -> dict:
-    """What the rollout engine must support: prompt embeddings (vLLM's `enable_prompt_embeds`) with palette.enabled."""
-    return {"prompt_embeds": True} if r.palette.enabled else {}
-
-
 def hooks(ctx, parts) -> list:
     """The within-group diversity metrics (palette/*) of every step."""
     from credo.families.palette.source import DiversityHook
 
     return [DiversityHook(ctx.tokenizer, getattr(ctx.task, "strategy", None), getattr(ctx.task, "strategies", ()))]
+
+
+PARTS = FamilyParts(preflight=preflight, warmup=warmup, hooks=hooks)

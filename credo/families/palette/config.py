@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from credo.config import checked, one_of, out_of_range, ranged
+from credo.capabilities import Refusal
 from credo.errors import ConfigError
 
 
@@ -60,7 +61,7 @@ class PaletteConfig:
 
 
 def check_palette(r) -> None:
-    """The palette settings against the core keys and the families they cannot be combined with."""
+    """The palette settings against the core keys (the combinations it refuses are rows in `REFUSALS`)."""
     p = r.palette
     if p.eval_z is not None and len(p.eval_z) != p.latent_dim:
         raise out_of_range("palette.eval_z", p.eval_z, f"a list of palette.latent_dim = {p.latent_dim} numbers")
@@ -69,22 +70,28 @@ def check_palette(r) -> None:
     if r.stages.rollout not in ("default", "palette"):
         raise ConfigError(f"config key 'stages.rollout' = '{r.stages.rollout}' cannot be used with palette.enabled: "
                           "the palette source is the rollout stage (it samples a latent per response)")
-    if r.rollout.max_staleness > 0:
-        raise ConfigError(f"config key 'rollout.max_staleness' = {r.rollout.max_staleness} cannot be used with "
-                          "palette.enabled: the asynchronous sources do not carry the per-sample latents yet")
-    if r.algo.packing or r.algo.micro_batch_tokens:
-        key, value = ("algo.packing", True) if r.algo.packing else ("algo.micro_batch_tokens", r.algo.micro_batch_tokens)
-        raise ConfigError(f"config key '{key}' = {value!r} cannot be used with palette.enabled: a soft prefix is read "
-                          "from its sample's own padded row, not from packed or token-budget rows")
-    if r.stages.probes:
-        raise ConfigError(f"config key 'stages.probes' = {list(r.stages.probes)} cannot be used with palette.enabled: "
-                          "a probe's hooks index token positions, which the soft prefix shifts")
-    for section, on, why in (("critic", lambda s: s.num_critics > 0, "the value models do not read the prefix"),
-                             ("mipu", lambda s: s.enabled or s.random_rollback > 0,
-                              "MIPU's validation samples and scores without the prefix")):
-        s = getattr(r, section, None)
-        if s is not None and on(s):
-            raise ConfigError(f"config section '{section}:' is on, which cannot be combined with palette.enabled: {why}")
     if p.vae_steps + p.sft_steps == 0:
         raise out_of_range("palette.sft_steps", p.sft_steps, "> 0 (or palette.vae_steps > 0): without a warm-up the "
                            "VAE is untrained and the policy has never seen a prefix")
+
+
+def _on(section: str, pred):
+    def when(r, plan) -> bool:
+        s = getattr(r, section, None)
+        return r.palette.enabled and s is not None and pred(s)
+    return when
+
+
+REFUSALS = (
+    Refusal(("palette.enabled", "algo.packing"), lambda r, p: r.palette.enabled and r.algo.packing,
+            "a soft prefix is read from its sample's own padded row, not from packed rows"),
+    Refusal(("palette.enabled", "algo.micro_batch_tokens"), lambda r, p: r.palette.enabled and r.algo.micro_batch_tokens > 0,
+            "a soft prefix is read from its sample's own padded row, not from token-budget rows"),
+    Refusal(("palette.enabled", "stages.probes"), lambda r, p: r.palette.enabled and bool(r.stages.probes),
+            "a probe's hooks index token positions, which the soft prefix shifts"),
+    Refusal(("palette.enabled", "critic.num_critics"), _on("critic", lambda s: s.num_critics > 0),
+            "the value models do not read the prefix"),
+    Refusal(("palette.enabled", "mipu.enabled"), _on("mipu", lambda s: s.enabled or s.random_rollback > 0),
+            "MIPU's validation samples and scores without the prefix"),
+)
+"""Combinations palette.enabled cannot run in (checked by the run plan with every other row)."""

@@ -14,6 +14,7 @@ Active when the task is `polymath` or polymath.sample is set (with stages.rollou
 """
 
 from credo.families.polymath.config import PolymathConfig, SampleConfig, check_polymath
+from credo.capabilities import BATCH_STATE
 from credo.family import Family, StageEntry
 
 __all__ = ["FAMILY", "PolymathConfig", "SampleConfig"]
@@ -30,7 +31,8 @@ FAMILY = Family(
     section="polymath",
     config=PolymathConfig,
     check=check_polymath,
-    stages={"rollout": {"one_sample": StageEntry("credo.families.polymath.source:one_sample_source")}},
+    stages={"rollout": {"one_sample": StageEntry("credo.families.polymath.source:one_sample_source",
+                                                provides=frozenset({BATCH_STATE}))}},
     tasks={"polymath": "credo.families.polymath.mix:polymath_task"},
     active=_active,
     build="credo.families.polymath.build",

@@ -3,6 +3,8 @@ multi-domain evaluator and the monitor hook."""
 
 from __future__ import annotations
 
+from credo.family import FamilyParts
+
 
 def preflight(r) -> list[str]:
     """polymath.sample resolves to a problem its verifier accepts (select: judge only checks the judge's folder),
@@ -40,3 +42,6 @@ def hooks(ctx, parts) -> list:
     from credo.families.polymath.monitor import PolymathMonitor
 
     return [PolymathMonitor(ctx.tokenizer)] if ctx.section.monitor else []
+
+
+PARTS = FamilyParts(preflight=preflight, evaluator=evaluator, hooks=hooks)

@@ -1,10 +1,14 @@
 """Tail batching (RollPacker, arXiv 2509.21009): a synchronous, on-policy rollout source that stops waiting for the
 longest responses.
 
-A step trains on P0 prompts x R0 responses (`rollout.prompts_per_step` x `rollout.group_size`).
+`stages.schedule: tail_batching`, with `stages.schedule_kwargs` {prompt_ratio, max_responses, chunk_tokens}
+(`TailBatchingSettings`; the deprecated `rollout.tail_batching: {...}` still maps here). It needs a source that
+draws single-turn prompts itself (capability `prompt_draw`: the default source) and a backend that can race
+(`race`: hf and vLLM; not the Ray pool). A step trains on P0 prompts x R0 responses (`rollout.prompts_per_step` x
+`rollout.group_size`).
 
 - **Short round** (the default): launch ceil(eta_P * P0) new prompts with R' > R0 responses each
-  (`rollout.tail_batching.prompt_ratio`, `max_responses`). A prompt is complete once R0 of its responses have
+  (`prompt_ratio`, `max_responses`). A prompt is complete once R0 of its responses have
   finished; it keeps those R0 (the first to finish). The round ends as soon as P0 prompts are complete
   (`credo.distributed.race`); every response still running is aborted, and the prompts that did not complete go to
   the **long-prompt queue**.
@@ -28,10 +32,15 @@ interleave with the other ranks' in one permutation); `state_dict` gathers every
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from credo.capabilities import PROMPT_DRAW, RACE
+from credo.config.fields import ranged
+from credo.errors import ConfigError
+from credo.schedules import Schedule
 from credo.tasks.render import encode_prompts, plain_prompt
 from credo.train.batch import Batch
 from credo.train.rollout import PromptRollout, step_seed
@@ -155,3 +164,36 @@ class TailBatchingRollout(PromptRollout):
     def load_state_dict(self, state: dict) -> None:
         mine = state["ranks"][self.rank]
         self.drawn, self.queue = int(mine["drawn"]), [int(d) for d in mine["queue"]]
+
+
+@dataclass
+class TailBatchingSettings:
+    prompt_ratio: float = ranged(1.25, ge=1)
+    """eta_P: a short round launches ceil(prompt_ratio * prompts_per_step) prompts (RollPacker's default 1.25)."""
+    max_responses: int = ranged(0, ge=0, note="0 = group_size + 1")
+    """R': responses launched per prompt in a short round, >= group_size; 0 = group_size + 1 (RollPacker's)."""
+    chunk_tokens: int = ranged(8, ge=1)
+    """hf backend: tokens generated per generate() call between the checks that drop finished requests."""
+
+
+def check(r, s: TailBatchingSettings, key: str) -> None:
+    """max_responses against the recipe's group size."""
+    if s.max_responses and s.max_responses < r.rollout.group_size:
+        raise ConfigError(f"config key '{key}.max_responses' = {s.max_responses} is out of range: expected >= "
+                          f"rollout.group_size ({r.rollout.group_size}), or 0 for group_size + 1")
+
+
+def wrap(source, ctx, s: TailBatchingSettings) -> TailBatchingRollout:
+    """The default source's draw, scheduled in short and long rounds (the same task, backend and sampling)."""
+    if not isinstance(source, PromptRollout):  # the plan refuses this first (capability prompt_draw)
+        raise TypeError(f"tail batching schedules a PromptRollout, got {type(source).__name__}")
+    return TailBatchingRollout(source.task, source.tokenizer, source.backend, prompt_ratio=s.prompt_ratio,
+                               max_responses=s.max_responses or source.G + 1, chunk_tokens=s.chunk_tokens,
+                               seed=source.seed, prompts_per_step=source.P, group_size=source.G,
+                               max_new_tokens=source.max_new_tokens, temperature=source.temperature, top_p=source.top_p,
+                               rank=source.rank, world=source.world, render=source.render, holdout=source.holdout)
+
+
+SCHEDULE = Schedule(name="tail_batching", doc="RollPacker's tail batching: short rounds race extra prompts, the "
+                    "stragglers wait for a long round (arXiv 2509.21009)", settings=TailBatchingSettings, wrap=wrap,
+                    source_needs=frozenset({PROMPT_DRAW}), backend_needs=frozenset({RACE}), check=check)

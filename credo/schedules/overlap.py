@@ -1,4 +1,4 @@
-"""`rollout.async_mode: overlap`: rollout worker processes generate ahead while the trainer trains (ROLL Flash,
+"""`stages.schedule: overlap`: rollout worker processes generate ahead while the trainer trains (ROLL Flash,
 arXiv 2510.11345: asynchronous rollout with a staleness bound, queue scheduling, prompt replication).
 
 The prompts form one stream of groups (a prompt's group_size samples): group n is prompt n % P of step n // P + 1,
@@ -7,15 +7,20 @@ with that step's problem and sampling seeds, as a synchronous run draws them. Th
     gate       group n may be submitted once the trainer has published version v with n < (v + 1 + S) P + d
                (d: groups dropped so far): generation runs at most S versions ahead, and the groups in flight or
                waiting are bounded by (S + 1) P + d.
-    dispatch   groups go out in requests of rollout.async_request_prompts prompts (1: ROLL Flash's per-prompt
+    dispatch   groups go out in requests of `request_prompts` prompts (1: ROLL Flash's per-prompt
                dispatch, no batch barrier); with async_workers > 1 each prompt's samples are split over the
-               workers (prompt replication, rollout.prompt_replication), each part to the worker with the fewest
+               workers (prompt replication, `prompt_replication`), each part to the worker with the fewest
                requests (queue scheduling).
     weights    `sync` publishes the new weights to a shared-memory double buffer; a worker takes them between two
                requests, without stopping generation (`credo.distributed.weight_buffer`).
     consume    step k takes the first P complete groups in the order they finished. A group with a sample older
                than version k-1-S is dropped whole (counted in async/dropped_stale, and one more group is let
-               through the gate) unless rollout.stale_policy is keep.
+               through the gate) unless `stale_policy` is keep.
+
+Settings (`stages.schedule_kwargs`, `OverlapSettings`): max_staleness (S), stale_policy, workers, prompt_replication,
+request_prompts, timeout_s. It needs the default source's draw (capability `prompt_draw`), a backend whose policy can
+be copied into local worker processes (`local_replicas`: hf in this process) and an engine holding the full
+parameters (`full_params`: ZeRO <= 2); one trainer process (a refusal row in `credo.capabilities`).
 
 Versions count steps: a sample's `policy_version` is the version its worker held when it started the request.
 With a single worker, or several sharing every prompt (replication), groups finish in stream order and none is
@@ -33,6 +38,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from credo.capabilities import FULL_PARAMS, LOCAL_REPLICAS, PROMPT_DRAW
+from credo.config.fields import one_of, ranged
+from credo.schedules import Schedule
 from credo.distributed.rollout_workers import GenerationRequest, LocalRolloutWorkers, RolloutWorkerError, WorkerSpec
 from credo.errors import ConfigError
 from credo.tasks.render import encode_prompts
@@ -172,12 +180,12 @@ class OverlapSource:
         return inner.task.train(idx[n % self.P])
 
     def next_group(self) -> Group:
-        """The oldest complete group; waits (up to rollout.async_timeout_s) for the workers to finish one."""
+        """The oldest complete group; waits (up to timeout_s) for the workers to finish one."""
         while not self.ready:
             result = self.workers.next_result(self.timeout_s)
             if result is None:
                 raise RolloutWorkerError(
-                    f"no rollout worker finished a request in rollout.async_timeout_s = {self.timeout_s} s "
+                    f"no rollout worker finished a request in stages.schedule_kwargs.timeout_s = {self.timeout_s} s "
                     f"({len(self.open)} group(s) in flight; requests queued per worker: {self.workers.outstanding})")
             for (n, g), sample in zip(self.requests.pop(result.id), result.samples):
                 group = self.open[n]
@@ -188,17 +196,41 @@ class OverlapSource:
         return self.ready.popleft()
 
 
-def overlap_source(r, ctx, source) -> OverlapSource:
-    """The overlap source of a recipe: its workers built from the policy folder and the rollout settings."""
-    if ctx.world > 1:
-        raise ConfigError(f"config key 'rollout.async_mode' = 'overlap' runs one trainer process, got {ctx.world}; "
-                          "use async_mode: fixed_lag under torchrun")
+@dataclass
+class OverlapSettings:
+    max_staleness: int = ranged(1, ge=1)
+    """S: the most policy versions a trained sample may lag the trainer."""
+    stale_policy: str = one_of("drop", ("drop", "keep"))
+    """A sample that ends up staler than max_staleness is dropped (counted in async/dropped_stale) or kept."""
+    workers: int = ranged(1, ge=1)
+    """Rollout worker processes, each with its own copy of the policy."""
+    prompt_replication: bool = True
+    """With workers > 1: spread each prompt's samples over the workers (ROLL Flash's prompt replication); false: each
+    request goes whole to one worker, so groups can finish out of order (and some end up stale)."""
+    request_prompts: int = ranged(0, ge=0, note="0 = a step's prompts per request")
+    """Prompts per generation request; 1 = ROLL Flash's per-prompt dispatch (no batch barrier)."""
+    timeout_s: float = ranged(600.0, gt=0)
+    """The longest wait for a rollout worker (its start-up, a result) before the run stops naming it."""
+
+
+def wrap(source, ctx, s: OverlapSettings) -> OverlapSource:
+    """The overlap source: its workers built from the policy folder and the rollout settings."""
+    if ctx.world > 1:  # the plan refuses this first (a refusal row)
+        raise ConfigError(f"config key 'stages.schedule' = 'overlap' runs one trainer process, got {ctx.world}; "
+                          "use stages.schedule: fixed_lag under torchrun")
+    r = ctx.recipe
     ro = r.rollout
     others = max(1, (os.cpu_count() or 1) - torch.get_num_threads())
     spec = WorkerSpec(policy_path=ctx.policy_path, dtype=r.model.dtype, eos_id=ctx.tokenizer.eos_token_id,
                       pad_id=ctx.tokenizer.pad_token_id, max_batch=ro.hf_max_batch, rollout_dtype=ro.dtype,
-                      fp8_weights=ro.fp8_weights, threads=max(1, others // ro.async_workers))
-    workers = LocalRolloutWorkers(ctx.engine.module, spec, ro.async_workers, timeout_s=ro.async_timeout_s)
-    return OverlapSource(source, workers, ctx.engine.module, staleness=ro.max_staleness, stale_policy=ro.stale_policy,
-                         request_prompts=ro.async_request_prompts, timeout_s=ro.async_timeout_s, last_step=r.run.steps,
-                         replicate=ro.prompt_replication)
+                      fp8_weights=ro.fp8_weights, threads=max(1, others // s.workers))
+    workers = LocalRolloutWorkers(ctx.engine.module, spec, s.workers, timeout_s=s.timeout_s)
+    return OverlapSource(source, workers, ctx.engine.module, staleness=s.max_staleness, stale_policy=s.stale_policy,
+                         request_prompts=s.request_prompts, timeout_s=s.timeout_s, last_step=r.run.steps,
+                         replicate=s.prompt_replication)
+
+
+SCHEDULE = Schedule(name="overlap", doc="rollout worker processes generate up to S versions ahead while the trainer "
+                    "trains (ROLL Flash, arXiv 2510.11345)", settings=OverlapSettings, wrap=wrap,
+                    source_needs=frozenset({PROMPT_DRAW}), backend_needs=frozenset({LOCAL_REPLICAS}),
+                    engine_needs=frozenset({FULL_PARAMS}), staleness=lambda s: s.max_staleness)

@@ -1,4 +1,8 @@
-"""`rollout.async_mode: fixed_lag`: the batch of step k comes from the policy of version k-1-S exactly, in one process.
+"""`stages.schedule: fixed_lag`: the batch of step k comes from the policy of version k-1-S exactly, in one process.
+
+Settings (`stages.schedule_kwargs`): `max_staleness` (S >= 1). It wraps any rollout source whose batches can be held
+in a checkpoint (capability `batch_state`: the default, multi-turn, complementary, one-sample and CE-RM sources; not
+palette's, whose per-sample latents and prefixes the saved batch does not carry).
 
     step k:  generate the batch of step k+S with the current weights (version k-1)   -> pending
              train on the batch of step k, generated S steps earlier (version k-1-S)  <- pending
@@ -14,8 +18,13 @@ rollback (MIPU) puts them back. This is the mode for algorithm research (the sta
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from credo.capabilities import BATCH_STATE
+from credo.config.fields import ranged
+from credo.schedules import Schedule
 from credo.train.batch import Batch
 from credo.train.staleness import staleness_metrics
 
@@ -77,3 +86,18 @@ def _batch_state(b: Batch) -> dict:
 def _batch_from_state(s: dict) -> Batch:
     return Batch(samples=s["samples"], problems=s["problems"], group_ids=s["group_ids"], step=s["step"],
                  metrics=dict(s["metrics"]))
+
+
+@dataclass
+class FixedLagSettings:
+    max_staleness: int = ranged(1, ge=1)
+    """S: step k trains on the batch sampled by the policy of version k-1-S exactly."""
+
+
+def wrap(source, ctx, s: FixedLagSettings) -> FixedLagSource:
+    return FixedLagSource(source, s.max_staleness, last_step=ctx.recipe.run.steps)
+
+
+SCHEDULE = Schedule(name="fixed_lag", doc="a fixed lag of S policy versions, in one process, deterministic "
+                    "(docs/async.md; arXiv 2510.11345's staleness bound, exactly)", settings=FixedLagSettings,
+                    wrap=wrap, source_needs=frozenset({BATCH_STATE}), staleness=lambda s: s.max_staleness)

@@ -1,0 +1,135 @@
+"""Declared capabilities: what each rollout backend, rollout source, schedule and training engine provides, and what
+each requires of the others. The run plan (`credo.plan`) checks every requirement once, before any warm-up, so a
+combination of features either trains or is refused by `credo check` with one `ConfigError` naming both keys.
+
+A capability is a short string. The ones credo's parts use:
+
+    backend   race             generate_race(...): stop requests once enough have finished (tail batching's race)
+              prompt_embeds    generate(..., prefix_embeds=[N, k, d]): soft-prompt embeddings before each prompt
+              per_sample_seeds each prompt's tokens depend on its own seed only (any split of the work draws alike)
+              weight_push      sync_weights(model, version): the engine takes the trainer's new weights
+              local_replicas   the policy can be copied into local worker processes that sample beside training
+                               (overlap's rollout workers run the hf backend on such copies)
+    source    prompt_draw      single-turn prompts drawn as a pure function of (seed, step) from the task, which a
+                               schedule may draw itself (tail batching's races, overlap's stream of groups)
+              batch_state      every field of its batches can be held in a checkpoint (fixed lag keeps S batches)
+    engine    full_params      the trainer's module holds the full parameters (not ZeRO-3 shards) between steps
+
+`BACKENDS` declares the built-in backends (the classes carry the same sets as `provides`; tests check that each
+declared capability is really there). Sources declare theirs in their `StageEntry` (`credo.family`), schedules in
+their `Schedule` (`credo.schedules`). A true incompatibility that no capability expresses is one `Refusal` row:
+the core's are in `CORE_REFUSALS`, a family's in its `Family.refusals`, and the plan checks them all in one place
+(`check_refusals`), so `credo check --capabilities` can print the whole table.
+
+This module imports nothing heavy (it is read by `credo check` and by the recipe loader's callers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, runtime_checkable
+
+from credo.errors import ConfigError
+
+RACE = "race"
+PROMPT_EMBEDS = "prompt_embeds"
+PER_SAMPLE_SEEDS = "per_sample_seeds"
+WEIGHT_PUSH = "weight_push"
+LOCAL_REPLICAS = "local_replicas"
+PROMPT_DRAW = "prompt_draw"
+BATCH_STATE = "batch_state"
+FULL_PARAMS = "full_params"
+
+BACKENDS: dict[str, frozenset[str]] = {
+    "hf": frozenset({RACE, PROMPT_EMBEDS, WEIGHT_PUSH, LOCAL_REPLICAS}),
+    "vllm": frozenset({RACE, PROMPT_EMBEDS, PER_SAMPLE_SEEDS, WEIGHT_PUSH}),
+    "ray": frozenset({PER_SAMPLE_SEEDS, WEIGHT_PUSH}),
+}
+"""Rollout backend (`rollout.backend`, or 'ray' for the Ray pool of cluster.engine: ray) -> what it provides.
+The Ray pool's workers hold an hf or vLLM backend each, but the pool itself neither races requests nor carries
+prompt embeddings to its workers (yet): a plan that needs either is refused, naming cluster.engine."""
+
+DEFAULT_SOURCE = frozenset({PROMPT_DRAW, BATCH_STATE})
+"""What the default rollout source (the task's single-turn prompts, `credo.train.rollout.PromptRollout`) provides."""
+
+ENGINES: dict[str, Callable[[Any], frozenset[str]]] = {
+    "deepspeed": lambda r: frozenset({FULL_PARAMS}) if r.optim.zero_stage < 3 else frozenset(),
+}
+"""Training engine -> what it provides under a recipe's settings (ZeRO-3 shards the parameters)."""
+
+
+@runtime_checkable
+class RolloutBackend(Protocol):
+    """A rollout engine: samples responses and takes new weights. `provides` lists its capabilities."""
+
+    provides: frozenset
+
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float = 1.0,
+                 seeds: list[int] | None = None) -> list: ...
+
+    def sync_weights(self, model: Any, version: int) -> None: ...
+
+
+@runtime_checkable
+class RolloutSource(Protocol):
+    """A rollout source: one step's batch of samples (`credo.train.rollout`)."""
+
+    def rollout(self, step: int) -> Any: ...
+
+    def sync(self, model: Any, step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """`who` (a recipe key and its value, e.g. "stages.schedule = 'tail_batching'") needs `capability` of the part
+    `of` names (a recipe key and its value, e.g. "rollout.backend = 'hf'")."""
+
+    who: str
+    capability: str
+    of: str
+    provided: frozenset
+    why: str = ""
+
+    def met(self) -> bool:
+        return self.capability in self.provided
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A combination that cannot run, as one table row: `when(recipe, plan)` says whether the recipe has it; `keys`
+    are the two recipe keys at fault; `reason` says why it stays refused (rather than built)."""
+
+    keys: tuple[str, str]
+    when: Callable[[Any, Any], bool]
+    reason: str
+
+
+def check_requirements(requirements: list[Requirement]) -> None:
+    """Raises one ConfigError for the first unmet requirement, naming both keys."""
+    for q in requirements:
+        if not q.met():
+            have = ", ".join(sorted(q.provided)) or "nothing"
+            raise ConfigError(f"config keys {q.who} and {q.of} do not combine: the first needs '{q.capability}'"
+                              f"{' (' + q.why + ')' if q.why else ''}, which the second does not provide (it provides: "
+                              f"{have})")
+
+
+def check_refusals(rows: list[Refusal], recipe: Any, plan: Any) -> None:
+    for row in rows:
+        if row.when(recipe, plan):
+            raise ConfigError(f"config keys '{row.keys[0]}' and '{row.keys[1]}' cannot be used together: {row.reason}")
+
+
+def _world() -> int:
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+CORE_REFUSALS: list[Refusal] = [
+    Refusal(("stages.schedule", "WORLD_SIZE"), lambda r, p: p.schedule.name == "overlap" and _world() > 1,
+            "overlap's rollout workers sample for one trainer process; under torchrun use stages.schedule: fixed_lag"),
+]
+"""The core's true incompatibilities, each with its reason (families add theirs in `Family.refusals`)."""
