@@ -240,19 +240,6 @@ def warmup_digest(recipe: Any) -> dict:
     return out
 
 
-def stage_defaults(recipe: Any) -> dict[str, str]:
-    """kind -> the stage an active family puts in place of 'default'; two families claiming a kind is an error."""
-    out: dict[str, str] = {}
-    owner: dict[str, str] = {}
-    for fam in active_families(recipe):
-        for kind, name in fam.stage_defaults(recipe).items():
-            if kind in out:
-                raise ConfigError(f"families '{owner[kind]}' and '{fam.name}' are both active and both replace the "
-                                  f"default {kind} stage; switch one of them off")
-            out[kind], owner[kind] = name, fam.name
-    return out
-
-
 def close_names(name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
     return f"; did you mean '{close[0]}'?" if close else ""

@@ -28,6 +28,7 @@ from typing import Protocol
 
 import torch
 
+from credo.capabilities import BACKENDS
 from credo.distributed.seeded_sampling import SeededGumbelSampler
 
 
@@ -91,6 +92,9 @@ class HFBackend:
     noise, credo.distributed.seeded_sampling), so a prompt's tokens do not depend on which other prompts share
     its call: what a rollout spread over several workers needs. Off by default (today's runs stay bit-identical).
     """
+
+    provides = BACKENDS["hf"]
+    """What this backend provides (`credo.capabilities.BACKENDS`, checked by the run plan)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch: int = 0, dtype: str | None = None,
                  fp8_weights: bool = False, per_sample_seeds: bool = False):

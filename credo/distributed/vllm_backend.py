@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from credo.capabilities import BACKENDS
 from credo.distributed.rollout import Sample
 from credo.distributed.weight_sync import WORKER_EXTENSION, push_weights
 
@@ -71,6 +72,9 @@ class VLLMBackend:
             soft prefix followed by its token embeddings, computed with these (live) weights.
         **engine_kwargs: passed on to ``vllm.LLM`` (e.g. ``tensor_parallel_size``).
     """
+
+    provides = BACKENDS["vllm"]
+    """What this backend provides (`credo.capabilities.BACKENDS`, checked by the run plan)."""
 
     def __init__(self, model_path: str, *, dtype: str = "float32", seed: int = 0, kv_cache_gib: float = 1,
                  gpu_memory_utilization: float = 0.3, max_model_len: int | None = None, enforce_eager: bool = False,

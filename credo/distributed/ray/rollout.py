@@ -26,6 +26,7 @@ from collections import deque
 
 import torch
 
+from credo.capabilities import BACKENDS
 from credo.distributed.ray.config import ClusterConfig, resources_of
 from credo.distributed.ray.rollout_worker import RolloutWorker
 from credo.distributed.ray.runtime import ClusterWorkerError, WorkerGroup, loss_errors, user_error
@@ -49,6 +50,9 @@ class RayRolloutBackend:
         shards_per_worker: shards of a call per worker (more: finer load balance and less work redone on a loss).
         initial_model: push these weights at start (version 0) instead of trusting the folder's to be the trainer's.
     """
+
+    provides = BACKENDS["ray"]
+    """What this backend provides (`credo.capabilities.BACKENDS`, checked by the run plan)."""
 
     def __init__(self, model_path: str, *, workers: int = 1, resources: dict | None = None, engine: str = "hf",
                  model_dtype: str = "float32", dtype: str | None = None, fp8_weights: bool = False, max_batch: int = 0,

@@ -19,6 +19,7 @@ import collections
 import torch
 
 from credo import algos
+from credo.family import FamilyParts
 from credo.algos.mipu import mipu_accept, mipu_t_post, mipu_threshold
 from credo.distributed.engine import all_reduce_sum
 from credo.tasks.render import encode_prompts
@@ -155,3 +156,7 @@ def hooks(ctx, parts) -> list[StepGate]:
                     sampling=dict(max_new_tokens=ro["max_new_tokens"], temperature=ro["temperature"],
                                   top_p=ro["top_p"]))
     return [gate]
+
+
+PARTS = FamilyParts(hooks=hooks)
+"""The family's build-time parts (`credo.family`): the accept-or-roll-back gate."""

@@ -1,0 +1,178 @@
+"""Every combination of features either trains or is refused by `credo check` (issue 51): the matrix, generated from
+the tables themselves (the family recipes, the schedules in credo/schedules/, the rollout backends, local or Ray,
+packing on or off).
+
+    python benchmarks/combinations.py plan                  # every cell through `credo check`'s checks: accepted or
+                                                            # refused (and why); seconds a cell
+    python benchmarks/combinations.py train --jobs 1        # then a pairwise covering set of the accepted cells
+                                                            # trains 2 steps each (short warm-ups), in subprocesses
+    python benchmarks/combinations.py train --out docs/results/combinations.json
+
+A cell is refused only by a ConfigError naming both keys at fault ('config keys ... and ...'); any other error, or an
+accepted cell that fails to train, is a failure of the matrix. tests/plan/test_combinations.py runs the plan step
+over every cell (the check is cheap) and trains a few cells; the covering set trains here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+RECIPES = ("quickstart", "ppo", "asyppo", "multiturn", "mipu", "attention_credit", "judge_reward", "rm_nlhf", "ce_rm",
+           "pgenrm", "complementary", "polymath", "palette", "shop", "longtail")
+"""Every family's recipe (the asynchronous recipes are schedules of these, so they are the schedule axis here)."""
+BACKENDS = ("hf", "vllm")
+ENGINES = ("local", "ray")
+PACKING = (False, True)
+
+FAST = ["run.steps=2", "run.eval_every=0", "run.save_every=0", "run.progress=false", "run.plot=false", "sft.steps=4"]
+"""Overrides of every trained cell: two steps after a 4-step warm-up (the warm-up is cached per recipe)."""
+FAST_BY_RECIPE = {
+    "palette": ["palette.vae_steps=2", "palette.sft_steps=2"],
+    "judge_reward": ["judge.warmup_steps=2"],
+    "complementary": ["complementary.extractor_sft_steps=2"],
+}
+"""A family's own warm-up, shortened the same way."""
+
+
+def schedules() -> tuple[str, ...]:
+    from credo.schedules import BUILTIN
+
+    return BUILTIN
+
+
+@dataclass(frozen=True)
+class Cell:
+    recipe: str
+    schedule: str
+    backend: str
+    engine: str
+    packing: bool
+
+    def overrides(self) -> list[str]:
+        out = [] if self.schedule == "sync" else [f"stages.schedule={self.schedule}"]
+        out += [] if self.backend == "hf" else [f"rollout.backend={self.backend}"]
+        out += [] if self.engine == "local" else ["cluster.engine=ray", "cluster.num_cpus=2"]
+        out += ["algo.packing=true"] if self.packing else []
+        return out
+
+    def path(self) -> str:
+        return str(REPO / "recipes" / f"{self.recipe}.yaml")
+
+
+def cells() -> list[Cell]:
+    return [Cell(*c) for c in itertools.product(RECIPES, schedules(), BACKENDS, ENGINES, PACKING)]
+
+
+def plan_cell(cell: Cell, full: bool = False) -> tuple[str, str]:
+    """('accepted', '') or ('refused', the message): the run plan's checks (`full`: all of `credo check`'s)."""
+    from credo.config import load_recipe
+    from credo.errors import ConfigError
+
+    try:
+        r = load_recipe(cell.path(), cell.overrides())
+        if full:
+            from credo.train.build import check_run
+
+            check_run(r)
+        else:
+            from credo.plan import resolve_plan
+
+            resolve_plan(r)
+    except ConfigError as e:
+        return "refused", str(e)
+    return "accepted", ""
+
+
+def names_both_keys(message: str) -> bool:
+    """A refusal names the two keys at fault ('config keys X and Y ...')."""
+    return message.startswith("config keys ") and " and " in message
+
+
+def covering(accepted: list[Cell]) -> list[Cell]:
+    """A pairwise covering subset of `accepted`: every pair of values of two factors that some accepted cell has is
+    in one chosen cell (greedy: the cell covering most uncovered pairs first)."""
+    def pairs(c: Cell) -> set:
+        values = list(enumerate(astuple(c)))
+        return {(a, b) for a, b in itertools.combinations(values, 2)}
+
+    uncovered = set().union(*(pairs(c) for c in accepted)) if accepted else set()
+    chosen = []
+    while uncovered:
+        best = max(accepted, key=lambda c: len(pairs(c) & uncovered))
+        chosen.append(best)
+        uncovered -= pairs(best)
+    return chosen
+
+
+def astuple(c: Cell) -> tuple:
+    return (c.recipe, c.schedule, c.backend, c.engine, c.packing)
+
+
+def train_cell(cell: Cell, out: Path, timeout_s: float = 1800) -> tuple[int, float, str]:
+    """(return code, seconds, the last lines of stderr) of `credo run` on the cell, two steps after short warm-ups."""
+    over = cell.overrides() + FAST + FAST_BY_RECIPE.get(cell.recipe, []) + [f"run.output_dir={out}"]
+    t0 = time.time()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    try:
+        done = subprocess.run([sys.executable, "-m", "credo.cli", "run", cell.path(), *over], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=timeout_s)
+        rc, err = done.returncode, done.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, err = 124, (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else str(e.stderr)
+    tail = "\n".join((err or "").strip().splitlines()[-6:])
+    if rc == 0 and not (out / "metrics.jsonl").exists():
+        rc, tail = 1, "no metrics.jsonl"
+    return rc, time.time() - t0, tail
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=["plan", "train"])
+    p.add_argument("--full", action="store_true", help="all of credo check's checks per cell, not only the plan's")
+    p.add_argument("--out", default=None, help="write every cell's outcome as JSON here")
+    p.add_argument("--runs", default="/tmp/credo-combinations", help="run folders of the trained cells")
+    p.add_argument("--only", nargs="*", default=None, help="recipes (default: all)")
+    args = p.parse_args()
+    rows = []
+    for cell in cells():
+        if args.only and cell.recipe not in args.only:
+            continue
+        status, msg = plan_cell(cell, args.full)
+        rows.append({**asdict(cell), "status": status, "message": msg})
+    accepted = [Cell(**{k: r[k] for k in ("recipe", "schedule", "backend", "engine", "packing")})
+                for r in rows if r["status"] == "accepted"]
+    refused = [r for r in rows if r["status"] == "refused"]
+    print(f"{len(rows)} cells: {len(accepted)} accepted, {len(refused)} refused "
+          f"({sum(names_both_keys(r['message']) for r in refused)} naming both keys)", flush=True)
+    reasons: dict[str, int] = {}
+    for r in refused:
+        reasons[r["message"]] = reasons.get(r["message"], 0) + 1
+    for msg, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        print(f"  {n:4d}  {msg}")
+    if args.what == "train":
+        chosen = covering(accepted)
+        print(f"training a pairwise covering set of {len(chosen)} accepted cells", flush=True)
+        for i, cell in enumerate(chosen):
+            out = Path(args.runs) / f"{i:03d}-{'-'.join(map(str, astuple(cell)))}"
+            rc, secs, tail = train_cell(cell, out)
+            row = next(r for r in rows if tuple(r[k] for k in ("recipe", "schedule", "backend", "engine", "packing"))
+                       == astuple(cell))
+            row.update(trained=rc == 0, rc=rc, seconds=round(secs, 1), tail=tail if rc else "")
+            print(f"{'ok  ' if rc == 0 else 'FAIL'} {secs:6.0f} s  {' '.join(map(str, astuple(cell)))}"
+                  f"{'' if rc == 0 else chr(10) + tail}", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"cells": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
