@@ -1,5 +1,6 @@
 """Own model: no warm-up by default, pad = eos with one warning, a relative folder is local (never the hub)."""
 
+from credo.plan import resolve_plan
 import logging
 import os
 
@@ -67,4 +68,4 @@ def test_file_task_without_reward_functions_is_an_error(tmp_path, model_dir):
     data = write_jsonl(tmp_path / "d.jsonl", qa_rows(6, seed=0))
     r = load_recipe(None, ["run.name=x", "task.name=file", f"task.kwargs={{train: {data}}}", "task.eval_size=2"])
     with pytest.raises(ConfigError, match="task 'file' has no verifier: expected reward.functions"):
-        reward_function(r, make_task(r.task))
+        reward_function(r, make_task(r.task), resolve_plan(r).reward_functions)

@@ -1,5 +1,6 @@
 """reward.functions / reward.weights: TRL's calling convention, weighted sums, None, per-function means, config errors."""
 
+from credo.plan import resolve_plan
 import math
 
 import pytest
@@ -134,8 +135,8 @@ def test_reward_function_key_calls_a_trl_style_function_the_trl_way():
     from credo.train.setup import reward_function
 
     r = load_recipe(None, BASE + ["reward.function=tests.byo.rewards:named_only"])
-    fn = reward_function(r, task=None)
+    fn = reward_function(r, None, resolve_plan(r).reward_functions)
     assert isinstance(fn, WeightedRewards) and fn.names == ["named_only"]
     assert fn(["3", "x"], _problems(4)[3:] + _problems(1), [[1], [2]]).finish(2) == [1.0, 0.0]
     r = load_recipe(None, BASE + ["reward.function=tests.e2e.rewards:starts_with_digit"])
-    assert not isinstance(reward_function(r, task=None), WeightedRewards)  # a group function stays as it is
+    assert not isinstance(reward_function(r, None, resolve_plan(r).reward_functions), WeightedRewards)  # a group function stays as it is

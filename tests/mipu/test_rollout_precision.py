@@ -3,6 +3,7 @@ the trainer; the dtype reaches the hf copy and the vLLM engine; the LR decay of 
 
 from __future__ import annotations
 
+from credo.plan import resolve_plan
 import math
 from types import SimpleNamespace
 
@@ -95,7 +96,7 @@ def test_vllm_backend_gets_rollout_dtype_and_fp8(monkeypatch, tmp_path):
     for over, dtype, synced in (([], "float32", []), (["rollout.dtype=bfloat16", "rollout.fp8_weights=true"],
                                                       "bfloat16", [0])):
         r = load_recipe("recipes/quickstart.yaml", ["rollout.backend=vllm", *over])
-        b = make_backend(r, engine, None, "path")
+        b = make_backend(resolve_plan(r), engine, None, "path")
         assert b.kw["dtype"] == dtype and b.kw["fp8_weights"] == bool(over) and b.synced == synced
 
 

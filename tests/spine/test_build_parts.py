@@ -3,6 +3,7 @@ lookup errors, the vLLM backend's arguments and the MIPU gate's settings."""
 
 from __future__ import annotations
 
+from credo.plan import resolve_plan
 import re
 import sys
 import types
@@ -32,7 +33,7 @@ def test_reward_functions_are_imported_with_their_weights():
     r = Recipe()
     r.reward.functions = ["tests.e2e.rewards:starts_with_digit", "tests.byo.rewards:has_digit"]
     r.reward.weights = [2.0, 0.5]
-    fn = reward_function(r, task=None)
+    fn = reward_function(r, None, resolve_plan(r).reward_functions)
     assert fn.names == ["starts_with_digit", "has_digit"]
     assert fn.weights == {"starts_with_digit": 2.0, "has_digit": 0.5}
 
@@ -58,7 +59,7 @@ def test_vllm_backend_gets_the_policy_and_the_eager_setting(monkeypatch, eager):
     monkeypatch.setitem(sys.modules, "credo.distributed.vllm_backend", types.SimpleNamespace(VLLMBackend=FakeVLLM))
     r = Recipe()
     r.rollout.backend, r.rollout.vllm_enforce_eager, r.rollout.fp8_weights = "vllm", eager, False
-    make_backend(r, engine=None, tokenizer=None, policy_path="/models/policy")
+    make_backend(resolve_plan(r), engine=None, tokenizer=None, policy_path="/models/policy")
     assert made["path"] == "/models/policy"
     assert made["enforce_eager"] is (not torch.cuda.is_available() if eager is None else eager)
 

@@ -5,6 +5,7 @@ check and the policy path."""
 
 from __future__ import annotations
 
+from credo.plan import resolve_plan
 import sys
 import types
 from pathlib import Path
@@ -62,6 +63,39 @@ STAGES = {
 }
 
 
+def count_calls(mp, *targets) -> dict:
+    """Wrap each function (module, name) wherever a module holds it (imported names included): its calls, each with
+    the module and function of its caller, go to the returned {name: [(module, function), ...]}."""
+    import importlib
+    import sys
+
+    calls: dict = {}
+    for module, name in targets:
+        fn = getattr(importlib.import_module(module), name)
+        calls[name] = []
+
+        def wrapper(*a, _fn=fn, _name=name, **k):
+            caller = sys._getframe(1)
+            calls[_name].append((caller.f_globals.get("__name__"), caller.f_code.co_name))
+            return _fn(*a, **k)
+
+        for mod in list(sys.modules.values()):
+            if mod is not None and getattr(mod, "__name__", "").startswith("credo") and getattr(mod, name, None) is fn:
+                mp.setattr(mod, name, wrapper)
+    return calls
+
+
+def test_build_resolves_every_name_in_one_function(built):
+    """The run plan is resolved once; every stage name is resolved inside it (credo.plan), once per stage; no reward
+    function is imported and no recipe asked for its families outside it."""
+    _, c = built
+    assert len(c.calls["resolve_plan"]) == 1
+    assert {mod for mod, _ in c.calls["resolve"]} == {"credo.plan"}
+    assert len(c.calls["resolve"]) == 4  # rollout, reward, advantage, the one probe
+    assert {mod for mod, _ in c.calls["import_reward_fn"]} <= {"credo.plan"}
+    assert {mod for mod, _ in c.calls["families_of"]} <= {"credo.plan", "credo.family"}
+
+
 def _recipe(out: Path, **extra) -> Recipe:
     return load_recipe("recipes/quickstart.yaml", tiny_overrides(out / "run", **{**SETTINGS, **extra}))
 
@@ -76,7 +110,10 @@ def built(tmp_path_factory):
     torch.set_num_threads(2)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CREDO_FAULT_NAN_STEP", "2,4-5")
+        calls = count_calls(mp, ("credo.train.registry", "resolve"), ("credo.plan", "resolve_plan"),
+                            ("credo.rewards.worker", "import_reward_fn"), ("credo.family", "families_of"))
         c = build(r)
+    c.calls = calls
     c.threads_after_build = torch.get_num_threads()
     torch.set_num_threads(threads)
     yield r, c
@@ -241,9 +278,9 @@ def test_reward_function_key_and_the_verifier():
 
     r = Recipe()
     r.reward.function = "tests.e2e.rewards:starts_with_digit"
-    assert reward_function(r, task=None) is starts_with_digit
+    assert reward_function(r, None, resolve_plan(r).reward_functions) is starts_with_digit
     r.reward.function = "tests.spine.test_build_settings:trl_style"
-    fn = reward_function(r, task=None)
+    fn = reward_function(r, None, resolve_plan(r).reward_functions)
     assert isinstance(fn, WeightedRewards) and fn.fns == [trl_style] and fn.names == ["trl_style"]
     r.reward.function = None
 
@@ -336,10 +373,10 @@ def test_hf_backend_gets_the_policy_module_and_the_rollout_settings(tiny_model):
     r = Recipe()
     r.rollout.hf_max_batch = 5
     engine = types.SimpleNamespace(module=tiny_model)
-    b = make_backend(r, engine, Tok(), policy_path="/unused")
+    b = make_backend(resolve_plan(r), engine, Tok(), policy_path="/unused")
     assert type(b) is HFBackend and b.model is tiny_model and b.max_batch == 5 and b.copy is None
     r.rollout.dtype = "bfloat16"  # the sampler is a bf16 copy of the policy
-    b = make_backend(r, engine, Tok(), policy_path="/unused")
+    b = make_backend(resolve_plan(r), engine, Tok(), policy_path="/unused")
     assert b.copy is not None and b.model is not tiny_model
     assert {p.dtype for p in b.model.parameters()} == {torch.bfloat16}
 
@@ -363,12 +400,12 @@ def test_vllm_backend_gets_every_setting_and_quantises_fp8_weights_at_once(monke
     r.rollout.vllm_kv_cache_gib, r.rollout.vllm_gpu_memory_utilization = 3, 0.45
     r.run.seed, r.model.dtype = 9, "bfloat16"
     engine = types.SimpleNamespace(module="the policy")
-    b = make_backend(r, engine, tokenizer=None, policy_path="/p")
+    b = make_backend(resolve_plan(r), engine, tokenizer=None, policy_path="/p")
     assert b.kw == dict(dtype="bfloat16", seed=9, kv_cache_gib=3, gpu_memory_utilization=0.45, enforce_eager=True,
                         fp8_weights=False, input_embeddings=None)
     assert b.synced == []  # full-precision weights: nothing to do before step 1
     r.rollout.dtype, r.rollout.fp8_weights = "float16", True
-    b = make_backend(r, engine, tokenizer=None, policy_path="/p")
+    b = make_backend(resolve_plan(r), engine, tokenizer=None, policy_path="/p")
     assert b.kw["dtype"] == "float16" and b.kw["fp8_weights"] is True
     assert b.synced == [("the policy", 0)]
 
