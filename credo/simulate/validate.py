@@ -6,7 +6,7 @@ drawn from another run's dumps (an empirical model, as a user would have before 
 is compared. Costs come from `credo simulate calibrate`, measured apart from the validated run.
 
 Validating a mode credo adds later (tail batching, async) is the same command with `--mode` and `--lengths-from`:
-the mode's settings come from the recipe (rollout.tail_batching.{prompt_ratio, max_responses}, a staleness bound)
+the mode's settings come from the recipe (stages.schedule_kwargs {prompt_ratio, max_responses}, a staleness bound)
 and the comparison is the mean step time, since aborted responses are not in the dumps.
 """
 
@@ -32,7 +32,7 @@ def _mode_spec(r, costs: Costs, mode: str) -> ModeSpec:
         spec.engine, spec.max_batch = "static", r.rollout.hf_max_batch
     else:  # continuous batching, whole step at once (vLLM)
         spec.max_batch = r.rollout.prompts_per_step * r.rollout.group_size * 2
-    tb = getattr(r.rollout, "tail_batching", None)
+    tb = _tail_batching_settings(r)
     if mode == "tail_batching" and tb is not None and r.rollout.backend == "hf":
         # the hf backend's race: one batch of every request, rows leave between chunks of chunk_tokens; its long
         # rounds are one generate() call (credo.distributed.race, credo.schedules.tail_batching)
@@ -43,6 +43,18 @@ def _mode_spec(r, costs: Costs, mode: str) -> ModeSpec:
         spec.prompt_ratio = tb.prompt_ratio
         spec.max_responses = tb.max_responses or r.rollout.group_size + 1  # 0 = R0 + 1, as the recipe reads it
     return spec
+
+
+def _tail_batching_settings(r):
+    """The recipe's tail-batching settings (stages.schedule: tail_batching, or the deprecated rollout.tail_batching),
+    read through the schedule (credo.schedules.schedule_of, the one place either key is read); None otherwise."""
+    from credo.schedules import schedule, schedule_of
+    from credo.train.registry import Resolved, settings_of
+
+    name, kwargs, key, _ = schedule_of(r)
+    if name != "tail_batching":
+        return None
+    return settings_of(Resolved(lambda ctx: None, schedule(name).settings), kwargs, key)
 
 
 def _load_costs(path: str) -> Costs:

@@ -7,8 +7,8 @@
                                                     # (MIPU: validate the candidate, accept it or roll back)
 
 A hook with `state_dict` / `load_state_dict` joins the trainer state: checkpointed, resumed, and restored by a
-rollback. Families return their hooks from `hooks(ctx, parts)` in their build module (`credo.family`).
-Asynchronous rollout uses the same seam.
+rollback. Families return their hooks from the `hooks(ctx, parts)` part of their build module (`credo.family`).
+Asynchronous rollout does not use this seam: a schedule (credo/schedules/) wraps the rollout source instead.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import torch
 
 from credo.config import load_recipe, out_of_range, ranged
 from credo.errors import ConfigError
-from credo.family import Family, StageEntry
+from credo.family import Family, FamilyParts, StageEntry
 from tests.e2e.common import read_rows, run_cli, tiny_overrides
 
 HERE = "tests.spine.test_family_plugin"
@@ -80,6 +80,8 @@ class CountingHook:
 def hooks(ctx, parts) -> list:
     return [CountingHook()]
 
+
+PARTS = FamilyParts(hooks=hooks)  # the build-time parts, checked when the family loads (a misspelt part is an error)
 
 FAMILY = Family(name="scaled", doc="a test family", section="scaled", config=ScaledConfig, check=check_scaled,
                 stages={"advantage": {"scaled_grpo": StageEntry(f"{HERE}:make_scaled", ShiftSettings)}},

@@ -199,11 +199,15 @@ def test_a_backend_without_a_race_is_refused():
 
 @pytest.mark.parametrize("overrides,key", [
     (["rollout.tail_batching={max_responses: 2}"], "rollout.tail_batching.max_responses"),
+    (["stages.schedule=tail_batching", "stages.schedule_kwargs={max_responses: 2}"],
+     "stages.schedule_kwargs.max_responses"),
     (["rollout.tail_batching={}", "rollout.max_staleness=1"], "rollout.max_staleness"),
     (["rollout.tail_batching=5"], "rollout.tail_batching"),
 ])
-def test_bad_tail_batching_settings_are_refused_at_load_naming_the_key(overrides, key):
+def test_bad_tail_batching_settings_are_refused_by_check_naming_the_key(overrides, key):
+    """At load (a wrong type) or by the run plan (`credo check`), before any warm-up."""
     from credo.config import ConfigError, load_recipe
+    from credo.plan import resolve_plan
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        load_recipe("recipes/longtail.yaml", overrides)
+        resolve_plan(load_recipe("recipes/longtail.yaml", overrides))
