@@ -9,7 +9,7 @@
 - `credo.ablate.report`: per-run reductions, statistics over seeds, comparisons, curves, from results records;
 - `credo.ablate.tables`: those as markdown and CSV; `credo.ablate.outputs`: what a sweep writes;
 - `credo.ablate.report_cli`: `credo report` and the tables of docs/reproductions.md it regenerates;
-- `credo.ablate.stats`: Student-t intervals, Welch's and the paired t-test, Hedges' g, Holm's adjustment.
+- `credo.ablate.stats`: Student-t intervals, Welch's and the paired t-test, Hedges' g, g_av (paired), Holm's adjustment.
 """
 
 import importlib
@@ -44,6 +44,7 @@ _EXPORTS = {
     "PairedDiff": "credo.ablate.stats",
     "WelchDiff": "credo.ablate.stats",
     "hedges_g": "credo.ablate.stats",
+    "paired_g_av": "credo.ablate.stats",
     "holm": "credo.ablate.stats",
     "mean_ci": "credo.ablate.stats",
     "paired_diff": "credo.ablate.stats",

@@ -208,8 +208,8 @@ def test_sweep_runs_tabulates_and_second_invocation_starts_nothing(tmp_path, fak
         pytest.approx((0.1, 0.1))
     assert float(b["eval/accuracy final p"]) < 1e-12 and float(b["eval/accuracy final p holm"]) < 1e-12  # rounding
     assert b["eval/accuracy final verdict"] == "b > a"
-    # Hedges' g: diff / pooled std (equal spreads: the pooled std is std_a) times J
-    assert float(b["eval/accuracy final hedges g"]) == pytest.approx(j2 * 0.1 / std_a)
+    # a paired row's effect size is g_av, whose correction J(n - 1) needs 3 pairs or more: none with 2
+    assert b["eval/accuracy final g kind"] == "g_av" and b["eval/accuracy final g"] == ""
     # c: Welch, se^2 = std^2 / 2 + std_a^2 / 2 with equal variances (seed / 10 spreads every variant alike): df 2
     mean_c, std_c = stats["c"]
     diff, se = mean_c - mean_a, math.sqrt(std_c ** 2 / 2 + std_a ** 2 / 2)
@@ -223,16 +223,18 @@ def test_sweep_runs_tabulates_and_second_invocation_starts_nothing(tmp_path, fak
     assert float(c["eval/accuracy final p"]) == pytest.approx(p)
     # Holm over {b, c}: the smaller p (b's, ~0) is doubled, the larger (c's) multiplied by 1
     assert float(c["eval/accuracy final p holm"]) == pytest.approx(p)
-    assert float(c["eval/accuracy final hedges g"]) == pytest.approx(j2 * diff / std_a)
+    # Hedges' g: diff / pooled std (equal spreads: the pooled std is std_a) times J
+    assert c["eval/accuracy final g kind"] == "g"
+    assert float(c["eval/accuracy final g"]) == pytest.approx(j2 * diff / std_a)
     table = (out / "table.md").read_text()
     assert f"| a | 2 | {mean_a:.3f} ± {std_a:.3f} |" in table
     final_section = table.split("**eval/accuracy final**")[1].split("**")[0]
-    assert ("| variant | n | mean ± std | 95% CI | Δ vs a [95% CI] | test | p | p (Holm) | Hedges' g [95% CI] | verdict |"
+    assert ("| variant | n | mean ± std | 95% CI | Δ vs a [95% CI] | test | p | p (Holm) | effect size [95% CI] | verdict |"
             in final_section)
     assert "| a | 2 |" in final_section and "| baseline |" in final_section
     c_row = (f"| c | 2 | {mean_c:.3f} ± {std_c:.3f} | [{mean_c - T1 * std_c / math.sqrt(2):.3f}, "
              f"{mean_c + T1 * std_c / math.sqrt(2):.3f}] | {diff:+.3f} [{diff - T2 * se:+.3f}, {diff + T2 * se:+.3f}] | "
-             f"Welch | {p:.3f} | {p:.3f} | {j2 * diff / std_a:+.1f} [")
+             f"Welch | {p:.3f} | {p:.3f} | g {j2 * diff / std_a:+.1f} [")
     assert c_row in final_section
     assert "Holm" in table and "Welch" in table and "paired" in table
     assert "Each seed trains its own warm-up: the intervals include warm-up variance; comparisons" in table
