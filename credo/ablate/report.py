@@ -111,6 +111,9 @@ class Compared:
     g: EffectSize
     p_holm: float = math.nan
     """p adjusted by Holm over the comparisons of its table."""
+    named_before: str = ""
+    """For a named comparison: 'yes', 'no' or 'unknown', from git (credo.ablate.prereg.named_before); '' when not
+    asked (a baseline row, or a summary made without the files that name the comparisons)."""
 
     @property
     def shown(self) -> bool:

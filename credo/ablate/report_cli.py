@@ -79,6 +79,8 @@ def parse_metric(text: str) -> Metric:
 
 @dataclass
 class Request:
+    source: Path
+    """The sweep file or results file the table is made from."""
     records: list[dict]
     metrics: list[Metric]
     variants: list[str]
@@ -119,19 +121,23 @@ def _request(args: argparse.Namespace) -> Request:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     curves = args.curves or (sweep.curves if sweep else list(dict.fromkeys(m.key for m in metrics)))
-    return Request(records=[r for r in records if r["variant"] in variants], metrics=metrics, variants=variants,
+    return Request(source=src, records=[r for r in records if r["variant"] in variants], metrics=metrics, variants=variants,
                    baseline=baseline, comparisons=comparisons, curves=curves, title=name)
 
 
-def summarize_request(req: Request):
-    """The statistics of a request (a credo.ablate.report.Summary)."""
+def summarize_request(req: Request, doc: Path | None = None):
+    """The statistics of a request (a credo.ablate.report.Summary), each named comparison with whether git shows it
+    named before the runs: in the sweep file, or in `doc` (the page whose block names it with --compare)."""
+    from credo.ablate.prereg import mark_named
     from credo.ablate.report import summarize_records
 
     try:
-        return summarize_records(req.records, req.metrics, variants=req.variants, baseline=req.baseline,
-                                 comparisons=req.comparisons)
+        summary = summarize_records(req.records, req.metrics, variants=req.variants, baseline=req.baseline,
+                                    comparisons=req.comparisons)
     except ValueError as e:
         raise ConfigError(f"credo report: {e}") from None
+    sources = [p for p in (req.source if req.source.suffix in (".yaml", ".yml") else None, doc) if p is not None]
+    return mark_named(summary, sources)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -140,12 +146,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def block_text(argv: str) -> str:
-    """The markdown a doc block's command makes (its --plot, --out and --update are not acted on)."""
+def block_text(argv: str, doc: Path | None = None) -> str:
+    """The markdown a doc block's command makes (its --plot, --out and --update are not acted on); `doc`, the page
+    that holds the block, is where its --compare comparisons are named."""
     from credo.ablate.tables import render_markdown
 
     args = _parser().parse_args(shlex.split(argv))
-    return render_markdown(summarize_request(_request(args)), overview=not args.no_overview, notes=args.notes)
+    return render_markdown(summarize_request(_request(args), doc), overview=not args.no_overview, notes=args.notes)
 
 
 def _in_fence(text: str, pos: int) -> bool:
@@ -164,7 +171,7 @@ def _update(doc: Path, *, check: bool) -> int:
     def remake(m: re.Match) -> str:
         if _in_fence(text, m.start()):
             return m[0]
-        body = block_text(m["argv"])
+        body = block_text(m["argv"], doc)
         if body != m["body"]:
             stale.append(m["argv"])
         if not check:

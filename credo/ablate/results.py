@@ -21,6 +21,13 @@ One line (schema 1; keys in this order):
     final         metric -> value at the run's last step (every number logged at that step)
     curves        metric -> {step: value}, for the sweep's curves and the keys of its metrics
     values        metric label -> the number the sweep's table uses (the curve reduced as the sweep says)
+    sweep_file    the sweep file's path as given to `credo ablate` (credo.ablate.prereg)
+    sweep_commit  the last commit of the sweep file when the run started (`git log -1 -- FILE`): the version that
+                  named its comparisons; null when exploratory
+    exploratory   true when the run was started with `--exploratory` (the sweep file not committed)
+
+Lines written before issue 57 have no sweep_file, sweep_commit or exploratory; `credo report` then establishes
+from git, with the line's `commit`, whether a comparison was named before the run (credo.ablate.prereg).
 
 A finished run with no line (its folder predates the results file) is recorded when the sweep is next
 invoked: its date is its own (from DONE), its commit and host those of the recording.
@@ -131,7 +138,7 @@ def _finished(run) -> str:
         return time.strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def run_record(sweep, run, *, host: dict, commit: str, values: dict[str, float | None]) -> dict:
+def run_record(sweep, run, *, host: dict, commit: str, values: dict[str, float | None], registration: dict) -> dict:
     """The results line of one finished run (schema in this module's docstring)."""
     rows = read_metrics(run.run_dir / "metrics.jsonl")
     keys = list(dict.fromkeys([*sweep.curves, *(m.key for m in sweep.metrics)]))
@@ -143,6 +150,8 @@ def run_record(sweep, run, *, host: dict, commit: str, values: dict[str, float |
         "config_hash": run.config_hash, "overrides": sweep.variants[run.variant], "commit": commit,
         "date": _finished(run), "host": host, "wall_s": run.wall_s, "steps": run.recipe.run.steps,
         "final": final_of(rows), "curves": curves_of(rows, keys), "values": values,
+        "sweep_file": registration.get("sweep_file"), "sweep_commit": registration.get("sweep_commit"),
+        "exploratory": bool(registration.get("exploratory")),
     }
 
 

@@ -117,6 +117,9 @@ class Sweep:
     """The SFT warm-up's seed: 'run' (each run's seed), an integer (pinned for all runs) or 'recipe' (left as set)."""
     comparisons: list[Comparison] = field(default_factory=list)
     """Comparisons named in advance, on the first metric; Holm-adjusted together."""
+    registration: dict = field(default_factory=dict)
+    """What `credo ablate` found of the sweep file in git (credo.ablate.prereg.registration): sweep_file,
+    sweep_commit, exploratory; empty until a run is planned."""
 
 
 def _fail(path: Path, msg: str) -> ConfigError:

@@ -80,7 +80,7 @@ def provenance(summary: Summary) -> list[str]:
     wall = (f"; run wall time median {statistics.median(walls) / 60:.1f} min, total {sum(walls) / 60:.0f} min"
             if walls else "")
     return [warmup_design(recs), "",
-            f"{len(recs)} runs, {when}, commit {', '.join(commits)}; host {'; '.join(hosts)}{wall}."]
+            f"{len(recs)} runs, {when}, commit {', '.join(commits)}; host {'; '.join(hosts)}{wall}."] + exploratory_line(summary)
 
 
 def _overview(summary: Summary) -> list[str]:
@@ -113,13 +113,31 @@ def _metric_table(summary: Summary, label: str) -> list[str]:
 
 def _named_table(summary: Summary) -> list[str]:
     pct = f"{CONFIDENCE:.0%}"
-    lines = [f"**Comparisons named in advance: {summary.metrics[0].label}**", "",
-             f"| comparison | Δ [{pct} CI] | test | p | p (Holm, {len(summary.named)}) | {EFFECT_HEAD.format(pct=pct)} | verdict |",
-             "|---|---|---|---|---|---|---|"]
+    git = any(c.named_before for c in summary.named)
+    lines = [f"**Comparisons named: {summary.metrics[0].label}**", "",
+             f"| comparison | Δ [{pct} CI] | test | p | p (Holm, {len(summary.named)}) | {EFFECT_HEAD.format(pct=pct)} | verdict |"
+             + (" named before the run |" if git else ""), "|---|---|---|---|---|---|---|" + ("---|" if git else "")]
     for c in summary.named:
         lines.append(f"| {c.a} {c.expect} {c.b} | {fmt(c.diff, sign=True)} {interval(c.low, c.high, sign=True)} | "
-                     f"{c.test} | {fmt_p(c.p)} | {fmt_p(c.p_holm)} | {fmt_g(c)} | {c.verdict} |")
+                     f"{c.test} | {fmt_p(c.p)} | {fmt_p(c.p_holm)} | {fmt_g(c)} | {c.verdict} |"
+                     + (f" {c.named_before or 'unknown'} |" if git else ""))
+    if git:
+        lines += ["", NAMED_NOTE]
     return lines + [""]
+
+
+NAMED_NOTE = ("Named before the run: from git (credo.ablate.prereg), yes when a commit naming the comparison (in the "
+              "sweep file, or in the `--compare` of this page's block) precedes every run of its two variants; a "
+              "comparison that was not is exploratory, its verdict a lead for a new sweep, not a result.")
+
+
+def exploratory_line(summary: Summary) -> list[str]:
+    """A warning line when some runs were started with `credo ablate --exploratory`."""
+    n = sum(bool(r.get("exploratory")) for r in summary.records)
+    if not n:
+        return []
+    return ["", f"**Exploratory:** {n} of {len(summary.records)} runs were started with `credo ablate --exploratory` "
+                "(the sweep file was not committed), so no comparison of this table was named before them."]
 
 
 METHOD_NOTE = (

@@ -23,6 +23,6 @@ def test_the_reproductions_page_has_report_tables():
 @pytest.mark.parametrize("doc,argv,body", BLOCKS, ids=[f"{d.name}:{a.split()[0]}:{i}" for i, (d, a, _) in enumerate(BLOCKS)])
 def test_each_table_is_remade_from_its_results_file(doc, argv, body, monkeypatch):
     monkeypatch.chdir(REPO)
-    made = block_text(argv)
+    made = block_text(argv, doc.relative_to(REPO))
     diff = "\n".join(difflib.unified_diff(body.splitlines(), made.splitlines(), "in the doc", "from the results", lineterm=""))
     assert made == body, f"{doc.relative_to(REPO)}: `credo report {argv}` gives another table:\n{diff}"
