@@ -32,6 +32,21 @@ from git, with the line's `commit`, whether a comparison was named before the ru
 A finished run with no line (its folder predates the results file) is recorded when the sweep is next
 invoked: its date is its own (from DONE), its commit and host those of the recording.
 
+Two older shapes are read through the same loader (`read_results` -> `normalize`), so `credo report` takes
+every results file under docs/results/ the same way; the file is never rewritten, and every key of the old line
+is kept as it was, the schema-1 keys added beside them (`legacy` names the shape):
+
+- `flat` (docs/results/staleness_lr*.jsonl, benchmarks/staleness_lr.py): `sweep`, `variant`, `seed`, the
+  evaluation curve as `eval_curve` ([[step, value], ...]) and reduced numbers as flat keys. Read as: curves
+  {eval/accuracy: eval_curve}; final {eval/accuracy: the curve's last value}; values {eval/accuracy final,
+  eval/accuracy best, train/reward_mean last-5 mean} from `eval/accuracy_final`, `eval/accuracy_best`,
+  `train/reward_mean_last5`.
+- `arm` (docs/results/shop_sft_vs_rl.jsonl): `arm`, `seed` and `metrics`, the numbers of one evaluation at the
+  end of the arm. Read as: sweep the file's name, variant the arm, final the metrics, and each metric a curve of
+  one point at step 0 (the step is not recorded), so reductions final, first and best give the number.
+
+A line of neither shape still fails, naming the file, the line and the missing key.
+
 Rerunning a sweep skips a run whose line is present with the same config_hash (its run folder may be gone: a
 fresh checkout reruns nothing that is recorded), and replaces the line of a run it reruns. Lines of other
 runs and other sweeps are kept. Each write rewrites the file atomically under a lock on its folder, so two
@@ -172,12 +187,36 @@ def read_results(path: str | Path) -> list[dict]:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise ConfigError(f"results file '{path}', line {i}: not valid JSON ({e.msg})") from None
+        rec = normalize(rec, path)
         missing = [k for k in REQUIRED if not isinstance(rec, dict) or k not in rec]
         if missing:
             raise ConfigError(f"results file '{path}', line {i}: missing key '{missing[0]}' (expected one run per line "
                               f"with {', '.join(REQUIRED)})")
         out.append(rec)
     return out
+
+
+FLAT_VALUES = {"eval/accuracy_final": "eval/accuracy final", "eval/accuracy_best": "eval/accuracy best",
+               "train/reward_mean_last5": "train/reward_mean last-5 mean"}
+"""A flat line's reduced numbers and the labels `credo report` gives the same reductions."""
+
+
+def normalize(rec, path: Path):
+    """A results line in schema 1: a schema-1 line as it is, a `flat` or `arm` line (this module's docstring) with
+    the schema-1 keys added beside its own; anything else unchanged (read_results then names what is missing)."""
+    if not isinstance(rec, dict) or "schema" in rec:
+        return rec
+    if {"sweep", "variant", "seed", "eval_curve"} <= rec.keys() and "final" not in rec:
+        curve = {str(int(s)): float(v) for s, v in rec["eval_curve"]}
+        last = curve[max(curve, key=int)] if curve else None
+        return rec | {"legacy": "flat", "final": {} if last is None else {"eval/accuracy": last},
+                      "curves": {"eval/accuracy": curve} if curve else {},
+                      "values": {label: rec[k] for k, label in FLAT_VALUES.items() if k in rec}}
+    if {"arm", "seed", "metrics"} <= rec.keys() and "variant" not in rec:
+        numbers = _numbers(rec["metrics"]) if isinstance(rec["metrics"], dict) else {}
+        return rec | {"legacy": "arm", "sweep": path.stem, "variant": rec["arm"], "final": dict(sorted(numbers.items())),
+                      "curves": {k: {"0": v} for k, v in sorted(numbers.items())}}
+    return rec
 
 
 @contextmanager
