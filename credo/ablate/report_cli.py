@@ -5,6 +5,7 @@
     credo report docs/results/x.jsonl --plot docs/img/x.png              # also the curves
     credo report --update docs/reproductions.md                          # rewrite every table block of a doc
     credo report --check docs/reproductions.md                           # exit 1 if a block differs from its command
+    credo report --check                                                 # every page under docs/ with a block
 
 A table in a doc is delimited by markers holding its command, so it can be checked and remade::
 
@@ -13,6 +14,11 @@ A table in a doc is delimited by markers holding its command, so it can be check
     <!-- /credo report -->
 
 Paths in a block are relative to the working directory (run these from the repository root).
+
+A page that holds the line `<!-- credo report: prose intervals -->` (the family pages whose prose quotes a
+report) has its prose checked too: every interval printed outside a block and outside code fences,
+`-0.117 [-0.171, -0.062]`, must stand verbatim in one of the page's blocks, so a number quoted in a sentence is
+the table's number (paired when the table's test is paired), not one computed some other way.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from pathlib import Path
 from credo.ablate.spec import REDUCES, Metric, default_label, load_sweep, parse_comparison
 from credo.config import ConfigError
 
+PROSE_MARK = "<!-- credo report: prose intervals -->"
+INTERVAL_RE = re.compile(r"[-+−]?\d*\.\d+ \[[-+−]?\d*\.\d+, [-+−]?\d*\.\d+\]")
+"""A printed estimate with its interval, as the tables print a Δ: '+0.012 [+0.00154, +0.022]'."""
 BLOCK_RE = re.compile(r"^<!-- credo report (?P<argv>.*?) -->\n(?P<body>.*?)^<!-- /credo report -->$", re.M | re.S)
 FENCE_RE = re.compile(r"^```.*?^```", re.M | re.S)  # an example block inside a code fence is not a table
 DEFAULT_METRICS = ("eval/accuracy:final", "eval/accuracy:best", "eval/accuracy:auc", "eval/accuracy:slope")
@@ -55,8 +64,10 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, metavar="FILE.md", help="write the markdown here instead of printing it")
     p.add_argument("--update", default=None, metavar="DOC.md",
                    help="rewrite every `<!-- credo report ... -->` block of this markdown file from its command")
-    p.add_argument("--check", default=None, metavar="DOC.md",
-                   help="exit 1, naming the blocks, when a block of this markdown file differs from its command's output")
+    p.add_argument("--check", nargs="?", const="", default=None, metavar="DOC.md",
+                   help="exit 1, naming the blocks, when a block of this markdown file differs from its command's output, "
+                   f"or (on a page holding '{PROSE_MARK}') when an interval in its prose is in none of its blocks; "
+                   "without DOC.md: every page under docs/ holding a block")
 
 
 def parse_metric(text: str) -> Metric:
@@ -164,6 +175,25 @@ def doc_blocks(text: str) -> list[tuple[str, str]]:
     return [(m["argv"], m["body"]) for m in BLOCK_RE.finditer(text) if not _in_fence(text, m.start())]
 
 
+def prose_intervals_unmatched(text: str) -> list[str]:
+    """The intervals printed in a page's prose (outside blocks and code fences) that none of its blocks holds."""
+    rows = [line for _, body in doc_blocks(text) for line in body.splitlines()]
+    prose = FENCE_RE.sub("", BLOCK_RE.sub("", text))
+    return [iv for iv in INTERVAL_RE.findall(prose) if not any(_stands_in(iv, row) for row in rows)]
+
+
+def _stands_in(iv: str, row: str) -> bool:
+    """Whether a table row holds the interval: the bracket as printed and, in the same row, the estimate (a Δ
+    cell prints them together, a variant's row as 'mean ± std | [low, high]')."""
+    estimate, bracket = iv.split(" [", 1)
+    return "[" + bracket in row and estimate in row
+
+
+def report_pages(root: Path = Path("docs")) -> list[Path]:
+    """The pages under `root` that hold a `credo report` block or the prose mark, sorted."""
+    return sorted(p for p in root.rglob("*.md") if doc_blocks(p.read_text()) or PROSE_MARK in p.read_text())
+
+
 def _update(doc: Path, *, check: bool) -> int:
     text = doc.read_text()
     stale = []
@@ -189,7 +219,13 @@ def _update(doc: Path, *, check: bool) -> int:
         for argv in stale:
             print(f"credo report: stale block in {doc}: credo report {argv}", file=sys.stderr)
         print(f"credo report: {n - len(stale)}/{n} blocks of {doc} match their commands")
-        return 1 if stale else 0
+        loose = prose_intervals_unmatched(text) if PROSE_MARK in text else []
+        for iv in loose:
+            print(f"credo report: {doc}: the prose prints {iv}, which none of the page's blocks holds", file=sys.stderr)
+        if PROSE_MARK in text:
+            print(f"credo report: {len(INTERVAL_RE.findall(FENCE_RE.sub('', BLOCK_RE.sub('', text)))) - len(loose)} "
+                  f"intervals in the prose of {doc} stand in its blocks, {len(loose)} do not")
+        return 1 if stale or loose else 0
     if new != text:
         doc.write_text(new)
     print(f"credo report: {len(stale)} of {n} blocks of {doc} rewritten")
@@ -212,8 +248,10 @@ def _report(args: argparse.Namespace) -> int:
     from credo.ablate.report import plot_curves
     from credo.ablate.tables import render_markdown
 
+    if args.check == "":
+        return max((_update(page, check=True) for page in report_pages()), default=0)
     if args.update or args.check:
-        return _update(Path(args.update or args.check), check=bool(args.check))
+        return _update(Path(args.update or args.check), check=args.check is not None)
     req = _request(args)
     text = render_markdown(summarize_request(req), overview=not args.no_overview, notes=args.notes)
     if args.out:
