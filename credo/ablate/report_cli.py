@@ -15,7 +15,7 @@ A table in a doc is delimited by markers holding its command, so it can be check
 
 Paths in a block are relative to the working directory (run these from the repository root).
 
-A page that holds the line `<!-- credo report: prose intervals -->` (the family pages whose prose quotes a
+A page that holds the line `<!-- credo report: prose intervals -->` (on a line of its own) (the family pages whose prose quotes a
 report) has its prose checked too: every interval printed outside a block and outside code fences,
 `-0.117 [-0.171, -0.062]`, must stand verbatim in one of the page's blocks, so a number quoted in a sentence is
 the table's number (paired when the table's test is paired), not one computed some other way.
@@ -175,6 +175,11 @@ def doc_blocks(text: str) -> list[tuple[str, str]]:
     return [(m["argv"], m["body"]) for m in BLOCK_RE.finditer(text) if not _in_fence(text, m.start())]
 
 
+def prose_marked(text: str) -> bool:
+    """Whether the page holds the prose mark on a line of its own (a mention of it in a sentence does not count)."""
+    return any(line.strip() == PROSE_MARK for line in FENCE_RE.sub("", text).splitlines())
+
+
 def prose_intervals_unmatched(text: str) -> list[str]:
     """The intervals printed in a page's prose (outside blocks and code fences) that none of its blocks holds."""
     rows = [line for _, body in doc_blocks(text) for line in body.splitlines()]
@@ -191,7 +196,7 @@ def _stands_in(iv: str, row: str) -> bool:
 
 def report_pages(root: Path = Path("docs")) -> list[Path]:
     """The pages under `root` that hold a `credo report` block or the prose mark, sorted."""
-    return sorted(p for p in root.rglob("*.md") if doc_blocks(p.read_text()) or PROSE_MARK in p.read_text())
+    return sorted(p for p in root.rglob("*.md") if doc_blocks(p.read_text()) or prose_marked(p.read_text()))
 
 
 def _update(doc: Path, *, check: bool) -> int:
@@ -219,10 +224,10 @@ def _update(doc: Path, *, check: bool) -> int:
         for argv in stale:
             print(f"credo report: stale block in {doc}: credo report {argv}", file=sys.stderr)
         print(f"credo report: {n - len(stale)}/{n} blocks of {doc} match their commands")
-        loose = prose_intervals_unmatched(text) if PROSE_MARK in text else []
+        loose = prose_intervals_unmatched(text) if prose_marked(text) else []
         for iv in loose:
             print(f"credo report: {doc}: the prose prints {iv}, which none of the page's blocks holds", file=sys.stderr)
-        if PROSE_MARK in text:
+        if prose_marked(text):
             print(f"credo report: {len(INTERVAL_RE.findall(FENCE_RE.sub('', BLOCK_RE.sub('', text)))) - len(loose)} "
                   f"intervals in the prose of {doc} stand in its blocks, {len(loose)} do not")
         return 1 if stale or loose else 0
