@@ -147,7 +147,10 @@ def summarize_request(req: Request, doc: Path | None = None):
                                     comparisons=req.comparisons)
     except ValueError as e:
         raise ConfigError(f"credo report: {e}") from None
-    sources = [p for p in (req.source if req.source.suffix in (".yaml", ".yml") else None, doc) if p is not None]
+    # where the comparisons were named: the sweep file when the table is made from one, else the page whose
+    # block names them with --compare (a mention of the same text on that page counts too: see prereg)
+    sweep_file = req.source if req.source.suffix in (".yaml", ".yml") else None
+    sources = [sweep_file] if sweep_file else ([doc] if doc else [])
     return mark_named(summary, sources)
 
 

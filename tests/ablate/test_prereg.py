@@ -56,6 +56,8 @@ def test_an_uncommitted_sweep_is_refused_and_exploratory_runs_are_marked(repo, f
     path = write_sweep(repo, results=str(repo / "res.jsonl"), comparisons=["b > a"])
     with pytest.raises(ConfigError, match=r"is not committed.*--exploratory"):
         ablate.run_sweep(path, jobs=2, poll_s=0.05)
+    assert ablate.run_sweep(path, jobs=2, dry_run=True) == 0  # the dry run lists the runs and says so
+    assert "a real run would be refused" in capsys.readouterr().err
     commit(repo, path)
     path.write_text(path.read_text() + "# edited after the commit\n")
     with pytest.raises(ConfigError, match=r"has uncommitted changes.*--exploratory"):
