@@ -5,7 +5,10 @@
 - `credo.ablate.plan`: the (variant, seed) runs, each recipe loaded and validated before anything starts,
   grouped by the SFT warm-up they share;
 - `credo.ablate.scheduler`: `run_sweep`: runs N at once, resumes an interrupted sweep, writes sweep.json;
-- `credo.ablate.results`: the raw results, one JSON line per finished run (schema in its docstring);
+- `credo.ablate.results`: the raw results, one JSON line per finished run (schema in its docstring, and the one
+  loader that also reads the older flat and arm/metrics lines);
+- `credo.ablate.prereg`: pre-registration from git: the sweep file must be committed (or the run exploratory), and
+  whether each named comparison was committed before its runs;
 - `credo.ablate.report`: per-run reductions, statistics over seeds, comparisons, curves, from results records;
 - `credo.ablate.tables`: those as markdown and CSV; `credo.ablate.outputs`: what a sweep writes;
 - `credo.ablate.report_cli`: `credo report` and the tables of docs/reproductions.md it regenerates;

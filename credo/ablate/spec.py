@@ -36,6 +36,9 @@ the metrics to report and, optionally, the baseline variant the others are compa
                                                        # as the recipe and the variants set it)
     comparisons: ["grpo > lite_ppo", "grpo vs dapo"]   # optional; named in advance: a > b expects a above b on the
                                                        # first metric, a vs b names no direction; Holm-adjusted as a family
+
+`credo ablate` runs a sweep file only once it is committed in git (or with --exploratory), so the comparisons it
+names are on record before the runs (credo.ablate.prereg).
 """
 
 from __future__ import annotations
