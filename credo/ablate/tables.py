@@ -11,7 +11,8 @@ The markdown (`render_markdown`):
   row; the cell names which), and the verdict, which uses the adjusted p;
 - the comparisons named in advance, on the first metric, Holm-adjusted together.
 
-`table.csv` holds the same numbers, per metric the columns `<label> mean`, `std`, `n`, `ci95 low`,
+`table.csv` holds the same numbers: per variant `n` and `exploratory` (how many of its runs were started with
+`credo ablate --exploratory`), then per metric the columns `<label> mean`, `std`, `n`, `ci95 low`,
 `ci95 high` and, with a baseline, `diff`, `diff ci95 low`, `diff ci95 high`, `test`, `p`, `p holm`,
 `g kind` (g_av or g), `g`, `g ci95 low`, `g ci95 high`, `verdict`.
 """
@@ -174,9 +175,10 @@ def render_csv(summary: Summary) -> str:
     parts = CSV_STAT_COLUMNS + (CSV_DIFF_COLUMNS if summary.baseline else ())
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["variant", "n"] + [f"{lab} {part}" for lab in labels for part in parts])
+    w.writerow(["variant", "n", "exploratory"] + [f"{lab} {part}" for lab in labels for part in parts])
     for res in summary.variants:
-        row = [res.variant, res.n]
+        exploratory = sum(bool(r.get("exploratory")) for r in summary.records if r["variant"] == res.variant)
+        row = [res.variant, res.n, exploratory]
         for lab in labels:
             s = res.stats[lab]
             row += [s.mean, s.std, s.n, s.low, s.high]

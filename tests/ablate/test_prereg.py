@@ -72,6 +72,8 @@ def test_an_uncommitted_sweep_is_refused_and_exploratory_runs_are_marked(repo, f
     assert named_rows(out) == {"b > a": "no"}
     table = (repo / "sweep" / "table.md").read_text()
     assert "**Exploratory:**" in table and named_rows(table) == {"b > a": "no"}
+    assert "variant,n,exploratory," in (repo / "sweep" / "table.csv").read_text()
+    assert [line.split(",")[2] for line in (repo / "sweep" / "table.csv").read_text().splitlines()[1:]] == ["2", "2"]
 
 
 def test_a_committed_sweep_records_its_commit_and_a_later_comparison_is_not_named_before(repo, fake_trainer, capsys):
