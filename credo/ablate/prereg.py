@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import subprocess
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import yaml
@@ -130,7 +130,7 @@ def _by_time(named_at: int, rec: dict) -> str:
     except (KeyError, TypeError, ValueError):
         return "unknown"
     start = end - timedelta(seconds=float(rec.get("wall_s") or 0))
-    named = datetime.utcfromtimestamp(named_at)
+    named = datetime.fromtimestamp(named_at, timezone.utc).replace(tzinfo=None)
     if named < start - TZ_MARGIN:
         return "yes"
     if named > end + TZ_MARGIN:

@@ -2,8 +2,8 @@
 unless `--exploratory`; each results line records the sweep file's commit; `credo report` says per comparison
 whether it was named before the run, from git (credo.ablate.prereg), for new lines and for lines without the field."""
 
-import json
 import subprocess
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -113,8 +113,7 @@ def test_old_lines_are_judged_from_git_by_their_commit_or_time(repo):
     assert prereg.named_before("b > a", mixed, [sweep]) == "no"              # one run before it is enough
     # a commit this repository does not have: the run's time decides, 14 hours' margin for the local time zone
     when = int(git(repo, "log", "-1", "--format=%ct", named))
-    from datetime import datetime, timedelta
-    stamp = lambda h: (datetime.utcfromtimestamp(when) + timedelta(hours=h)).isoformat(timespec="seconds")  # noqa: E731
+    stamp = lambda h: (datetime.fromtimestamp(when, timezone.utc).replace(tzinfo=None) + timedelta(hours=h)).isoformat(timespec="seconds")  # noqa: E731
     assert prereg.named_before("b > a", lines("1234567", date=stamp(20)), [sweep]) == "yes"
     assert prereg.named_before("b > a", lines("1234567", date=stamp(-20)), [sweep]) == "no"
     assert prereg.named_before("b > a", lines("1234567", date=stamp(3)), [sweep]) == "unknown"
