@@ -49,11 +49,11 @@ def main(argv=None) -> None:
     compared = [compare(v, base, LABEL) for name, v in variants.items() if name != args.baseline]
     m = base.stats[LABEL]
     print(f"policy entropy, last 10 steps; baseline {args.baseline}: {m.mean:.4f} [{m.low:.4f}, {m.high:.4f}]")
-    print("| variant | Δ [95% CI] | test | p | p (Holm) | Hedges' g [95% CI] |")
+    print("| variant | Δ [95% CI] | test | p | p (Holm) | effect size [95% CI] |")
     print("|---|---|---|---|---|---|")
     for c, p_adj in zip(compared, holm([c.p for c in compared])):
         print(f"| {c.a} | {c.diff:+.4f} [{c.low:+.4f}, {c.high:+.4f}] | {c.test} | {c.p:.3f} | {p_adj:.3f} | "
-              f"{c.g.g:+.1f} [{c.g.low:+.1f}, {c.g.high:+.1f}] |")
+              f"{c.g.kind} {c.g.g:+.1f} [{c.g.low:+.1f}, {c.g.high:+.1f}] |")
 
 
 if __name__ == "__main__":

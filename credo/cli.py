@@ -226,7 +226,7 @@ def _eval(args) -> int:
 def _ablate(args) -> int:
     from credo.ablate import run_sweep
 
-    return run_sweep(args.sweep, jobs=args.jobs, dry_run=args.dry_run)
+    return run_sweep(args.sweep, jobs=args.jobs, dry_run=args.dry_run, exploratory=args.exploratory)
 
 
 def _check(args) -> int:
@@ -287,6 +287,9 @@ def _parser() -> argparse.ArgumentParser:
     p_ablate.add_argument("--jobs", type=int, default=0, help="runs at once (default 0: one per GPU, or one per CPU core)")
     p_ablate.add_argument("--dry-run", action="store_true", help="list the runs and what would happen to each; "
                           "start nothing, write nothing")
+    p_ablate.add_argument("--exploratory", action="store_true", help="run a sweep file that is not committed in git "
+                          "(refused otherwise: its named comparisons must be on record before the runs); every results "
+                          "line and table of these runs is marked exploratory")
     p_ablate.set_defaults(handler=_ablate, needs_logging=True)
     from credo.ablate.report_cli import add_report_arguments, report_main
 

@@ -5,11 +5,14 @@
 - `credo.ablate.plan`: the (variant, seed) runs, each recipe loaded and validated before anything starts,
   grouped by the SFT warm-up they share;
 - `credo.ablate.scheduler`: `run_sweep`: runs N at once, resumes an interrupted sweep, writes sweep.json;
-- `credo.ablate.results`: the raw results, one JSON line per finished run (schema in its docstring);
+- `credo.ablate.results`: the raw results, one JSON line per finished run (schema in its docstring, and the one
+  loader that also reads the older flat and arm/metrics lines);
+- `credo.ablate.prereg`: pre-registration from git: the sweep file must be committed (or the run exploratory), and
+  whether each named comparison was committed before its runs;
 - `credo.ablate.report`: per-run reductions, statistics over seeds, comparisons, curves, from results records;
 - `credo.ablate.tables`: those as markdown and CSV; `credo.ablate.outputs`: what a sweep writes;
 - `credo.ablate.report_cli`: `credo report` and the tables of docs/reproductions.md it regenerates;
-- `credo.ablate.stats`: Student-t intervals, Welch's and the paired t-test, Hedges' g, Holm's adjustment.
+- `credo.ablate.stats`: Student-t intervals, Welch's and the paired t-test, Hedges' g, g_av (paired), Holm's adjustment.
 """
 
 import importlib
@@ -44,6 +47,7 @@ _EXPORTS = {
     "PairedDiff": "credo.ablate.stats",
     "WelchDiff": "credo.ablate.stats",
     "hedges_g": "credo.ablate.stats",
+    "paired_g_av": "credo.ablate.stats",
     "holm": "credo.ablate.stats",
     "mean_ci": "credo.ablate.stats",
     "paired_diff": "credo.ablate.stats",

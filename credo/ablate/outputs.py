@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from credo.ablate.plan import Run
+from credo.ablate.prereg import mark_named
 from credo.ablate.report import Summary, plot_curves, reduce_metric, summarize_records
 from credo.ablate.results import git_commit, host_fingerprint, read_results, run_record, upsert_results
 from credo.ablate.spec import Sweep
@@ -41,8 +42,10 @@ def record_runs(sweep: Sweep, runs: list[Run]) -> None:
         rows = read_metrics(run.run_dir / "metrics.jsonl")
         values = {m.label: reduce_metric(rows, m) for m in sweep.metrics}
         started = _started_with(run)
+        # the sweep file's registration as the run started (a run recorded after the fact: as found now)
+        reg = {k: started.get(k, sweep.registration.get(k)) for k in ("sweep_file", "sweep_commit", "exploratory")}
         records.append(run_record(sweep, run, host={**host, "threads": started.get("threads", run.recipe.run.threads)},
-                                  commit=started.get("commit", commit), values=values))
+                                  commit=started.get("commit", commit), values=values, registration=reg))
     upsert_results(sweep.results, records)
 
 
@@ -54,6 +57,7 @@ def _started_with(run: Run) -> dict:
     except (OSError, ValueError):
         return {}
     out = {"commit": started["commit"]} if isinstance(started.get("commit"), str) else {}
+    out |= {k: started[k] for k in ("sweep_file", "sweep_commit", "exploratory") if k in started}
     threads = (started.get("config") or {}).get("run", {}).get("threads")
     return out | ({"threads": int(threads)} if isinstance(threads, int) else {})
 
@@ -63,8 +67,8 @@ def sweep_summary(sweep: Sweep, runs: list[Run]) -> Summary:
     records = list(recorded(sweep, runs).values())
     order = {(r.variant, r.seed): i for i, r in enumerate(runs)}
     records.sort(key=lambda rec: order[(rec["variant"], rec["seed"])])
-    return summarize_records(records, sweep.metrics, variants=list(sweep.variants), baseline=sweep.baseline,
-                             comparisons=sweep.comparisons)
+    return mark_named(summarize_records(records, sweep.metrics, variants=list(sweep.variants), baseline=sweep.baseline,
+                                        comparisons=sweep.comparisons), [sweep.path])
 
 
 def write_outputs(sweep: Sweep, runs: list[Run]) -> Summary:

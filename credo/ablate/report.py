@@ -10,8 +10,9 @@ made at the end of `credo ablate` or later from the committed results file by `c
 - Per variant and metric: mean, standard deviation and Student-t interval over seeds (`credo.ablate.stats`).
 - Each variant against the baseline, and each comparison named in the sweep: the difference of means with
   its 95% interval and p-value (paired t-test when both variants ran the same seeds and each seed's two runs
-  share a warm-up; Welch's test otherwise), the Holm-adjusted p over the table's comparisons, and Hedges' g
-  with its interval. A verdict needs the adjusted p below 0.05.
+  share a warm-up; Welch's test otherwise), the Holm-adjusted p over the table's comparisons, and the effect size
+  with its interval: g_av for a paired comparison (`credo.ablate.stats.paired_g_av`), Hedges' g for a Welch one.
+  A verdict needs the adjusted p below 0.05.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 
 from credo.ablate.results import curve_points
 from credo.ablate.spec import Comparison, Metric
-from credo.ablate.stats import EffectSize, MeanCI, hedges_g, holm, mean_ci, paired_diff, welch_diff
+from credo.ablate.stats import EffectSize, MeanCI, hedges_g, holm, mean_ci, paired_diff, paired_g_av, welch_diff
 
 CONFIDENCE = 0.95
 ALPHA = 0.05
@@ -110,6 +111,9 @@ class Compared:
     g: EffectSize
     p_holm: float = math.nan
     """p adjusted by Holm over the comparisons of its table."""
+    named_before: str = ""
+    """For a named comparison: 'yes', 'no' or 'unknown', from git (credo.ablate.prereg.named_before); '' when not
+    asked (a baseline row, or a summary made without the files that name the comparisons)."""
 
     @property
     def shown(self) -> bool:
@@ -158,13 +162,14 @@ def compare(a: VariantResult, b: VariantResult, label: str, expect: str = "vs") 
     xs, ys = list(va.values()), list(vb.values())
     if paired:
         seeds = sorted(va)
-        r = paired_diff([va[s] for s in seeds], [vb[s] for s in seeds], CONFIDENCE)
+        pa, pb = [va[s] for s in seeds], [vb[s] for s in seeds]
+        r, g = paired_diff(pa, pb, CONFIDENCE), paired_g_av(pa, pb, CONFIDENCE)
         test, n = "paired", r.n
     else:
-        r = welch_diff(xs, ys, CONFIDENCE)
+        r, g = welch_diff(xs, ys, CONFIDENCE), hedges_g(xs, ys, CONFIDENCE)
         test, n = "Welch", min(len(xs), len(ys))
     return Compared(a=a.variant, b=b.variant, label=label, expect=expect, test=test, n=n, diff=r.diff, low=r.low,
-                    high=r.high, p=r.p, g=hedges_g(xs, ys, CONFIDENCE))
+                    high=r.high, p=r.p, g=g)
 
 
 def _adjust(family: list[Compared]) -> None:

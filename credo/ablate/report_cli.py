@@ -5,6 +5,7 @@
     credo report docs/results/x.jsonl --plot docs/img/x.png              # also the curves
     credo report --update docs/reproductions.md                          # rewrite every table block of a doc
     credo report --check docs/reproductions.md                           # exit 1 if a block differs from its command
+    credo report --check                                                 # every page under docs/ with a block
 
 A table in a doc is delimited by markers holding its command, so it can be checked and remade::
 
@@ -13,6 +14,11 @@ A table in a doc is delimited by markers holding its command, so it can be check
     <!-- /credo report -->
 
 Paths in a block are relative to the working directory (run these from the repository root).
+
+A page that holds the line `<!-- credo report: prose intervals -->` (on a line of its own) (the family pages whose prose quotes a
+report) has its prose checked too: every interval printed outside a block and outside code fences,
+`-0.117 [-0.171, -0.062]`, must stand verbatim in one of the page's blocks, so a number quoted in a sentence is
+the table's number (paired when the table's test is paired), not one computed some other way.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from pathlib import Path
 from credo.ablate.spec import REDUCES, Metric, default_label, load_sweep, parse_comparison
 from credo.config import ConfigError
 
+PROSE_MARK = "<!-- credo report: prose intervals -->"
+INTERVAL_RE = re.compile(r"[-+−]?\d*\.\d+ \[[-+−]?\d*\.\d+, [-+−]?\d*\.\d+\]")
+"""A printed estimate with its interval, as the tables print a Δ: '+0.012 [+0.00154, +0.022]'."""
 BLOCK_RE = re.compile(r"^<!-- credo report (?P<argv>.*?) -->\n(?P<body>.*?)^<!-- /credo report -->$", re.M | re.S)
 FENCE_RE = re.compile(r"^```.*?^```", re.M | re.S)  # an example block inside a code fence is not a table
 DEFAULT_METRICS = ("eval/accuracy:final", "eval/accuracy:best", "eval/accuracy:auc", "eval/accuracy:slope")
@@ -55,8 +64,10 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, metavar="FILE.md", help="write the markdown here instead of printing it")
     p.add_argument("--update", default=None, metavar="DOC.md",
                    help="rewrite every `<!-- credo report ... -->` block of this markdown file from its command")
-    p.add_argument("--check", default=None, metavar="DOC.md",
-                   help="exit 1, naming the blocks, when a block of this markdown file differs from its command's output")
+    p.add_argument("--check", nargs="?", const="", default=None, metavar="DOC.md",
+                   help="exit 1, naming the blocks, when a block of this markdown file differs from its command's output, "
+                   f"or (on a page holding '{PROSE_MARK}') when an interval in its prose is in none of its blocks; "
+                   "without DOC.md: every page under docs/ holding a block")
 
 
 def parse_metric(text: str) -> Metric:
@@ -79,6 +90,8 @@ def parse_metric(text: str) -> Metric:
 
 @dataclass
 class Request:
+    source: Path
+    """The sweep file or results file the table is made from."""
     records: list[dict]
     metrics: list[Metric]
     variants: list[str]
@@ -119,19 +132,26 @@ def _request(args: argparse.Namespace) -> Request:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     curves = args.curves or (sweep.curves if sweep else list(dict.fromkeys(m.key for m in metrics)))
-    return Request(records=[r for r in records if r["variant"] in variants], metrics=metrics, variants=variants,
+    return Request(source=src, records=[r for r in records if r["variant"] in variants], metrics=metrics, variants=variants,
                    baseline=baseline, comparisons=comparisons, curves=curves, title=name)
 
 
-def summarize_request(req: Request):
-    """The statistics of a request (a credo.ablate.report.Summary)."""
+def summarize_request(req: Request, doc: Path | None = None):
+    """The statistics of a request (a credo.ablate.report.Summary), each named comparison with whether git shows it
+    named before the runs: in the sweep file, or in `doc` (the page whose block names it with --compare)."""
+    from credo.ablate.prereg import mark_named
     from credo.ablate.report import summarize_records
 
     try:
-        return summarize_records(req.records, req.metrics, variants=req.variants, baseline=req.baseline,
-                                 comparisons=req.comparisons)
+        summary = summarize_records(req.records, req.metrics, variants=req.variants, baseline=req.baseline,
+                                    comparisons=req.comparisons)
     except ValueError as e:
         raise ConfigError(f"credo report: {e}") from None
+    # where the comparisons were named: the sweep file when the table is made from one, else the page whose
+    # block names them with --compare (a mention of the same text on that page counts too: see prereg)
+    sweep_file = req.source if req.source.suffix in (".yaml", ".yml") else None
+    sources = [sweep_file] if sweep_file else ([doc] if doc else [])
+    return mark_named(summary, sources)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -140,12 +160,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def block_text(argv: str) -> str:
-    """The markdown a doc block's command makes (its --plot, --out and --update are not acted on)."""
+def block_text(argv: str, doc: Path | None = None) -> str:
+    """The markdown a doc block's command makes (its --plot, --out and --update are not acted on); `doc`, the page
+    that holds the block, is where its --compare comparisons are named."""
     from credo.ablate.tables import render_markdown
 
     args = _parser().parse_args(shlex.split(argv))
-    return render_markdown(summarize_request(_request(args)), overview=not args.no_overview, notes=args.notes)
+    return render_markdown(summarize_request(_request(args), doc), overview=not args.no_overview, notes=args.notes)
 
 
 def _in_fence(text: str, pos: int) -> bool:
@@ -157,6 +178,39 @@ def doc_blocks(text: str) -> list[tuple[str, str]]:
     return [(m["argv"], m["body"]) for m in BLOCK_RE.finditer(text) if not _in_fence(text, m.start())]
 
 
+def prose_marked(text: str) -> bool:
+    """Whether the page holds the prose mark on a line of its own (a mention of it in a sentence does not count)."""
+    return any(line.strip() == PROSE_MARK for line in FENCE_RE.sub("", text).splitlines())
+
+
+def prose_intervals_unmatched(text: str) -> list[str]:
+    """The intervals printed in a page's prose (outside blocks and code fences) that none of its blocks holds."""
+    rows = [line for _, body in doc_blocks(text) for line in body.splitlines()]
+    prose = FENCE_RE.sub("", BLOCK_RE.sub("", text))
+    return [iv for iv in INTERVAL_RE.findall(prose) if not any(_stands_in(iv, row) for row in rows)]
+
+
+def _stands_in(iv: str, row: str) -> bool:
+    """Whether a table row holds the interval: the bracket as printed and, in the same row, the estimate (a Δ
+    cell prints them together, a variant's row as 'mean ± std | [low, high]')."""
+    estimate, bracket = iv.split(" [", 1)
+    return "[" + bracket in row and estimate in row
+
+
+def report_pages(root: Path = Path("docs")) -> list[Path]:
+    """The pages under `root` that hold a `credo report` block or the prose mark, sorted."""
+    return sorted(p for p in root.rglob("*.md") if doc_blocks(p.read_text()) or prose_marked(p.read_text()))
+
+
+def _list_unchecked(root: Path) -> None:
+    """Say which pages print intervals in prose that no check covers (no prose mark): the work left to do."""
+    for page in sorted(root.rglob("*.md")):
+        text = page.read_text()
+        n = len(INTERVAL_RE.findall(FENCE_RE.sub("", BLOCK_RE.sub("", text))))
+        if n and not prose_marked(text):
+            print(f"credo report: {page}: {n} intervals in prose, not checked (the page has no prose mark)")
+
+
 def _update(doc: Path, *, check: bool) -> int:
     text = doc.read_text()
     stale = []
@@ -164,7 +218,7 @@ def _update(doc: Path, *, check: bool) -> int:
     def remake(m: re.Match) -> str:
         if _in_fence(text, m.start()):
             return m[0]
-        body = block_text(m["argv"])
+        body = block_text(m["argv"], doc)
         if body != m["body"]:
             stale.append(m["argv"])
         if not check:
@@ -182,7 +236,13 @@ def _update(doc: Path, *, check: bool) -> int:
         for argv in stale:
             print(f"credo report: stale block in {doc}: credo report {argv}", file=sys.stderr)
         print(f"credo report: {n - len(stale)}/{n} blocks of {doc} match their commands")
-        return 1 if stale else 0
+        loose = prose_intervals_unmatched(text) if prose_marked(text) else []
+        for iv in loose:
+            print(f"credo report: {doc}: the prose prints {iv}, which none of the page's blocks holds", file=sys.stderr)
+        if prose_marked(text):
+            print(f"credo report: {len(INTERVAL_RE.findall(FENCE_RE.sub('', BLOCK_RE.sub('', text)))) - len(loose)} "
+                  f"intervals in the prose of {doc} stand in its blocks, {len(loose)} do not")
+        return 1 if stale or loose else 0
     if new != text:
         doc.write_text(new)
     print(f"credo report: {len(stale)} of {n} blocks of {doc} rewritten")
@@ -205,8 +265,12 @@ def _report(args: argparse.Namespace) -> int:
     from credo.ablate.report import plot_curves
     from credo.ablate.tables import render_markdown
 
+    if args.check == "":
+        code = max((_update(page, check=True) for page in report_pages()), default=0)
+        _list_unchecked(Path("docs"))
+        return code
     if args.update or args.check:
-        return _update(Path(args.update or args.check), check=bool(args.check))
+        return _update(Path(args.update or args.check), check=args.check is not None)
     req = _request(args)
     text = render_markdown(summarize_request(req), overview=not args.no_overview, notes=args.notes)
     if args.out:

@@ -21,9 +21,31 @@ One line (schema 1; keys in this order):
     final         metric -> value at the run's last step (every number logged at that step)
     curves        metric -> {step: value}, for the sweep's curves and the keys of its metrics
     values        metric label -> the number the sweep's table uses (the curve reduced as the sweep says)
+    sweep_file    the sweep file's path as given to `credo ablate` (credo.ablate.prereg)
+    sweep_commit  the last commit of the sweep file when the run started (`git log -1 -- FILE`): the version that
+                  named its comparisons; null when exploratory
+    exploratory   true when the run was started with `--exploratory` (the sweep file not committed)
+
+Lines written before issue 57 have no sweep_file, sweep_commit or exploratory; `credo report` then establishes
+from git, with the line's `commit`, whether a comparison was named before the run (credo.ablate.prereg).
 
 A finished run with no line (its folder predates the results file) is recorded when the sweep is next
 invoked: its date is its own (from DONE), its commit and host those of the recording.
+
+Two older shapes are read through the same loader (`read_results` -> `normalize`), so `credo report` takes
+every results file under docs/results/ the same way; the file is never rewritten, and every key of the old line
+is kept as it was, the schema-1 keys added beside them (`legacy` names the shape):
+
+- `flat` (docs/results/staleness_lr*.jsonl, benchmarks/staleness_lr.py): `sweep`, `variant`, `seed`, the
+  evaluation curve as `eval_curve` ([[step, value], ...]) and reduced numbers as flat keys. Read as: curves
+  {eval/accuracy: eval_curve}; final {eval/accuracy: the curve's last value}; values {eval/accuracy final,
+  eval/accuracy best, train/reward_mean last-5 mean} from `eval/accuracy_final`, `eval/accuracy_best`,
+  `train/reward_mean_last5`.
+- `arm` (docs/results/shop_sft_vs_rl.jsonl): `arm`, `seed` and `metrics`, the numbers of one evaluation at the
+  end of the arm. Read as: sweep the file's name, variant the arm, final the metrics, and each metric a curve of
+  one point at step 0 (the step is not recorded), so reductions final, first and best give the number.
+
+A line of neither shape still fails, naming the file, the line and the missing key.
 
 Rerunning a sweep skips a run whose line is present with the same config_hash (its run folder may be gone: a
 fresh checkout reruns nothing that is recorded), and replaces the line of a run it reruns. Lines of other
@@ -131,7 +153,7 @@ def _finished(run) -> str:
         return time.strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def run_record(sweep, run, *, host: dict, commit: str, values: dict[str, float | None]) -> dict:
+def run_record(sweep, run, *, host: dict, commit: str, values: dict[str, float | None], registration: dict) -> dict:
     """The results line of one finished run (schema in this module's docstring)."""
     rows = read_metrics(run.run_dir / "metrics.jsonl")
     keys = list(dict.fromkeys([*sweep.curves, *(m.key for m in sweep.metrics)]))
@@ -143,6 +165,8 @@ def run_record(sweep, run, *, host: dict, commit: str, values: dict[str, float |
         "config_hash": run.config_hash, "overrides": sweep.variants[run.variant], "commit": commit,
         "date": _finished(run), "host": host, "wall_s": run.wall_s, "steps": run.recipe.run.steps,
         "final": final_of(rows), "curves": curves_of(rows, keys), "values": values,
+        "sweep_file": registration.get("sweep_file"), "sweep_commit": registration.get("sweep_commit"),
+        "exploratory": bool(registration.get("exploratory")),
     }
 
 
@@ -163,12 +187,36 @@ def read_results(path: str | Path) -> list[dict]:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise ConfigError(f"results file '{path}', line {i}: not valid JSON ({e.msg})") from None
+        rec = normalize(rec, path)
         missing = [k for k in REQUIRED if not isinstance(rec, dict) or k not in rec]
         if missing:
             raise ConfigError(f"results file '{path}', line {i}: missing key '{missing[0]}' (expected one run per line "
                               f"with {', '.join(REQUIRED)})")
         out.append(rec)
     return out
+
+
+FLAT_VALUES = {"eval/accuracy_final": "eval/accuracy final", "eval/accuracy_best": "eval/accuracy best",
+               "train/reward_mean_last5": "train/reward_mean last-5 mean"}
+"""A flat line's reduced numbers and the labels `credo report` gives the same reductions."""
+
+
+def normalize(rec, path: Path):
+    """A results line in schema 1: a schema-1 line as it is, a `flat` or `arm` line (this module's docstring) with
+    the schema-1 keys added beside its own; anything else unchanged (read_results then names what is missing)."""
+    if not isinstance(rec, dict) or "schema" in rec:
+        return rec
+    if {"sweep", "variant", "seed", "eval_curve"} <= rec.keys() and "final" not in rec:
+        curve = {str(int(s)): float(v) for s, v in rec["eval_curve"]}
+        last = curve[max(curve, key=int)] if curve else None
+        return rec | {"legacy": "flat", "final": {} if last is None else {"eval/accuracy": last},
+                      "curves": {"eval/accuracy": curve} if curve else {},
+                      "values": {label: rec[k] for k, label in FLAT_VALUES.items() if k in rec}}
+    if {"arm", "seed", "metrics"} <= rec.keys() and "variant" not in rec:
+        numbers = _numbers(rec["metrics"]) if isinstance(rec["metrics"], dict) else {}
+        return rec | {"legacy": "arm", "sweep": path.stem, "variant": rec["arm"], "final": dict(sorted(numbers.items())),
+                      "curves": {k: {"0": v} for k, v in sorted(numbers.items())}}
+    return rec
 
 
 @contextmanager

@@ -37,9 +37,10 @@ from pathlib import Path
 
 from credo.ablate.outputs import atomic_write, record_runs, recorded, write_outputs
 from credo.ablate.plan import RESULT_NEUTRAL, Run, plan_runs
+from credo.ablate.prereg import registration
 from credo.ablate.results import git_commit
 from credo.ablate.spec import Sweep, _fail, load_sweep
-from credo.config import recipe_to_dict
+from credo.config import ConfigError, recipe_to_dict
 from credo.tracking import read_metrics
 
 LOG_TAIL_LINES = 15
@@ -180,9 +181,12 @@ def _start(run: Run, slot: int, sweep: Sweep, lock_fd: int, gpus: list[str]) -> 
         shutil.rmtree(run.run_dir, ignore_errors=True)
     run.run_dir.mkdir(parents=True, exist_ok=True)
     argv = _train_argv(sweep.base, _invocation_overrides(run), sweep.launcher)
+    reg = dict(sweep.registration)
+    if _read_json(run.run_dir / "sweep_run.json").get("exploratory"):  # resumed: an exploratory start stays one
+        reg |= {"exploratory": True, "sweep_commit": None}
     atomic_write(run.run_dir / "sweep_run.json", json.dumps(
         {"variant": run.variant, "seed": run.seed, "config_hash": run.config_hash, "argv": argv, "commit": git_commit(),
-         "config": recipe_to_dict(run.recipe)}, indent=1) + "\n")
+         "config": recipe_to_dict(run.recipe)} | reg, indent=1) + "\n")
     log = open(run.run_dir / "log.txt", "a")
     log.write(f"{ATTEMPT_MARK}{time.strftime('%Y-%m-%d %H:%M:%S')} ({run.action}): {' '.join(argv)}\n")
     log.flush()
@@ -367,7 +371,8 @@ def _schedule_with_signals(sweep, runs, *, jobs: int, threads: int, lock, gpus, 
     return code
 
 
-def run_sweep(path: str | Path, *, jobs: int = 0, dry_run: bool = False, poll_s: float = 0.5) -> int:
+def run_sweep(path: str | Path, *, jobs: int = 0, dry_run: bool = False, poll_s: float = 0.5,
+              exploratory: bool = False) -> int:
     """Run (or, with dry_run, list) a sweep's runs, then write its table, curves and sweep.json.
 
     Args:
@@ -375,14 +380,23 @@ def run_sweep(path: str | Path, *, jobs: int = 0, dry_run: bool = False, poll_s:
         jobs: runs at once; 0 means one per GPU, or one per CPU core.
         dry_run: list the runs and what would happen to each; start nothing, write nothing.
         poll_s: seconds between checks on the running processes.
+        exploratory: run a sweep file that is not committed (credo.ablate.prereg); every results line and table
+            made from these runs is marked exploratory. Without it such a sweep is refused.
 
     Returns:
         Exit code: 0 when every run finished, 1 when some failed (or the folder is busy), 130 when interrupted.
 
     Raises:
-        ConfigError: the sweep file or any run's overrides are invalid, or a finished run's config changed.
+        ConfigError: the sweep file or any run's overrides are invalid, a finished run's config changed, or the
+            sweep file is not committed and `exploratory` is not set.
     """
     sweep = load_sweep(path)
+    try:
+        sweep.registration = registration(sweep.path, exploratory=exploratory)
+    except ConfigError as e:
+        if not dry_run:
+            raise
+        print(f"credo ablate: note: a real run would be refused: {e}", file=sys.stderr)
     n_runs = len(sweep.variants) * len(sweep.seeds)
     gpus = _gpu_ids()
     cores = _cpu_count()

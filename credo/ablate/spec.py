@@ -36,6 +36,9 @@ the metrics to report and, optionally, the baseline variant the others are compa
                                                        # as the recipe and the variants set it)
     comparisons: ["grpo > lite_ppo", "grpo vs dapo"]   # optional; named in advance: a > b expects a above b on the
                                                        # first metric, a vs b names no direction; Holm-adjusted as a family
+
+`credo ablate` runs a sweep file only once it is committed in git (or with --exploratory), so the comparisons it
+names are on record before the runs (credo.ablate.prereg).
 """
 
 from __future__ import annotations
@@ -117,6 +120,9 @@ class Sweep:
     """The SFT warm-up's seed: 'run' (each run's seed), an integer (pinned for all runs) or 'recipe' (left as set)."""
     comparisons: list[Comparison] = field(default_factory=list)
     """Comparisons named in advance, on the first metric; Holm-adjusted together."""
+    registration: dict = field(default_factory=dict)
+    """What `credo ablate` found of the sweep file in git (credo.ablate.prereg.registration): sweep_file,
+    sweep_commit, exploratory; empty until a run is planned."""
 
 
 def _fail(path: Path, msg: str) -> ConfigError:

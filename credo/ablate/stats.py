@@ -1,7 +1,8 @@
 """Statistics over seeds for `credo ablate` and `credo report`.
 
 Student-t intervals of a mean, Welch's two-sample t-test, the paired t-test (variants that share each seed's
-warm-up), Hedges' g with its noncentral-t interval, and Holm-Bonferroni adjusted p-values over one table's
+warm-up), Hedges' g with its noncentral-t interval (independent groups), g_av for paired designs (Cumming's d_av,
+Hedges-corrected, with Algina & Keselman's interval), and Holm-Bonferroni adjusted p-values over one table's
 comparisons. The seeds of a variant are independent draws of the metric. The statistics (means, variances,
 standard errors, degrees of freedom, t) are computed here; scipy supplies only the Student-t distribution's
 quantile and tail (`scipy.special.stdtrit`, `stdtr`), the noncentral t's cdf (`nctdtr`) and log-gamma.
@@ -188,14 +189,17 @@ def paired_diff(a: list[float], b: list[float], confidence: float = 0.95) -> Pai
 
 @dataclass(frozen=True)
 class EffectSize:
-    """Hedges' g: the difference of two groups' means in pooled standard deviations, bias-corrected."""
+    """A standardized difference of means: Hedges' g (independent groups) or g_av (paired), bias-corrected."""
 
     g: float
-    """J(df) * (mean_a - mean_b) / s_pooled; +-inf when both groups have zero variance and the means differ."""
+    """J(df) * (mean_a - mean_b) / s (s pooled for 'g', the root mean of the two variances for 'g_av'); +-inf when
+    the standardizer is 0 and the means differ."""
     low: float
-    """Lower end of its confidence interval (noncentral t); nan when undefined (n < 2 in a group, or g infinite)."""
+    """Lower end of its confidence interval (noncentral t); nan when undefined (too few values, or g infinite)."""
     high: float
     """Upper end of that interval."""
+    kind: str = "g"
+    """'g' (Hedges' g, independent groups) or 'g_av' (paired: `paired_g_av`)."""
 
 
 def hedges_correction(df: float) -> float:
@@ -251,6 +255,47 @@ def hedges_g_from_moments(n_a: int, mean_a: float, var_a: float, n_b: int, mean_
     t = d / scale
     low, high = _ncp_for_cdf(1 - alpha / 2, df, t) * scale, _ncp_for_cdf(alpha / 2, df, t) * scale
     return EffectSize(g=j * d, low=j * low, high=j * high)
+
+
+def paired_g_av(a: list[float], b: list[float], confidence: float = 0.95) -> EffectSize:
+    """g_av of a against b for paired values (a[i], b[i] one pair): Cumming's d_av, Hedges-corrected.
+
+    d_av = mean(a - b) / s_av with s_av = sqrt((s_a^2 + s_b^2) / 2), the two conditions' own standard deviations
+    (Cumming 2012, *Understanding the New Statistics*, ch. 11; Lakens 2013, doi:10.3389/fpsyg.2013.00863), and
+    g_av = J(n - 1) d_av with n pairs (Cumming's small-sample correction for a paired design; `hedges_correction`).
+    Why g_av and not g_z (the mean difference over the differences' std): g_av is in the units of the seeds'
+    spread, as the independent-groups g is, so "the variants separate by 3 std" means the same in both designs;
+    g_z grows as the pairs correlate, however little the two distributions separate. Pairing still sharpens the
+    test (the paired t), not the effect size.
+
+    Interval (approximate, Algina & Keselman 2003, doi:10.1177/0013164403256358): the paired t = mean(a - b) /
+    (s_diff / sqrt(n)) follows a noncentral t with n - 1 degrees of freedom and noncentrality
+    delta_av * sqrt(n) * s_av / s_diff; the interval of that noncentrality (inverting its cdf at t) is mapped to
+    delta_av with the sample ratio s_av / s_diff taken as known, then scaled by J like g_av.
+
+    Edge cases: fewer than 3 pairs (J(n - 1) needs n - 1 > 1): nan. s_av = 0 (no spread in either variant):
+    +-inf when the means differ, nan when equal. Differences all equal (s_diff = 0): g_av with no interval.
+    """
+    if len(a) != len(b):
+        raise ValueError(f"paired_g_av: {len(a)} values against {len(b)}; expected one value of each per pair")
+    n, mean_a, var_a = _mean_var(a)
+    _, mean_b, var_b = _mean_var(b)
+    if n < 3:
+        return EffectSize(g=NAN, low=NAN, high=NAN, kind="g_av")
+    diff = mean_a - mean_b
+    s_av = math.sqrt((var_a + var_b) / 2)
+    if s_av == 0:
+        return EffectSize(g=math.copysign(math.inf, diff) if diff != 0 else NAN, low=NAN, high=NAN, kind="g_av")
+    j = hedges_correction(n - 1)
+    _, _, var_d = _mean_var([x - y for x, y in zip(a, b)])
+    if var_d == 0:
+        return EffectSize(g=j * diff / s_av, low=NAN, high=NAN, kind="g_av")
+    s_d = math.sqrt(var_d)
+    t = diff / (s_d / math.sqrt(n))
+    alpha = 1 - confidence
+    scale = s_d / (math.sqrt(n) * s_av)  # noncentrality -> delta_av
+    low, high = _ncp_for_cdf(1 - alpha / 2, n - 1, t) * scale, _ncp_for_cdf(alpha / 2, n - 1, t) * scale
+    return EffectSize(g=j * diff / s_av, low=j * low, high=j * high, kind="g_av")
 
 
 def holm(p_values: list[float]) -> list[float]:

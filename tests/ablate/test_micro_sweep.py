@@ -30,7 +30,7 @@ def test_micro_sweep_tabulates_and_resumes(tmp_path, capsys, monkeypatch):
     path.write_text(yaml.safe_dump(sweep, sort_keys=False))
     out = tmp_path / "sweep"
 
-    assert ablate.run_sweep(path, jobs=2, poll_s=0.2) == 0, capsys.readouterr().err
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.2, exploratory=True) == 0, capsys.readouterr().err
     with open(out / "table.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["variant"], r["n"]) for r in rows] == [("grpo", "2"), ("lite_ppo", "2")]
@@ -54,7 +54,7 @@ def test_micro_sweep_tabulates_and_resumes(tmp_path, capsys, monkeypatch):
 
     logs = {p: p.read_text() for p in out.glob("runs/*/*/log.txt")}
     capsys.readouterr()
-    assert ablate.run_sweep(path, jobs=2, poll_s=0.2) == 0
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.2, exploratory=True) == 0
     assert "4 finished, 0 to run" in capsys.readouterr().out
     assert {p: p.read_text() for p in out.glob("runs/*/*/log.txt")} == logs  # no run started
 
@@ -69,7 +69,7 @@ def test_micro_sweep_tabulates_and_resumes(tmp_path, capsys, monkeypatch):
     lines = [l for l in results.read_text().splitlines() if (json.loads(l)["variant"], json.loads(l)["seed"]) != ("lite_ppo", 1)]
     assert len(lines) == 3
     results.write_text("\n".join(lines) + "\n")
-    assert ablate.run_sweep(path, jobs=2, poll_s=0.2) == 0
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.2, exploratory=True) == 0
     assert [json.loads(l)["step"] for l in (cut / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
     assert (cut / "DONE").exists() and "run.resume=auto" in (cut / "log.txt").read_text()
     assert {p: t for p, t in logs.items() if p.parent != cut} == {

@@ -24,7 +24,7 @@ def _report(capsys, *argv) -> tuple[int, str, str]:
 def test_each_finished_run_writes_one_line_with_the_schema(tmp_path, fake_trainer):
     path = write_sweep(tmp_path, baseline="a", results=str(tmp_path / "res" / "t.jsonl"),
                        curves=["eval/accuracy", "train/reward_mean"])
-    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05, exploratory=True) == 0
     recs = read_results(tmp_path / "res" / "t.jsonl")
     assert sorted((r["variant"], r["seed"]) for r in recs) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
     r = next(r for r in recs if (r["variant"], r["seed"]) == ("b", 1))
@@ -47,13 +47,13 @@ def test_a_recorded_run_is_not_rerun_even_without_its_folder(tmp_path, fake_trai
     import shutil
 
     path = write_sweep(tmp_path, baseline="a")
-    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05, exploratory=True) == 0
     table = (tmp_path / "sweep" / "table.md").read_text()
     shutil.rmtree(tmp_path / "sweep" / "runs")  # a fresh checkout: only the results file is left
     capsys.readouterr()
     assert ablate.run_sweep(path, jobs=2, dry_run=True) == 0
     assert "4 finished, 0 to run" in capsys.readouterr().out
-    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05, exploratory=True) == 0
     assert not (tmp_path / "sweep" / "runs").exists()  # nothing started
     assert (tmp_path / "sweep" / "table.md").read_text() == table
 
@@ -63,11 +63,11 @@ def test_a_rerun_replaces_its_line_and_keeps_the_others(tmp_path, fake_trainer):
     other = {"sweep": "other", "variant": "x", "seed": 0, "final": {}, "curves": {}}
     upsert_results(res, [other])
     path = write_sweep(tmp_path, results=str(res))
-    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05, exploratory=True) == 0
     before = {(r["sweep"], r["variant"], r["seed"]): r for r in read_results(res)}
     changed = write_sweep(tmp_path, results=str(res), output_dir=str(tmp_path / "sweep2"),
                           variants={"a": ["optim.lr=0.0001"], "b": ["optim.lr=0.0003"]})
-    assert ablate.run_sweep(changed, jobs=2, poll_s=0.05) == 0
+    assert ablate.run_sweep(changed, jobs=2, poll_s=0.05, exploratory=True) == 0
     after = read_results(res)
     assert [(r["sweep"], r["variant"], r["seed"]) for r in after] == list(before)  # replaced in place, none added
     by = {(r["sweep"], r["variant"], r["seed"]): r for r in after}
@@ -104,12 +104,12 @@ def test_bad_results_lines_are_named(tmp_path):
 
 def test_report_remakes_the_sweeps_table_from_the_results_file(tmp_path, fake_trainer, capsys):
     path = write_sweep(tmp_path, baseline="a", comparisons=["b > a"])
-    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05, exploratory=True) == 0
     table = (tmp_path / "sweep" / "table.md").read_text()
     capsys.readouterr()
     code, out, _ = _report(capsys, str(path), "--notes")
     assert code == 0 and out in table  # the sweep's table.md is this output plus its title and variant list
-    assert "**Comparisons named in advance: eval/accuracy final**" in out and "| b > a |" in out and "as named" in out
+    assert "**Comparisons named: eval/accuracy final**" in out and "| b > a |" in out and "as named" in out
     # the same from the results file alone, naming the design with flags
     code, out2, _ = _report(capsys, str(tmp_path / "sweep" / "results.jsonl"), "--metric", "eval/accuracy:final",
                             "--metric", "eval/accuracy:best", "--metric", "train/reward_mean:last_k_mean:2",
@@ -148,7 +148,7 @@ def test_metric_parsing():
 def test_doc_blocks_update_then_check(tmp_path, fake_trainer, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = write_sweep(tmp_path, baseline="a", results="res.jsonl")
-    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05, exploratory=True) == 0
     doc = tmp_path / "doc.md"
     fenced = "```\n<!-- credo report none.jsonl -->\nan example, not a table\n<!-- /credo report -->\n```\n"
     doc.write_text("# Title\n\n<!-- credo report res.jsonl --metric eval/accuracy:final --baseline a --no-overview -->\n"
@@ -192,11 +192,11 @@ def test_warmup_seed_pins_or_follows_the_run_or_the_recipe(tmp_path):
 
 def test_the_table_says_whether_warmup_variance_is_inside(tmp_path, fake_trainer):
     pinned = write_sweep(tmp_path, warmup_seed=0, output_dir=str(tmp_path / "pinned"))
-    assert ablate.run_sweep(pinned, jobs=2, poll_s=0.05) == 0
+    assert ablate.run_sweep(pinned, jobs=2, poll_s=0.05, exploratory=True) == 0
     assert "Warm-up pinned (warm-up seed 0)" in (tmp_path / "pinned" / "table.md").read_text()
     assert "intervals leave warm-up variance out" in (tmp_path / "pinned" / "table.md").read_text()
     own = write_sweep(tmp_path, output_dir=str(tmp_path / "own"))
-    assert ablate.run_sweep(own, jobs=2, poll_s=0.05) == 0
+    assert ablate.run_sweep(own, jobs=2, poll_s=0.05, exploratory=True) == 0
     text = (tmp_path / "own" / "table.md").read_text()
     assert "Each seed trains its own warm-up: the intervals include warm-up variance; the variants of a seed share" in text
 

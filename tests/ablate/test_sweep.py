@@ -78,7 +78,7 @@ def test_unknown_override_key_fails_before_any_run(tmp_path, fake_trainer):
     path = write_sweep(tmp_path, variants={"a": [], "bad": ["algo.polcy_loss=ppo"]})
     with pytest.raises(ConfigError, match=r"variant 'bad' \(seed 0\): unknown config key 'algo.polcy_loss'; did you mean "
                                           r"'algo.policy_loss'"):
-        ablate.run_sweep(path, jobs=1)
+        ablate.run_sweep(path, jobs=1, exploratory=True)
     assert not (tmp_path / "sweep").exists()
 
 
@@ -177,7 +177,7 @@ def test_sweep_runs_tabulates_and_second_invocation_starts_nothing(tmp_path, fak
     # c warms up differently (sft.lr), so its seeds share no warm-up with a's: Welch; b shares each seed's: paired
     path = write_sweep(tmp_path, variants={"a": ["optim.lr=0.0001"], "b": {"optim.lr": 0.0002},
                                            "c": ["optim.lr=0.0012", "sft.lr=0.002"]}, baseline="a")
-    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05, exploratory=True) == 0
     out = tmp_path / "sweep"
     rows = {r["variant"]: r for r in read_csv(out / "table.csv")}
     assert list(rows) == ["a", "b", "c"]
@@ -208,8 +208,8 @@ def test_sweep_runs_tabulates_and_second_invocation_starts_nothing(tmp_path, fak
         pytest.approx((0.1, 0.1))
     assert float(b["eval/accuracy final p"]) < 1e-12 and float(b["eval/accuracy final p holm"]) < 1e-12  # rounding
     assert b["eval/accuracy final verdict"] == "b > a"
-    # Hedges' g: diff / pooled std (equal spreads: the pooled std is std_a) times J
-    assert float(b["eval/accuracy final hedges g"]) == pytest.approx(j2 * 0.1 / std_a)
+    # a paired row's effect size is g_av, whose correction J(n - 1) needs 3 pairs or more: none with 2
+    assert b["eval/accuracy final g kind"] == "g_av" and b["eval/accuracy final g"] == ""
     # c: Welch, se^2 = std^2 / 2 + std_a^2 / 2 with equal variances (seed / 10 spreads every variant alike): df 2
     mean_c, std_c = stats["c"]
     diff, se = mean_c - mean_a, math.sqrt(std_c ** 2 / 2 + std_a ** 2 / 2)
@@ -223,16 +223,18 @@ def test_sweep_runs_tabulates_and_second_invocation_starts_nothing(tmp_path, fak
     assert float(c["eval/accuracy final p"]) == pytest.approx(p)
     # Holm over {b, c}: the smaller p (b's, ~0) is doubled, the larger (c's) multiplied by 1
     assert float(c["eval/accuracy final p holm"]) == pytest.approx(p)
-    assert float(c["eval/accuracy final hedges g"]) == pytest.approx(j2 * diff / std_a)
+    # Hedges' g: diff / pooled std (equal spreads: the pooled std is std_a) times J
+    assert c["eval/accuracy final g kind"] == "g"
+    assert float(c["eval/accuracy final g"]) == pytest.approx(j2 * diff / std_a)
     table = (out / "table.md").read_text()
     assert f"| a | 2 | {mean_a:.3f} ± {std_a:.3f} |" in table
     final_section = table.split("**eval/accuracy final**")[1].split("**")[0]
-    assert ("| variant | n | mean ± std | 95% CI | Δ vs a [95% CI] | test | p | p (Holm) | Hedges' g [95% CI] | verdict |"
+    assert ("| variant | n | mean ± std | 95% CI | Δ vs a [95% CI] | test | p | p (Holm) | effect size [95% CI] | verdict |"
             in final_section)
     assert "| a | 2 |" in final_section and "| baseline |" in final_section
     c_row = (f"| c | 2 | {mean_c:.3f} ± {std_c:.3f} | [{mean_c - T1 * std_c / math.sqrt(2):.3f}, "
              f"{mean_c + T1 * std_c / math.sqrt(2):.3f}] | {diff:+.3f} [{diff - T2 * se:+.3f}, {diff + T2 * se:+.3f}] | "
-             f"Welch | {p:.3f} | {p:.3f} | {j2 * diff / std_a:+.1f} [")
+             f"Welch | {p:.3f} | {p:.3f} | g {j2 * diff / std_a:+.1f} [")
     assert c_row in final_section
     assert "Holm" in table and "Welch" in table and "paired" in table
     assert "Each seed trains its own warm-up: the intervals include warm-up variance; comparisons" in table
@@ -249,7 +251,7 @@ def test_sweep_runs_tabulates_and_second_invocation_starts_nothing(tmp_path, fak
     assert "step 3" in (run_dir / "log.txt").read_text()
 
     capsys.readouterr()
-    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05, exploratory=True) == 0
     printed = capsys.readouterr().out
     assert "6 finished, 0 to run" in printed and c_row in printed  # the table is printed, CI columns included
     assert all(len(invocations(out / "runs" / v / f"seed{s}")) == 1 for v in "abc" for s in (0, 1))
@@ -257,7 +259,7 @@ def test_sweep_runs_tabulates_and_second_invocation_starts_nothing(tmp_path, fak
 
 def test_curve_bands_are_t_intervals_over_seeds(tmp_path, fake_trainer):
     path = write_sweep(tmp_path, curves=["eval/accuracy", "train/reward_mean"])
-    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05, exploratory=True) == 0
     records = ablate.read_results(tmp_path / "sweep" / "results.jsonl")
     curves = ablate.curve_stats(records, ["eval/accuracy", "train/reward_mean"], ["a", "b"])
     steps, stats = curves["eval/accuracy"]["b"]
@@ -272,7 +274,7 @@ def test_curve_bands_are_t_intervals_over_seeds(tmp_path, fake_trainer):
 def test_failed_run_is_reported_others_tabulated_and_rerun_resumes_it(tmp_path, fake_trainer, monkeypatch, capsys):
     path = write_sweep(tmp_path, baseline="a")
     monkeypatch.setenv("FAKE_TRAIN_FAIL", "b/seed1")
-    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 1
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05, exploratory=True) == 1
     err = capsys.readouterr().err
     assert "run b/seed1 failed (exit 1)" in err and "RuntimeError: injected failure at step 1" in err
     out = tmp_path / "sweep"
@@ -291,7 +293,7 @@ def test_failed_run_is_reported_others_tabulated_and_rerun_resumes_it(tmp_path, 
     assert not (out / "runs" / "b" / "seed1" / "DONE").exists()
 
     monkeypatch.delenv("FAKE_TRAIN_FAIL")
-    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05, exploratory=True) == 0
     calls = invocations(out / "runs" / "b" / "seed1")
     assert [c["resume"] for c in calls] == [None, "auto"]
     assert all(len(invocations(out / "runs" / v / f"seed{s}")) == 1 for v, s in [("a", 0), ("a", 1), ("b", 0)])
@@ -306,7 +308,7 @@ def test_sigterm_midway_then_rerun_finishes_without_redoing(tmp_path):
     path = write_sweep(tmp_path)
     driver = (f"import sys; from credo.ablate import scheduler; "
               f"scheduler._train_argv = lambda b, o, l: [sys.executable, {str(FAKE)!r}, 'run', str(b), *o]; "
-              f"sys.exit(scheduler.run_sweep({str(path)!r}, jobs=1, poll_s=0.05))")
+              f"sys.exit(scheduler.run_sweep({str(path)!r}, jobs=1, poll_s=0.05, exploratory=True))")
     env = {**os.environ, "FAKE_TRAIN_STEP_S": "0.2", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-c", driver], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -335,15 +337,15 @@ def test_sigterm_midway_then_rerun_finishes_without_redoing(tmp_path):
 def test_changed_config_finished_run_stops_unfinished_run_restarts(tmp_path, fake_trainer, monkeypatch):
     path = write_sweep(tmp_path, seeds=[0])
     monkeypatch.setenv("FAKE_TRAIN_FAIL", "b/seed0")
-    assert ablate.run_sweep(path, jobs=1, poll_s=0.05) == 1
+    assert ablate.run_sweep(path, jobs=1, poll_s=0.05, exploratory=True) == 1
     monkeypatch.delenv("FAKE_TRAIN_FAIL")
     changed = write_sweep(tmp_path, seeds=[0], overrides=["run.steps=4"])
     with pytest.raises(ConfigError, match=r"(?s)1 finished run\(s\) were made with a different config.*runs/a/seed0: "
                                           r"run\.steps: 3 -> 4"):
-        ablate.run_sweep(changed, jobs=1, poll_s=0.05)
+        ablate.run_sweep(changed, jobs=1, poll_s=0.05, exploratory=True)
     # only the unfinished run changed: it starts again from scratch, without run.resume
     changed = write_sweep(tmp_path, seeds=[0], variants={"a": ["optim.lr=0.0001"], "b": ["optim.lr=0.0003"]})
-    assert ablate.run_sweep(changed, jobs=1, poll_s=0.05) == 0
+    assert ablate.run_sweep(changed, jobs=1, poll_s=0.05, exploratory=True) == 0
     calls = invocations(tmp_path / "sweep" / "runs" / "b" / "seed0")
     assert [c["resume"] for c in calls] == [None]
     assert float(read_csv(tmp_path / "sweep" / "table.csv")[1]["eval/accuracy final mean"]) == pytest.approx(acc(3e-4, 0, 3))
@@ -363,7 +365,7 @@ def test_runs_sharing_a_warmup_wait_for_the_first(tmp_path, fake_trainer, monkey
     """Same model/task/sft/seed: the second run starts once the first has written metrics (warm-up done)."""
     monkeypatch.setenv("FAKE_TRAIN_WARMUP_S", "0.5")
     path = write_sweep(tmp_path, seeds=[0])
-    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05, exploratory=True) == 0
     runs = tmp_path / "sweep" / "runs"
     a_start = invocations(runs / "a" / "seed0")[0]["start"]
     b_start = invocations(runs / "b" / "seed0")[0]["start"]
@@ -374,7 +376,7 @@ def test_different_warmups_run_at_once(tmp_path, fake_trainer, monkeypatch):
     monkeypatch.setenv("FAKE_TRAIN_WARMUP_S", "1.0")
     # seeds 0 and 1 under the default warmup_seed (run): each seed needs its own warm-up
     path = write_sweep(tmp_path, variants={"a": ["optim.lr=0.0001"]})
-    assert ablate.run_sweep(path, jobs=2, poll_s=0.05) == 0
+    assert ablate.run_sweep(path, jobs=2, poll_s=0.05, exploratory=True) == 0
     runs = tmp_path / "sweep" / "runs" / "a"
     assert abs(invocations(runs / "seed0")[0]["start"] - invocations(runs / "seed1")[0]["start"]) < 0.9
 
@@ -386,7 +388,7 @@ def test_busy_sweep_folder_is_refused(tmp_path, fake_trainer, capsys):
     (tmp_path / "sweep").mkdir()
     with open(tmp_path / "sweep" / ".lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        assert ablate.run_sweep(path, jobs=1) == 1
+        assert ablate.run_sweep(path, jobs=1, exploratory=True) == 1
     assert "is in use by another `credo ablate`" in capsys.readouterr().err
     assert not (tmp_path / "sweep" / "runs").exists()
 
