@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -165,7 +165,7 @@ def _bind(plan: RunPlan, rank, world, run_dir, policy_path, sft_key, tokenizer, 
                        eval_samples=r.run.eval_samples,
                        reward_isolation=dict(timeout_s=r.reward.timeout_s, workers=r.reward.workers,
                                              max_failure_frac=r.reward.max_failure_frac), cluster=cluster)
-    parts = build_stages(plan, ctx, grad_accum)
+    parts, ctx = build_stages(plan, ctx, grad_accum)
     config = recipe_to_dict(r)
     stateful = {name: stage for name, stage in (("source", parts.source), ("advantage", parts.advantage),
                                                 ("reward", parts.reward),
@@ -231,28 +231,29 @@ def run_task(plan: RunPlan):
     return task
 
 
-def build_stages(plan: RunPlan, ctx: StageContext, grad_accum: int) -> SimpleNamespace:
-    """The source, reward, probes, scorer, advantage stage, objective and updater, in the order each needs the last."""
+def build_stages(plan: RunPlan, ctx: StageContext, grad_accum: int) -> tuple[SimpleNamespace, StageContext]:
+    """The source, reward, probes, scorer, advantage stage, objective and updater, in the order each needs the last.
+    Returns them and the runtime context with the source and the scorer in it (for the hooks and the evaluator)."""
     r = plan.recipe
     ro, a, o = r.rollout, r.algo, r.optim
     out = SimpleNamespace()
-    out.source = ctx.source = scheduled(plan, ctx, build_source(plan, ctx))
+    out.source = scheduled(plan, ctx, build_source(plan, ctx))
+    ctx = replace(ctx, source=out.source)
     out.reward_fn = default_reward_fn(plan, ctx.task)
-    ctx.default = None if out.reward_fn is None else FunctionReward(
+    reward = None if out.reward_fn is None else FunctionReward(
         (ctx.cluster is not None and ctx.cluster.reward_worker(r, out.reward_fn))
         or RewardWorker(out.reward_fn, timeout_s=r.reward.timeout_s, workers=r.reward.workers,
                         max_failure_frac=r.reward.max_failure_frac), ctx.tokenizer, ro.group_size)
-    out.reward = _stage(ctx, plan.stages["reward"])
-    ctx.default = None
+    out.reward = _stage(ctx, plan.stages["reward"], reward)
     out.probes = {p.name: _stage(ctx, p) for p in plan.probes}
-    out.scorer = ctx.scorer = PolicyScorer(
+    out.scorer = PolicyScorer(
         temperature=ro.temperature, chunk_size=a.logprob_chunk_size, hidden_path=o.zero_stage < 3,
         needs_old_log_probs=a.ppo_epochs * a.mini_batches > 1 or plan.staleness > 0, ref_model=ctx.ref_model,
         probes=list(out.probes.values()), packed=a.packing, micro_batch_tokens=a.micro_batch_tokens)
-    ctx.default = OutcomeAdvantage(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs) \
+    ctx = replace(ctx, scorer=out.scorer)
+    outcome = OutcomeAdvantage(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs) \
         if algos.ADVANTAGE_INPUTS.get(a.advantage) == "outcome" else None
-    out.advantage = _stage(ctx, plan.stages["advantage"])
-    ctx.default = None
+    out.advantage = _stage(ctx, plan.stages["advantage"], outcome)
     out.objective = Objective(algos.POLICY_LOSSES[a.policy_loss], a.loss_kwargs, agg_mode=a.agg_mode,
                               entropy_coef=a.entropy_coef, kl_coef=a.kl_coef,
                               kl_estimator=algos.KL_ESTIMATORS[a.kl_estimator] if ctx.ref_model is not None else None,
@@ -262,18 +263,16 @@ def build_stages(plan: RunPlan, ctx: StageContext, grad_accum: int) -> SimpleNam
                           fault_nan_steps=fault_nan_steps(),
                           train_mode=r.model.gradient_checkpointing or r.model.lora.dropout > 0,
                           micro_batch_tokens=a.micro_batch_tokens, packed=a.packing)
-    return out
+    return out, ctx
 
 
 def build_source(plan: RunPlan, ctx: StageContext):
-    """The rollout source (stages.rollout, default: the task's prompts), also set as `ctx.source`; unscheduled."""
+    """The rollout source (stages.rollout, default: the task's prompts); unscheduled."""
     r = plan.recipe
     holdout = sum(a.family.holdout(r) for a in plan.active)  # problems an active family keeps out (MIPU's validation)
-    ctx.default = PromptRollout(ctx.task, ctx.tokenizer, ctx.backend, seed=r.run.seed, rank=ctx.rank, world=ctx.world,
-                                render=ctx.render, holdout=holdout, **ctx.rollout)
-    ctx.source = _stage(ctx, plan.stages["rollout"])
-    ctx.default = None
-    return ctx.source
+    default = PromptRollout(ctx.task, ctx.tokenizer, ctx.backend, seed=r.run.seed, rank=ctx.rank, world=ctx.world,
+                            render=ctx.render, holdout=holdout, **ctx.rollout)
+    return _stage(ctx, plan.stages["rollout"], default)
 
 
 def scheduled(plan: RunPlan, ctx: StageContext, source):
@@ -281,16 +280,12 @@ def scheduled(plan: RunPlan, ctx: StageContext, source):
     return plan.schedule.spec.wrap(source, ctx, plan.schedule.settings)
 
 
-def _stage(ctx: StageContext, stage):
-    """The stage the plan resolved (`credo.plan.StagePlan`), built with its family's section in `ctx.section`; the
-    built-in (`ctx.default`) when it resolved to none."""
+def _stage(ctx: StageContext, stage, default=None):
+    """The stage the plan resolved (`credo.plan.StagePlan`); `default`, the built-in of its kind, when it resolved to
+    none. The factory gets the frozen context with this call's `default` and its family's `section` in it."""
     if stage.resolved is None:
-        return ctx.default
-    ctx.section = stage.section
-    try:
-        return build_stage(stage.resolved, ctx, stage.settings)
-    finally:
-        ctx.section = None
+        return default
+    return build_stage(stage.resolved, replace(ctx, default=default, section=stage.section), stage.settings)
 
 
 def default_reward_fn(plan: RunPlan, task):
@@ -309,9 +304,7 @@ def step_hooks(plan: RunPlan, ctx: StageContext, parts: SimpleNamespace) -> list
     hooks = []
     for a in plan.active:
         if a.parts.hooks is not None:
-            ctx.section = a.section
-            hooks += a.parts.hooks(ctx, parts)
-    ctx.section = None
+            hooks += a.parts.hooks(replace(ctx, section=a.section), parts)
     return hooks
 
 
@@ -323,11 +316,7 @@ def make_evaluator(plan: RunPlan, ctx: StageContext, parts: SimpleNamespace):
         return None
     owner = plan.evaluator_owner
     if owner is not None:
-        ctx.section = owner.section
-        try:
-            return owner.parts.evaluator(ctx, parts.source, r.run.eval_temperature)
-        finally:
-            ctx.section = None
+        return owner.parts.evaluator(replace(ctx, section=owner.section), parts.source, r.run.eval_temperature)
     fn = parts.reward_fn
     eval_reward = fn if isinstance(fn, WeightedRewards) else WeightedRewards([fn])  # scores tasks without a verifier
     return Evaluator(ctx.task, ctx.tokenizer, parts.source, seed=r.run.seed, temperature=r.run.eval_temperature,

@@ -43,9 +43,11 @@ def register_stage(kind: str, name: str):
     return deco
 
 
-@dataclass
+@dataclass(frozen=True)
 class StageContext:
-    """What a stage factory may use; filled by the builder as it goes."""
+    """What a stage factory may use: the run's runtime, frozen. The builder makes a new one (`dataclasses.replace`)
+    as it goes (with the source, then the scorer) and for each factory call (with that call's `default` and
+    `section`), so no factory sees another's per-call values and none can change what the next one gets."""
 
     rank: int
     world: int

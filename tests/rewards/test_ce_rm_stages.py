@@ -2,6 +2,8 @@
 seeds and sampling arguments on a scripted backend and a sharded step, the discrimination rewards and metrics of
 a hand-scored batch, and the factories' defaults and config errors."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -210,10 +212,11 @@ def test_two_stage_source_defaults_and_the_recipes_settings():
 
 def test_ce_rm_reward_takes_its_counts_from_the_two_stage_rollout():
     ctx = ctx_for()
-    ctx.source = two_stage_source(ctx)
+    ctx = dataclasses.replace(ctx, source=two_stage_source(ctx))
     r = ce_rm_reward(ctx)
     assert (r.K, r.E) == (4, 2) and r.tok is ctx.tokenizer  # the rollout's defaults
-    ctx.source = two_stage_source(ctx_for(group_size=3 * (1 + 2 * 1)), n_criteria=3, evals_per_response=1)
+    ctx = dataclasses.replace(ctx, source=two_stage_source(ctx_for(group_size=3 * (1 + 2 * 1)), n_criteria=3,
+                                                             evals_per_response=1))
     r = ce_rm_reward(ctx)
     assert (r.K, r.E) == (3, 1)  # set once, in stages.rollout_kwargs
 

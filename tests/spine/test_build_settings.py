@@ -146,8 +146,15 @@ def test_each_stage_factory_gets_the_context_its_default_and_its_settings(built)
     r, c = built
     # the advantage stage comes after the scorer (the critic stage needs it), the probes before it
     assert [kind for kind, _, _ in SEEN] == ["rollout", "reward", "probe", "advantage"]
-    ctx = SEEN[0][1]
-    assert all(seen is ctx for _, seen, _ in SEEN)  # one context, filled as the build goes
+    ctx = SEEN[-1][1]  # the advantage stage's: the runtime with the source and the scorer in it
+    import dataclasses
+
+    runtime = [f.name for f in dataclasses.fields(ctx) if f.name not in ("default", "section", "source", "scorer")]
+    assert all(getattr(seen, f) is getattr(ctx, f) for _, seen, _ in SEEN for f in runtime)  # one frozen runtime
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.default = None
+    assert SEEN[0][1].source is None and SEEN[1][1].source is c.source  # the source exists once built
+    assert SEEN[2][1].scorer is None and ctx.scorer is c.scorer  # the scorer after the probes, before the advantage
     assert [type(d) for _, _, d in SEEN] == [PromptRollout, FunctionReward, type(None), OutcomeAdvantage]
     assert (SEEN[0][2], SEEN[1][2], SEEN[3][2]) == (c.source, c.reward, c.advantage)
     assert (ctx.rank, ctx.world, ctx.seed) == (0, 1, 5)
@@ -159,7 +166,7 @@ def test_each_stage_factory_gets_the_context_its_default_and_its_settings(built)
     assert ctx.policy_path == resolve_model_path(r.model.path, r.model.tiny) and ctx.dtype == "float32"
     assert ctx.zero_stage == 0 and ctx.advantage_kwargs == {"norm_std": False}
     assert ctx.reward_isolation == dict(timeout_s=7.5, workers=2, max_failure_frac=0.25)
-    assert ctx.default is None  # cleared once the stages are built
+    assert ctx.default is SEEN[-1][2]  # each call's own default, in its own context
     p, = c.scorer.probes
     assert type(p) is Probe and p.weight == 0.5
 

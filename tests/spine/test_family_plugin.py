@@ -18,6 +18,7 @@ import torch
 from credo.config import load_recipe, out_of_range, ranged
 from credo.errors import ConfigError
 from credo.family import Family, FamilyParts, StageEntry
+from credo.plan import resolve_plan
 from tests.e2e.common import read_rows, run_cli, tiny_overrides
 
 HERE = "tests.spine.test_family_plugin"
@@ -130,8 +131,9 @@ def test_the_family_section_is_loaded_strictly(tmp_path):
         load_recipe("recipes/quickstart.yaml", overrides(tmp_path / "run", **{"stages.advantage": "default",
                                                                                "stages.advantage_kwargs": "{}"}))
     with pytest.raises(ConfigError, match=r"unknown config key 'stages.advantage_kwargs.shfit'; did you mean "
-                                          r"'stages.advantage_kwargs.shift'\?"):
-        load_recipe("recipes/quickstart.yaml", overrides(tmp_path / "run", **{"stages.advantage_kwargs": "{shfit: 1}"}))
+                                          r"'stages.advantage_kwargs.shift'\?"):  # stage settings: by the run plan
+        resolve_plan(load_recipe("recipes/quickstart.yaml", overrides(tmp_path / "run",
+                                                                      **{"stages.advantage_kwargs": "{shfit: 1}"})))
     # without the family named, its section is an unknown key
     with pytest.raises(ConfigError, match=r"unknown config key 'scaled'"):
         load_recipe("recipes/quickstart.yaml", ["scaled.factor=2"])
