@@ -8,7 +8,8 @@ The mechanism is bubblewrap (`credo.sandbox.bwrap` says why) plus resource limit
 itself before the program runs (`credo.sandbox._launcher`). What each limit stops, and the test that shows it, is
 in docs/sandbox.md. In short:
 
-- wall time: the host kills the sandbox at `timeout_s`; CPU time: RLIMIT_CPU at ceil(timeout_s) seconds;
+- wall time: the host kills the sandbox `timeout_s` after the program starts (set-up, ~0.1 s on an idle host, has
+  a bound of its own, STARTUP_S); CPU time: RLIMIT_CPU at ceil(timeout_s) seconds;
 - memory: RLIMIT_AS of `memory_mb` per process (and at most `max_procs` processes);
 - processes: RLIMIT_NPROC of `max_procs` in the sandbox's own user namespace (threads count);
 - output: stdout + stderr past `max_output_bytes` kill the sandbox;
@@ -45,6 +46,9 @@ REASONS = ("ok", "error", "timeout", "memory", "nproc", "output_limit", "file_si
 time); memory (an allocation past memory_mb); nproc (a fork or thread past max_procs); output_limit (stdout +
 stderr past max_output_bytes); file_size (a file past max_file_mb); disk (the scratch tmpfs full); killed (a
 signal: a segfault, the program killing itself)."""
+
+STARTUP_S = 30.0
+"""Longest wait for the sandbox to be set up and its launcher to report (the program's timeout starts then)."""
 
 _EXIT_REASONS = {EXIT_MEMORY: "memory", EXIT_NPROC: "nproc", EXIT_DISK: "disk", EXIT_FSIZE: "file_size"}
 
@@ -158,14 +162,15 @@ def _run(cmd: list[str], fds: dict, stdin, timeout_s: float, max_output_bytes: i
         raise SandboxError(f"cannot start bubblewrap ({cmd[0]}): {e}") from None
     os.close(fds.pop("ready_w"))  # only the sandbox holds it now: EOF on ready_r once the launcher closes it
     pipes = Pipes(proc, fds["ready_r"], stdin, max_output_bytes)
-    ended = pipes.pump(start + timeout_s)  # 'exit' | 'timeout' | 'output_limit'
+    ended = pipes.pump(timeout_s, STARTUP_S)  # 'exit' | 'startup' | 'timeout' | 'output_limit'
     if ended != "exit":
         _kill(proc)
     returncode = _status(proc.wait())
     _reap(pipes.namespace)
     out, err = pipes.close()
-    if not pipes.namespace:  # the launcher never reported: bubblewrap failed to set up
-        raise SandboxError(f"the sandbox did not start (bwrap exit {returncode}): {err.strip()[-2000:]}")
+    if not pipes.namespace:  # the launcher never reported: bubblewrap failed to set up, or took past STARTUP_S
+        why = f"no report within {STARTUP_S} s" if ended == "startup" else f"bwrap exit {returncode}"
+        raise SandboxError(f"the sandbox did not start ({why}): {err.strip()[-2000:]}")
     reason = _reason(ended, returncode)
     return SandboxResult(returncode, out, err, reason == "timeout", reason, time.monotonic() - start)
 

@@ -36,30 +36,38 @@ class Pipes:
             except (BrokenPipeError, OSError):
                 pass
 
-    def pump(self, deadline: float) -> str:
-        """Read until every stream is closed and the process has exited: 'exit', or 'timeout' at `deadline`, or
-        'output_limit' once stdout and stderr together pass max_output_bytes."""
+    def pump(self, timeout_s: float, startup_s: float) -> str:
+        """Read until every stream is closed and the process has exited: 'exit'; 'startup' when the launcher has not
+        reported within `startup_s`; 'timeout' `timeout_s` after it reported (the program's clock starts when the
+        program starts, so a loaded host's slow set-up is not charged to it); 'output_limit' once stdout and stderr
+        together pass max_output_bytes."""
         sel = selectors.DefaultSelector()
         for f, buf in ((self.proc.stdout.fileno(), self.out), (self.proc.stderr.fileno(), self.err),
                        (self.ready_fd, self._ready)):
             sel.register(f, selectors.EVENT_READ, buf)
+        deadline, late = time.monotonic() + startup_s, "startup"
         try:
             while sel.get_map():
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return "timeout"
+                    return late
                 for key, _ in sel.select(left):
                     chunk = os.read(key.fd, _CHUNK)
                     if not chunk:
                         sel.unregister(key.fd)
                         if key.fd == self.ready_fd:
                             self.namespace = self._ready.decode("ascii", "replace") or None
+                            if self.namespace:
+                                deadline, late = time.monotonic() + timeout_s, "timeout"
                         continue
                     key.data.extend(chunk)
                     if key.fd != self.ready_fd and len(self.out) + len(self.err) > self.max_output_bytes:
                         return "output_limit"
         finally:
             sel.close()
+        if late == "startup":  # the sandbox exited before its launcher reported: a set-up failure
+            self.proc.wait()
+            return "exit"
         try:  # the streams are closed, but a process that closed them may still run
             self.proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
