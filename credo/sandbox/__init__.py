@@ -162,7 +162,13 @@ def _run(cmd: list[str], fds: dict, stdin, timeout_s: float, max_output_bytes: i
         raise SandboxError(f"cannot start bubblewrap ({cmd[0]}): {e}") from None
     os.close(fds.pop("ready_w"))  # only the sandbox holds it now: EOF on ready_r once the launcher closes it
     pipes = Pipes(proc, fds["ready_r"], stdin, max_output_bytes)
-    ended = pipes.pump(timeout_s, STARTUP_S)  # 'exit' | 'startup' | 'timeout' | 'output_limit'
+    try:
+        ended = pipes.pump(timeout_s, STARTUP_S)  # 'exit' | 'startup' | 'timeout' | 'output_limit'
+    except BaseException:  # an interrupt of the caller (KeyboardInterrupt, a thread's exit) still ends the sandbox
+        _kill(proc)
+        proc.wait()
+        pipes.close()
+        raise
     if ended != "exit":
         _kill(proc)
     returncode = _status(proc.wait())

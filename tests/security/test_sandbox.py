@@ -329,6 +329,17 @@ def test_concurrent_runs_from_threads_are_each_contained():
     assert all(r.reason == "ok" for r in results)
 
 
+@pytest.mark.heavy
+def test_the_bombs_at_generous_limits():
+    """The fast tests' bombs at limits a real reward might use: 256 processes of 512 MB, a 512 MB scratch folder,
+    a 10 s clock. Sibling of the fork-bomb, memory-bomb and disk tests above (small limits, same mechanisms)."""
+    big = dict(timeout_s=10.0, memory_mb=512, max_procs=256, scratch_mb=512, max_file_mb=256)
+    assert contained("import os\nwhile True:\n    os.fork()\n", **big).reason == "nproc"
+    assert contained("chunks = []\nwhile True:\n    chunks.append(' ' * 10 ** 7)\n", **big).reason == "memory"
+    assert contained("i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * (64 << 20))\n    i += 1\n",
+                     **big).reason == "disk"
+
+
 def test_bad_arguments_and_a_missing_bwrap_are_clear_errors(monkeypatch):
     with pytest.raises(ValueError, match="timeout_s"):
         run_python("pass", timeout_s=0, memory_mb=128)
