@@ -157,7 +157,8 @@ def _run(cmd: list[str], fds: dict, stdin, timeout_s: float, max_output_bytes: i
     start = time.monotonic()
     try:  # bwrap passes inherited fds through: the launcher writes its pid namespace to ready_w, then closes it
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                pass_fds=(fds["ready_w"],), env={"PATH": "/usr/bin:/bin"}, cwd="/", **bwrap.start_user())
+                                pass_fds=(fds["ready_w"],), env={"PATH": "/usr/bin:/bin"}, cwd="/",
+                                **bwrap.start_user())
     except OSError as e:
         raise SandboxError(f"cannot start bubblewrap ({cmd[0]}): {e}") from None
     os.close(fds.pop("ready_w"))  # only the sandbox holds it now: EOF on ready_r once the launcher closes it

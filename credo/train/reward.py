@@ -8,8 +8,8 @@
 `RewardWorker`: per-call timeout, failures masked and counted. With `reward.functions` (a
 `WeightedRewards`) it also passes the response ids and logs each function's mean over the step's
 valid samples as `train/rewards/<name>`; a part whose name holds a '/' (`reward/sandbox_timeout`, a weight-0
-part of `credo.tasks.code:sandbox_reward`) is logged under its own name. A batched LLM judge is another `RewardModel` with the same
-two methods.
+part of `credo.tasks.code:sandbox_reward`) is logged under its own name. A batched LLM judge is another
+`RewardModel` with the same two methods.
 """
 
 from __future__ import annotations

@@ -122,7 +122,8 @@ def test_the_cpu_time_limit_is_reported_as_a_timeout():
     assert (res.reason, res.timed_out, res.returncode) == ("timeout", True, -signal.SIGXCPU)
 
 
-@pytest.mark.parametrize("code", ["x = bytearray(10 ** 9)\n", "chunks = []\nwhile True:\n    chunks.append(' ' * 10 ** 6)\n"],
+@pytest.mark.parametrize("code", ["x = bytearray(10 ** 9)\n",
+                                  "chunks = []\nwhile True:\n    chunks.append(' ' * 10 ** 6)\n"],
                          ids=["one-allocation", "growing"])
 def test_memory_bomb_is_refused(code):
     res = contained(code, memory_mb=128)
