@@ -107,7 +107,8 @@ def run_python(code: str, *, timeout_s: float, memory_mb: int, stdin: str | byte
     rlimits = {"RLIMIT_CPU": [math.ceil(timeout_s), math.ceil(timeout_s) + 1], "RLIMIT_AS": int(memory_mb) << 20,
                "RLIMIT_NPROC": int(max_procs), "RLIMIT_FSIZE": int(max_file_mb) << 20, "RLIMIT_CORE": 0,
                "RLIMIT_NOFILE": 256}
-    stage = tempfile.mkdtemp(prefix="credo-sandbox-")
+    # in /tmp, not $TMPDIR: the sandbox user must reach it, and a TMPDIR under a 0700 home it cannot
+    stage = tempfile.mkdtemp(prefix="credo-sandbox-", dir=os.environ.get("CREDO_SANDBOX_STAGE", "/tmp"))
     fds = dict(zip(("ready_r", "ready_w"), os.pipe()))
     try:
         _stage(Path(stage), code, files or {})
