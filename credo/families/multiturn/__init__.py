@@ -16,7 +16,7 @@ Active when `env.id` is set (with `stages.rollout: multiturn`). See docs/multitu
 from dataclasses import asdict
 
 from credo.families.multiturn.config import LATENCY_KEYS, EnvConfig, TurnCreditSettings, check_env
-from credo.capabilities import BATCH_STATE
+from credo.capabilities import BATCH_STATE, ENV_EPISODES
 from credo.family import Family, StageEntry
 
 
@@ -42,7 +42,7 @@ FAMILY = Family(
     check=check_env,
     stages={
         "rollout": {"multiturn": StageEntry("credo.families.multiturn.source:multiturn_source",
-                                            provides=frozenset({BATCH_STATE}))},
+                                            provides=frozenset({BATCH_STATE, ENV_EPISODES}))},
         "reward": {"env": StageEntry("credo.families.multiturn.source:env_reward")},
         "advantage": {"turn_credit": StageEntry("credo.families.multiturn.turn_credit:turn_credit",
                                                 TurnCreditSettings)},
