@@ -9,6 +9,7 @@
     resample.py     IPA's chunk-level initialised resampling (arXiv 2512.24873)
     task.py         the env's expert episodes as warm-up demonstrations
     build.py        build-time parts: the env id check, the warm-up task, the held-out episode evaluator
+    cli.py          its part of `credo list` (the env ids)
 
 Active when `env.id` is set (with `stages.rollout: multiturn`). See docs/multiturn.md.
 """
@@ -50,4 +51,5 @@ FAMILY = Family(
     active=_active,
     warmup_digest=_warmup_digest,
     build="credo.families.multiturn.build",
+    listing="credo.families.multiturn.cli:listing",
 )
