@@ -15,7 +15,7 @@
 See docs/judges.md.
 """
 
-from credo.families.judges.config import CERMRolloutSettings, JudgeConfig, RMNLHFSettings, check_judge
+from credo.families.judges.config import CERMRolloutSettings, JudgeConfig, JudgeRoleConfig, RMNLHFSettings, check_judge
 from credo.capabilities import BATCH_STATE
 from credo.family import Family, StageEntry
 
@@ -44,4 +44,5 @@ FAMILY = Family(
     active=_active,
     build="credo.families.judges.build",
     commands={"bon": "credo.families.judges.cli:add_parser"},
+    roles={"judge": JudgeRoleConfig},
 )

@@ -16,7 +16,7 @@ Active when `env.id` is set (with `stages.rollout: multiturn`). See docs/multitu
 
 from dataclasses import asdict
 
-from credo.families.multiturn.config import LATENCY_KEYS, EnvConfig, TurnCreditSettings, check_env
+from credo.families.multiturn.config import LATENCY_KEYS, EnvConfig, EnvRoleConfig, TurnCreditSettings, check_env
 from credo.capabilities import BATCH_STATE, ENV_EPISODES
 from credo.family import Family, StageEntry
 
@@ -52,4 +52,5 @@ FAMILY = Family(
     warmup_digest=_warmup_digest,
     build="credo.families.multiturn.build",
     listing="credo.families.multiturn.cli:listing",
+    roles={"env": EnvRoleConfig},
 )

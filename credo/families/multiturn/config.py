@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from credo.config import checked, one_of, out_of_range, ranged
+from credo.config.sections import RoleConfig
 from credo.errors import ConfigError
 
 
@@ -45,6 +46,14 @@ class EnvConfig:
     false = turn-synchronous (the default)."""
     eval_episodes: int = ranged(64, ge=1)
     """Held-out episodes (fixed seeds disjoint from training) per evaluation; eval/return is their mean return."""
+
+
+@dataclass
+class EnvRoleConfig(RoleConfig):
+    """`cluster.env:`: multi-turn environments held by env actors, so env steps leave the trainer processes."""
+
+    max_concurrency: int = ranged(64, ge=1)
+    """Env calls one env worker runs at once (threads), so one hung env step blocks only its own episode."""
 
 
 CREDITS = ("mc_rebn", "mc", "grpo", "ipa")
