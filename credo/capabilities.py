@@ -13,6 +13,8 @@ A capability is a short string. The ones credo's parts use:
     source    prompt_draw      single-turn prompts drawn as a pure function of (seed, step) from the task, which a
                                schedule may draw itself (tail batching's races, overlap's stream of groups)
               batch_state      every field of its batches can be held in a checkpoint (fixed lag keeps S batches)
+              env_episodes     it plays the `env:` section's environment (multi-turn episodes), so env.id is set
+                               exactly when the run's rollout stage provides this (the multi-turn family's check)
     engine    full_params      the trainer's module holds the full parameters (not ZeRO-3 shards) between steps
 
 `BACKENDS` declares the built-in backends (the classes carry the same sets as `provides`; tests check that each
@@ -38,6 +40,7 @@ WEIGHT_PUSH = "weight_push"
 LOCAL_REPLICAS = "local_replicas"
 PROMPT_DRAW = "prompt_draw"
 BATCH_STATE = "batch_state"
+ENV_EPISODES = "env_episodes"
 FULL_PARAMS = "full_params"
 
 BACKENDS: dict[str, frozenset[str]] = {

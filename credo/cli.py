@@ -1,9 +1,7 @@
 """`credo run RECIPE.yaml key=value ...`, `credo check RECIPE.yaml ...` (validate only), `credo ablate SWEEP.yaml`,
 `credo list` (the names a recipe can use), `credo export CHECKPOINT_DIR OUT_DIR` (a checkpoint as a Hugging Face
 model folder, or its LoRA adapter with --adapter), `credo eval MODEL RECIPE_OR_TASK` (a recipe's evaluation of a saved
-model), `credo bon RECIPE.yaml --n 1 4 16 --out FILE.json` (best-of-N with the recipe's CE-RM judge),
-`credo palette RUN_DIR --prompt P --z ...` (a Reasoning Palette run sampled with a chosen latent) and
-`credo --version`."""
+model), the built-in families' own verbs (`Family.commands`: `credo --help` lists them) and `credo --version`."""
 
 from __future__ import annotations
 
@@ -97,7 +95,7 @@ def list_names() -> str:
     except ImportError:
         rg = "  rg:<name>: reasoning-gym datasets (pip install 'credo[envs]' to list them)"
     from credo.config import AGG_MODES
-    from credo.family import builtin_families, stage_names
+    from credo.family import builtin_families, family_listings, stage_names
     from credo.train.registry import KINDS, STAGES
 
     fams = builtin_families()
@@ -119,7 +117,7 @@ def list_names() -> str:
         "stages (or 'package.module:factory'):\n" + stages,
         _names("families (credo/families/; a recipe adds its own with families: ['pkg.mod:attr'])",
                [f"{f.name}" + (f" (section {f.section}:)" if f.section else "") for f in fams]),
-        _env_ids(),
+        *[listing(_names) for listing in family_listings(fams)],
         _recipes(),
         "credit strategies (credo.credit, see docs/credit.md):\n"
         "  ipa: chunk-level policy loss (algo.policy_loss=ipa; arXiv 2512.24873)\n"
@@ -127,19 +125,6 @@ def list_names() -> str:
         "  flow_gamma: FlowTracer answer-conditioned flow (arXiv 2606.10646)",
     ]
     return "\n\n".join(sections)
-
-
-def _env_ids() -> str:
-    from credo.families.multiturn.envs import ADAPTERS, BUILTIN_ENVS
-
-    try:
-        from credo.families.multiturn.envs import gem_ids
-
-        gem = _names(f"  GEM ids ({len(gem_ids())}, gem.make)", gem_ids(), indent="    ")
-    except Exception:  # noqa: BLE001 - gem not installed
-        gem = "  GEM ids: pip install 'credo[envs]' to list them"
-    return _names("environments (env.id, with stages.rollout: multiturn)", sorted(BUILTIN_ENVS)
-                  + [f"{prefix}<id>" for prefix in ADAPTERS]) + "\n" + gem
 
 
 def _recipes() -> str:
@@ -152,33 +137,6 @@ def _recipes() -> str:
     if not found:
         return "recipes: none found beside the package (they ship with the source checkout, recipes/)"
     return _names("recipes (credo run RECIPE)", found) + "\n" + _names("  paper-scale GPU configs", gpu, indent="    ")
-
-
-def _bon(args) -> int:
-    """`credo bon`: the checks first (a ConfigError before any model loads), then the table on stdout."""
-    import json
-
-    from credo.config import load_recipe
-    from credo.families.judges.best_of_n import check_bon, run_best_of_n
-
-    recipe = load_recipe(args.recipe, args.overrides)
-    _library_verbosity(recipe.run.verbose)
-    check_bon(recipe, args.n)
-    res = run_best_of_n(recipe, args.n, log=lambda m: logging.getLogger("credo").info(m))
-    print("N\tjudge\trandom\toracle")
-    for n, row in res["table"].items():
-        print(f"{n}\t{row['judge']:.3f}\t{row['random']:.3f}\t{row['oracle']:.3f}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f)
-        print(f"credo: wrote {args.out}")
-    return 0
-
-
-def _palette(args) -> int:
-    from credo.families.palette.steer import main as steer
-
-    return steer(args)
 
 
 def _list(args) -> int:
@@ -296,18 +254,11 @@ def _parser() -> argparse.ArgumentParser:
     p_report = sub.add_parser("report", help="remake a sweep's table (markdown) and curves from its results file")
     add_report_arguments(p_report)
     p_report.set_defaults(handler=report_main, needs_logging=False)
-    p_bon = sub.add_parser("bon", help="best-of-N accuracy of the policy's samples picked by the recipe's judge "
-                           "(CE-RM pointwise, credo.families.judges.best_of_n) vs a random and the verifier's pick")
-    p_bon.add_argument("recipe", help="path to a YAML recipe with a CE-RM judge (recipes/ce_rm_bon.yaml)")
-    p_bon.add_argument("overrides", nargs="*", help="key=value overrides, as for `credo run`")
-    p_bon.add_argument("--n", type=int, nargs="+", default=[1, 4, 16], help="the N, prefixes of max(N) samples")
-    p_bon.add_argument("--out", default=None, help="write the result (table, scores, verdicts) as JSON here")
-    p_bon.set_defaults(handler=_bon, needs_logging=True)
     _add_eval(sub)
-    _add_palette(sub)
     p_list = sub.add_parser("list", help="print the policy losses, advantage and KL estimators, tasks and credit strategies")
     p_list.set_defaults(handler=_list, needs_logging=False)
     _add_export(sub)
+    _add_family_verbs(sub)
     # `credo simulate` has its own parser (credo.simulate.cli); listed here so `credo --help` shows it
     sub.add_parser("simulate", help="cluster simulator of rollout/training schedules (`credo simulate --help`)")
     return parser
@@ -332,22 +283,6 @@ def _add_eval(sub) -> None:
     p_eval.set_defaults(handler=_eval, needs_logging=True)
 
 
-def _add_palette(sub) -> None:
-    """`credo palette RUN --prompt P [--z ...]`."""
-    p_pal = sub.add_parser("palette", help="sample a Reasoning Palette run with a chosen latent z (steers its strategy; "
-                           "credo.families.palette.steer)")
-    p_pal.add_argument("run", help="a run folder trained with palette.enabled, or a palette model folder")
-    p_pal.add_argument("--prompt", required=True, help="the prompt text, e.g. 47+86=")
-    p_pal.add_argument("--z", default=None, help="the latent: latent_dim comma-separated numbers")
-    p_pal.add_argument("--like", default=None, help="an example answer: z = the encoder's posterior mean of it")
-    p_pal.add_argument("--like-prompt", default=None, help="the example answer's question (default: --prompt)")
-    p_pal.add_argument("--samples", type=int, default=4, help="completions (without --z/--like: z ~ N(0, I) each)")
-    p_pal.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0: greedy)")
-    p_pal.add_argument("--max-new-tokens", type=int, default=32, help="length cap of a completion")
-    p_pal.add_argument("--seed", type=int, default=0, help="seed of the z draws and of the sampling")
-    p_pal.set_defaults(handler=_palette, needs_logging=False)
-
-
 def _add_export(sub) -> None:
     """`credo export CHECKPOINT OUT_DIR [--adapter]`."""
     p_export = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model folder")
@@ -360,6 +295,15 @@ def _add_export(sub) -> None:
                           "adapter_model.safetensors; peft.PeftModel.from_pretrained(base, OUT_DIR) loads it) "
                           "instead of the merged model")
     p_export.set_defaults(handler=_export, needs_logging=False)
+
+
+def _add_family_verbs(sub) -> None:
+    """Each built-in family's verbs (`Family.commands`); a recipe's own families are not known when arguments are
+    parsed, so only the built-in ones add verbs."""
+    from credo.family import builtin_families, family_commands
+
+    for _, add_parser in family_commands(builtin_families(), set(sub.choices) | {"simulate"}):
+        add_parser(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,12 @@ declares, in one `Family` value:
     warmup_digest(recipe)  what the warm-up's cache key must add (the env, for expert demonstrations)
     holdout(recipe)        training problems held out of the default rollout source (MIPU's validation prompts)
     refusals               combinations with its section that cannot run, as `credo.capabilities.Refusal` rows
+    commands               its CLI verbs: verb -> 'module:attr' of add_parser(subparsers), which adds the verb's
+                           subparser with its handler set (`credo bon`, `credo palette`); built-in families only
+                           (the CLI parses its arguments before any recipe names a family)
+    listing                'module:attr' of listing(names) -> text: its part of `credo list` (the env ids)
+    roles                  its Ray roles: role -> the dataclass of its `cluster.<role>:` section (judge, env),
+                           added under `cluster:` by the recipe loader after the core's rollout and reward roles
     build                  the module of its build-time parts, imported only when active: it declares
                            `PARTS = FamilyParts(...)`, checked when loaded (an unknown part is an error), with any of
                               check_names(recipe)                 names its section uses (env ids)
@@ -122,6 +128,12 @@ class Family:
     """`credo.capabilities.Refusal` rows: combinations with its section that cannot run, each with its reason."""
     build: str | None = None
     """The module of its build-time parts (`PARTS = FamilyParts(...)`), imported only when the family is active."""
+    commands: Mapping[str, str] = field(default_factory=dict)
+    """CLI verb -> 'module:attr' of add_parser(subparsers) -> None: adds `credo <verb>` with its handler set."""
+    listing: str | None = None
+    """'module:attr' of listing(names) -> str: its part of `credo list`; names(title, items, indent) formats a list."""
+    roles: Mapping[str, type] = field(default_factory=dict)
+    """Ray role -> the dataclass of its `cluster.<role>:` section (a `RoleConfig` or a subclass)."""
 
     def settings(self, recipe: Any) -> Any:
         """This family's section of `recipe` (its defaults when the recipe was built without it)."""
@@ -149,15 +161,20 @@ def _load_parts(name: str, module: str) -> FamilyParts:
 
 def import_spec(spec: str, key: str) -> Any:
     """The object 'package.module:attr' names; a ConfigError naming `key` when it cannot be imported."""
+    return _import_named(spec, f"config key '{key}'")
+
+
+def _import_named(spec: str, where: str) -> Any:
+    """The object 'package.module:attr' names; a ConfigError that starts with `where` when it cannot be imported."""
     module, _, attr = spec.partition(":")
     if not module or not attr:
-        raise ConfigError(f"config key '{key}' = '{spec}': expected 'package.module:attr'")
+        raise ConfigError(f"{where} = '{spec}': expected 'package.module:attr'")
     try:
         obj = importlib.import_module(module)
     except ImportError as e:
-        raise ConfigError(f"config key '{key}' = '{spec}': cannot import module '{module}' ({e})") from None
+        raise ConfigError(f"{where} = '{spec}': cannot import module '{module}' ({e})") from None
     if not hasattr(obj, attr):
-        raise ConfigError(f"config key '{key}' = '{spec}': module '{module}' has no attribute '{attr}'")
+        raise ConfigError(f"{where} = '{spec}': module '{module}' has no attribute '{attr}'")
     return getattr(obj, attr)
 
 
@@ -191,6 +208,7 @@ def _check_unique(families: list[Family]) -> None:
         claims = [("family", fam.name)] + ([("section", fam.section)] if fam.section else [])
         claims += [(f"{kind} stage", name) for kind, names in fam.stages.items() for name in names]
         claims += [("task", name) for name in fam.tasks]
+        claims += [("command", verb) for verb in fam.commands] + [("cluster role", role) for role in fam.roles]
         for claim in claims:
             if claim in seen:
                 raise ConfigError(f"the {claim[0]} '{claim[1]}' is claimed by both family '{seen[claim]}' and "
@@ -200,6 +218,28 @@ def _check_unique(families: list[Family]) -> None:
             if kind not in KINDS:
                 raise ConfigError(f"family '{fam.name}' declares stages of unknown kind '{kind}' "
                                   f"(known: {', '.join(KINDS)})")
+
+
+def family_commands(families: tuple[Family, ...], taken: set[str] = frozenset()) -> list[tuple[str, Callable]]:
+    """(verb, add_parser) of every family's CLI verbs, in table order; a verb module that does not import, or a verb
+    the core (`taken`) or another family already has, is a ConfigError naming the family, the verb and its module."""
+    out, seen = [], set(taken)
+    for fam in families:
+        for verb, spec in fam.commands.items():
+            key = f"family '{fam.name}' commands['{verb}']"
+            if verb in seen:
+                raise ConfigError(f"{key} = '{spec}': the verb 'credo {verb}' is already taken")
+            seen.add(verb)
+            add = _import_named(spec, key)
+            if not callable(add):
+                raise ConfigError(f"{key} = '{spec}' is a {type(add).__name__}, expected add_parser(subparsers)")
+            out.append((verb, add))
+    return out
+
+
+def family_listings(families: tuple[Family, ...]) -> list[Callable]:
+    """listing(names) -> text of each family that adds to `credo list`, in table order (ConfigError as above)."""
+    return [_import_named(f.listing, f"family '{f.name}' listing") for f in families if f.listing]
 
 
 def families_of(recipe: Any) -> tuple[Family, ...]:

@@ -106,6 +106,16 @@ def resolve_model_path(path: str, tiny: TinyModelConfig) -> str:
     return path  # a hub id; loading reports if there is no network
 
 
+def model_context(path: str) -> int | None:
+    """max_position_embeddings of the model folder (None when its config cannot be read here)."""
+    from transformers import AutoConfig
+
+    try:
+        return getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+    except (OSError, ValueError):
+        return None
+
+
 _PAD_WARNED: set[str] = set()
 
 

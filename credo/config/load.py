@@ -3,6 +3,7 @@
     load_recipe(path, overrides)   -> Recipe    unknown keys, wrong types, out-of-range values and settings that
                                                 cannot work together are ConfigErrors naming the key
     recipe_class(families)         -> type      the core `Recipe` with each family's section added after it
+    cluster_class(families)        -> type      the core `ClusterConfig` with each family's Ray roles added after it
     validate_recipe(r)                          the field ranges, the core combinations, each family's checks
     check_cluster(cluster)                      the cluster: section's values and combinations (no Ray needed)
 
@@ -23,7 +24,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from credo.config.sections import DEFAULT_RESOURCES, ROLES, ClusterConfig, Recipe
+from credo.config.sections import DEFAULT_RESOURCES, ClusterConfig, Recipe, RoleConfig, role_names
 from credo.errors import ConfigError
 
 
@@ -35,10 +36,36 @@ def recipe_class(specs: tuple[str, ...] = ()) -> type:
     from credo.family import load_families, section_fields
 
     families = load_families(specs)
-    cls = dataclasses.make_dataclass("Recipe", section_fields(families), bases=(Recipe,),
+    cluster = cluster_class(specs)
+    fields = [("cluster", cluster, dataclasses.field(default_factory=cluster))] + section_fields(families)
+    cls = dataclasses.make_dataclass("Recipe", fields, bases=(Recipe,),
                                      namespace={"__families__": families, "__module__": __name__,
                                                 "__doc__": Recipe.__doc__})
     return cls
+
+
+@functools.lru_cache(maxsize=None)
+def cluster_class(specs: tuple[str, ...] = ()) -> type:
+    """The `cluster:` section's type: the core roles (rollout, reward) and each family's (`Family.roles`: role ->
+    its dataclass, a `RoleConfig`), in table order; a family's role that is not a RoleConfig, or that the core
+    already has, is a ConfigError naming the family."""
+    from credo.family import load_families
+
+    roles = []
+    for fam in load_families(specs):
+        for role, role_cls in fam.roles.items():
+            if role in {f.name for f in dataclasses.fields(ClusterConfig)}:
+                raise ConfigError(f"family '{fam.name}' declares the cluster role '{role}', which is a core key of "
+                                  "cluster:")
+            if not (isinstance(role_cls, type) and issubclass(role_cls, RoleConfig)):
+                raise ConfigError(f"family '{fam.name}' declares the cluster role '{role}' as {role_cls!r}, expected "
+                                  "a credo.config.sections.RoleConfig (sub)class")
+            roles.append((role, role_cls, dataclasses.field(default_factory=role_cls)))
+    if not roles:
+        return ClusterConfig
+    return dataclasses.make_dataclass("ClusterConfig", roles, bases=(ClusterConfig,),
+                                      namespace={"__module__": ClusterConfig.__module__,
+                                                 "__doc__": ClusterConfig.__doc__})
 
 
 def _apply_override(data: DictConfig, item: str | tuple[str, Any]) -> None:
@@ -223,7 +250,7 @@ def check_cluster(cfg: ClusterConfig) -> None:
     check_fields(cfg, "cluster")
     if cfg.engine == "local":
         return
-    for role in ROLES:
+    for role in role_names(cfg):
         for name in getattr(cfg, role).resources:
             if name.lower() in ("cpu", "gpu") and name not in ("CPU", "GPU"):
                 raise ConfigError(f"config key 'cluster.{role}.resources' has '{name}': Ray's names are case-sensitive, "

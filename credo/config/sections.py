@@ -280,8 +280,8 @@ class StagesConfig:
 
 
 # ---------------------------------------------------------------- cluster: where each role runs (docs/cluster.md)
-ROLES = ("rollout", "reward", "judge", "env")
-"""The roles a cluster places, in the order they are checked and reported."""
+ROLES = ("rollout", "reward")
+"""The core's roles; a family adds its own (`Family.roles`: the judge and env roles) after these, in table order."""
 DEFAULT_RESOURCES = {"CPU": 1}
 """A role's Ray request per worker when its `resources` is left empty."""
 
@@ -324,12 +324,6 @@ class RewardRoleConfig(RoleConfig):
 
 
 @dataclass
-class EnvRoleConfig(RoleConfig):
-    max_concurrency: int = ranged(64, ge=1)
-    """Env calls one env worker runs at once (threads), so one hung env step blocks only its own episode."""
-
-
-@dataclass
 class ClusterConfig:
     engine: str = one_of("local", ("local", "ray"))
     """local: rollout, rewards, judges and envs run in the trainer processes; ray: on Ray workers placed by role."""
@@ -353,10 +347,15 @@ class ClusterConfig:
     """Rollout workers: each holds the policy in an hf or vllm backend and samples its share of a step's prompts."""
     reward: RewardRoleConfig = field(default_factory=RewardRoleConfig)
     """Reward functions as an elastic pool of stateless Ray tasks (RollArc's serverless principle)."""
-    judge: RoleConfig = field(default_factory=RoleConfig)
-    """LLM judges (stateful models) as a pool of actors."""
-    env: EnvRoleConfig = field(default_factory=EnvRoleConfig)
-    """Multi-turn environments held by env actors, so env steps leave the trainer processes."""
+    # the families' roles (cluster.judge, cluster.env, ...) follow: `credo.config.load.cluster_class` adds them
+
+
+def role_names(cluster: Any) -> tuple[str, ...]:
+    """The roles of a cluster section (or its class): its `RoleConfig` fields, the core's then the families'."""
+    import dataclasses
+
+    cfg = cluster() if isinstance(cluster, type) else cluster  # its defaults: a role field holds a RoleConfig
+    return tuple(f.name for f in dataclasses.fields(cfg) if isinstance(getattr(cfg, f.name), RoleConfig))
 
 
 @dataclass

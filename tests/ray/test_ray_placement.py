@@ -10,8 +10,9 @@ import time
 import pytest
 
 from credo.config import ConfigError
-from credo.distributed.ray.config import ClusterConfig, EnvRoleConfig, RewardRoleConfig, RoleConfig, RolloutRoleConfig
+from credo.distributed.ray.config import ClusterConfig, RewardRoleConfig, RoleConfig, RolloutRoleConfig
 from credo.distributed.ray.runtime import ClusterWorkerError, connect
+from credo.families.multiturn.config import EnvRoleConfig
 from tests.ray.common import tiny_policy, worker_env
 from tests.ray.fns import FlakyGuess
 

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from credo.families.judges.parse import boxed_contents, parse_pairwise_verdict, parse_pointwise_score
+from credo.families.judges.parse import parse_pairwise_verdict, parse_pointwise_score
+from credo.rewards.boxed import boxed_contents
 
 LONG_PROSE = "The first response is more careful. " * 20_000  # ~720k characters
 

@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import os
 
-from credo.config.load import check_cluster
-from credo.config.sections import (DEFAULT_RESOURCES, ROLES, ClusterConfig, ElasticConfig, EnvRoleConfig,
-                                   RewardRoleConfig, RoleConfig, RolloutRoleConfig)
+from credo.config.load import check_cluster, cluster_class
+from credo.config.sections import (DEFAULT_RESOURCES, ElasticConfig, RewardRoleConfig, RoleConfig, RolloutRoleConfig,
+                                   role_names)
 from credo.errors import ConfigError
 
-__all__ = ["DEFAULT_RESOURCES", "ROLES", "ClusterConfig", "ElasticConfig", "EnvRoleConfig", "RewardRoleConfig",
-           "RoleConfig", "RolloutRoleConfig", "check_cluster", "check_placement", "local_nodes", "resources_of",
-           "role_request"]
+__all__ = ["DEFAULT_RESOURCES", "ROLES", "ClusterConfig", "ElasticConfig", "RewardRoleConfig", "RoleConfig",
+           "RolloutRoleConfig", "check_cluster", "check_placement", "local_nodes", "resources_of", "role_request"]
+
+ClusterConfig = cluster_class()
+"""The `cluster:` section with the built-in families' roles (judge, env: `Family.roles`) after the core's."""
+ROLES = role_names(ClusterConfig)
+"""Every role of that section, the core's (rollout, reward) then the families', in the order they are checked."""
 
 
 def resources_of(role_cfg) -> dict:
@@ -45,17 +49,17 @@ def role_request(resources: dict) -> dict:
     return opts
 
 
-def check_placement(cfg: ClusterConfig, nodes: list[dict], roles: tuple[str, ...] = ROLES) -> None:
+def check_placement(cfg, nodes: list[dict], roles: tuple[str, ...] | None = None) -> None:
     """Raise a ConfigError naming the first role whose per-worker request no alive node can satisfy.
 
     Args:
         nodes: Ray's node list (`ray.nodes()`): dicts with 'Alive' and 'Resources' ({name: total}).
-        roles: the roles this run uses (a single-turn run has no env role).
+        roles: the roles this run uses (a single-turn run has no env role); None: every role of `cfg`.
     """
     alive = [n.get("Resources", {}) for n in nodes if n.get("Alive", True)]
     if not alive:
         raise ConfigError("cluster: Ray reports no alive node; check cluster.address")
-    for role in roles:
+    for role in role_names(cfg) if roles is None else roles:
         rc = getattr(cfg, role)
         if not rc.workers:
             continue

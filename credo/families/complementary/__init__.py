@@ -13,12 +13,9 @@
 Active when `stages.rollout: complementary` (with an `env:` section). See docs/complementary.md.
 """
 
-from credo.capabilities import BATCH_STATE
+from credo.capabilities import BATCH_STATE, ENV_EPISODES
 from credo.families.complementary.config import REFUSALS, ComplementaryConfig, check_complementary
-from credo.families.multiturn.config import ENV_ROLLOUTS
 from credo.family import Family, StageEntry
-
-ENV_ROLLOUTS.add("complementary")  # the complementary source plays the env: section's environment
 
 
 def _active(r) -> bool:
@@ -32,7 +29,7 @@ FAMILY = Family(
     config=ComplementaryConfig,
     check=check_complementary,
     stages={"rollout": {"complementary": StageEntry("credo.families.complementary.source:complementary_source",
-                                                    provides=frozenset({BATCH_STATE}))}},
+                                                    provides=frozenset({BATCH_STATE, ENV_EPISODES}))}},  # plays env:
     refusals=REFUSALS,
     active=_active,
     fixed_on_resume=("complementary.extractor", "complementary.extractor_path"),

@@ -8,13 +8,14 @@
     critique_similarity.py  embedding / ROUGE-L similarity of critiques
     tasks.py                the synthetic judging tasks (judge_arithmetic, ce_rm_arithmetic)
     pgenrm/                 P-GenRM's synthetic users, evaluation chains and test-time scaling (arXiv 2602.12116)
-    best_of_n.py            `credo bon`: best-of-N with a CE-RM judge
+    best_of_n.py            best-of-N with a CE-RM judge
+    cli.py                  `credo bon` (its verb)
     build.py                build-time parts: the judge model's preflight check
 
 See docs/judges.md.
 """
 
-from credo.families.judges.config import CERMRolloutSettings, JudgeConfig, RMNLHFSettings, check_judge
+from credo.families.judges.config import CERMRolloutSettings, JudgeConfig, JudgeRoleConfig, RMNLHFSettings, check_judge
 from credo.capabilities import BATCH_STATE
 from credo.family import Family, StageEntry
 
@@ -42,4 +43,6 @@ FAMILY = Family(
            "pgenrm_users": "credo.families.judges.pgenrm.task:PersonalJudgeTask"},
     active=_active,
     build="credo.families.judges.build",
+    commands={"bon": "credo.families.judges.cli:add_parser"},
+    roles={"judge": JudgeRoleConfig},
 )

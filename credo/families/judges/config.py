@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from credo.config import TinyModelConfig, checked, one_of, out_of_range, ranged
+from credo.config.sections import RoleConfig
 from credo.errors import ConfigError
+
+
+@dataclass
+class JudgeRoleConfig(RoleConfig):
+    """`cluster.judge:`: LLM judges (stateful models) as a pool of actors."""
 
 
 @dataclass

@@ -27,51 +27,16 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["boxed_contents", "parse_pairwise_verdict", "parse_pointwise_score"]
+from credo.rewards.boxed import boxed_contents
 
-_TOKENS = re.compile(r"\\boxed\s*\{|\\[{}]|[{}]")
-_FENCE = re.compile(r"^[ \t]*```", re.MULTILINE)
+__all__ = ["parse_pairwise_verdict", "parse_pointwise_score"]
+
 _WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf)\s*\{(.*)\}", re.DOTALL)
 # "A" or "B" in capitals, optionally named as a response/assistant/answer/output. A lower-case
 # "a" is refused: inside a quoted solution it is as likely a variable as a verdict.
 _VERDICT = re.compile(r"(?:(?i:response|assistant|answer|output)\s*)?([AB])")
 # ASCII digits only: Python's float() also reads '٧' or '７', and re's \d matches them.
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.([0-9]*))?|\.([0-9]+))")
-
-
-def boxed_contents(text: str) -> list[str | None]:
-    """Contents of the top-level boxes of ``text`` outside code fences, in order.
-
-    An unterminated box (necessarily the last one) is listed as None. Linear in ``len(text)``.
-
-    Raises:
-        TypeError: ``text`` is not a ``str`` (None or bytes are caller bugs, not judge outputs).
-    """
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
-    text = _drop_code_fences(text)
-    boxes: list[str | None] = []
-    depth = 0
-    start = box_depth = None
-    for match in _TOKENS.finditer(text):
-        token = match.group()
-        if token.startswith("\\b"):
-            if start is None:
-                start, box_depth = match.end(), depth
-            depth += 1
-        elif token == "{":
-            depth += 1
-        elif token == "}":
-            if depth == 0:
-                continue  # a stray closing brace in prose closes nothing
-            depth -= 1
-            if start is not None and depth == box_depth:
-                boxes.append(text[start : match.start()])
-                start = None
-        # escaped braces \{ \} are literal characters
-    if start is not None:
-        boxes.append(None)
-    return boxes
 
 
 def parse_pairwise_verdict(text: str) -> str | None:
@@ -148,21 +113,3 @@ def _unwrap(content: str) -> str:
             break
         s = match.group(1).strip()
     return s
-
-
-def _drop_code_fences(text: str) -> str:
-    """``text`` without fenced code blocks (an unclosed fence runs to the end, as in Markdown)."""
-    if "```" not in text:
-        return text
-    kept, pos, inside = [], 0, False
-    for fence in _FENCE.finditer(text):
-        if not inside:
-            kept.append(text[pos : fence.start()])
-        else:
-            pos = text.find("\n", fence.end())
-            pos = len(text) if pos < 0 else pos + 1  # the closing fence line goes too
-            kept.append("\n")
-        inside = not inside
-    if not inside:
-        kept.append(text[pos:])
-    return "".join(kept)

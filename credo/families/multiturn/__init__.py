@@ -9,14 +9,15 @@
     resample.py     IPA's chunk-level initialised resampling (arXiv 2512.24873)
     task.py         the env's expert episodes as warm-up demonstrations
     build.py        build-time parts: the env id check, the warm-up task, the held-out episode evaluator
+    cli.py          its part of `credo list` (the env ids)
 
 Active when `env.id` is set (with `stages.rollout: multiturn`). See docs/multiturn.md.
 """
 
 from dataclasses import asdict
 
-from credo.families.multiturn.config import LATENCY_KEYS, EnvConfig, TurnCreditSettings, check_env
-from credo.capabilities import BATCH_STATE
+from credo.families.multiturn.config import LATENCY_KEYS, EnvConfig, EnvRoleConfig, TurnCreditSettings, check_env
+from credo.capabilities import BATCH_STATE, ENV_EPISODES
 from credo.family import Family, StageEntry
 
 
@@ -42,7 +43,7 @@ FAMILY = Family(
     check=check_env,
     stages={
         "rollout": {"multiturn": StageEntry("credo.families.multiturn.source:multiturn_source",
-                                            provides=frozenset({BATCH_STATE}))},
+                                            provides=frozenset({BATCH_STATE, ENV_EPISODES}))},
         "reward": {"env": StageEntry("credo.families.multiturn.source:env_reward")},
         "advantage": {"turn_credit": StageEntry("credo.families.multiturn.turn_credit:turn_credit",
                                                 TurnCreditSettings)},
@@ -50,4 +51,6 @@ FAMILY = Family(
     active=_active,
     warmup_digest=_warmup_digest,
     build="credo.families.multiturn.build",
+    listing="credo.families.multiturn.cli:listing",
+    roles={"env": EnvRoleConfig},
 )

@@ -61,7 +61,7 @@ def _tokenizer_and_render(r):
     """(tokenizer, first-prompt text of an observation, observation renderer) as the source will use them; None when
     the model's tokenizer does not load here. env.max_total_tokens is checked against the model's context."""
     from credo.families.multiturn.source import turn_format
-    from credo.models import load_tokenizer, resolve_model_path
+    from credo.models import load_tokenizer, model_context, resolve_model_path
     from credo.tasks import Problem
     from credo.tasks.render import prompt_renderer
 
@@ -79,22 +79,12 @@ def _tokenizer_and_render(r):
     return tokenizer, lambda obs: render(Problem(prompt=prompt_text(obs), answer="")), observation
 
 
-def model_context(path: str) -> int | None:
-    """max_position_embeddings of the model folder (None when its config cannot be read here)."""
-    from transformers import AutoConfig
-
-    try:
-        return getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
-    except (OSError, ValueError):
-        return None
-
-
 def task(r):
     """The env's expert episodes as the run's task (warm-up demonstrations); env.max_total_tokens must fit the base
     model's context (checked before the warm-up)."""
     from credo.families.multiturn.source import turn_format
     from credo.families.multiturn.task import EnvTask
-    from credo.models import load_tokenizer, resolve_model_path
+    from credo.models import load_tokenizer, model_context, resolve_model_path
     from credo.tasks.render import prompt_renderer
 
     base = resolve_model_path(r.model.path, r.model.tiny)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from credo.config import checked, one_of, out_of_range, ranged
+from credo.config.sections import RoleConfig
 from credo.errors import ConfigError
 
 
@@ -47,6 +48,14 @@ class EnvConfig:
     """Held-out episodes (fixed seeds disjoint from training) per evaluation; eval/return is their mean return."""
 
 
+@dataclass
+class EnvRoleConfig(RoleConfig):
+    """`cluster.env:`: multi-turn environments held by env actors, so env steps leave the trainer processes."""
+
+    max_concurrency: int = ranged(64, ge=1)
+    """Env calls one env worker runs at once (threads), so one hung env step blocks only its own episode."""
+
+
 CREDITS = ("mc_rebn", "mc", "grpo", "ipa")
 LATENCY_KEYS = ("latency_s", "latency_sigma")
 """env.kwargs of the built-in games' simulated step latency (envs/latency.py): left out of the warm-up's expert
@@ -65,18 +74,25 @@ class TurnCreditSettings:
     """ReBN's epsilon in the std division."""
 
 
-ENV_ROLLOUTS = {"multiturn"}
-"""Rollout stages that play the `env:` section's environment; a family whose source does adds its name here."""
+def env_rollouts(r) -> list[str]:
+    """The rollout stages of the recipe's families that play the `env:` section's environment: those whose StageEntry
+    provides `env_episodes` (declared in each family's table, so no family adds itself to another's list)."""
+    from credo.capabilities import ENV_EPISODES
+    from credo.family import families_of
+
+    return sorted(name for fam in families_of(r) for name, entry in fam.stages.get("rollout", {}).items()
+                  if ENV_EPISODES in entry.provides)
 
 
 def check_env(r) -> None:
-    e, multi = r.env, r.stages.rollout in ENV_ROLLOUTS
+    players = env_rollouts(r)
+    e, multi = r.env, r.stages.rollout in players
     if multi and not e.id:
         raise ConfigError(f"config key 'stages.rollout' = '{r.stages.rollout}' needs an environment: set env.id "
                           "(e.g. 'credo:GuessNumber-v0' or 'game:GuessTheNumber-v0-easy')")
     if e.id and not multi:
         raise ConfigError(f"config key 'env.id' = '{e.id}' is set but stages.rollout is '{r.stages.rollout}': "
-                          f"expected stages.rollout: {' or '.join(sorted(ENV_ROLLOUTS))} (a source that plays the "
+                          f"expected stages.rollout: {' or '.join(players)} (a source that plays the "
                           "environment)")
     if e.id and r.stages.reward == "default":
         raise ConfigError(f"config key 'env.id' = '{e.id}' needs stages.reward: env (the episode return) or a reward "

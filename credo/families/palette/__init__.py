@@ -7,7 +7,8 @@
     source.py   the `palette` rollout source: each response samples its own z (kept in Sample.meta), the engine
                 reads the decoded prefix before the prompt, the trainer's forwards the same rows (Batch.prefix_embeds);
                 the within-group diversity hook
-    steer.py    inference with a chosen z (`credo palette`): a z given, or the posterior mean of an example answer
+    steer.py    inference with a chosen z: a z given, or the posterior mean of an example answer
+    cli.py      `credo palette` (its verb, with steer.py)
     task.py     `add_two_ways`: addition demonstrated in two scratchpad strategies (the steering demo)
     build.py    build-time parts: the prefix-length check, the warm-up, the hook
 
@@ -48,4 +49,5 @@ FAMILY = Family(
     refusals=REFUSALS,
     fixed_on_resume=("palette.enabled", "palette.latent_dim", "palette.prefix_len", "palette.hidden_size"),
     build="credo.families.palette.build",
+    commands={"palette": "credo.families.palette.cli:add_parser"},
 )

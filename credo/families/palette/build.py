@@ -12,9 +12,8 @@ def preflight(r) -> list[str]:
     """With palette.enabled: the prefix + the longest prompt + rollout.max_new_tokens fit the model's context."""
     if not r.palette.enabled:
         return []
-    from credo.families.multiturn.build import model_context
     from credo.family import families_of
-    from credo.models import load_tokenizer, resolve_model_path
+    from credo.models import load_tokenizer, model_context, resolve_model_path
     from credo.tasks import make_task
     from credo.tasks.render import encode_prompts, prompt_renderer
 

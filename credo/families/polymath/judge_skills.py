@@ -1,7 +1,7 @@
 """Optional: an LLM judge scores the skills of candidate samples (`polymath.sample.select: judge`).
 
 The paper has an LLM analyse which skills a sample exercises. This asks a judge model, for each candidate, to rate
-every skill of the vocabulary 0-10 in `\\boxed{}`s (parsed with the judges family's `boxed_contents`), and scores
+every skill of the vocabulary 0-10 in `\\boxed{}`s (parsed with `credo.rewards.boxed.boxed_contents`), and scores
 the candidate sum_s weight(s) * rating(s) / 10 with the tag weights of `skill_score`. A judgement that does not
 parse (a wrong number of boxes, a rating outside 0-10) or a prompt longer than the judge's context leaves that
 candidate with its tag score; the number of such fallbacks is returned and logged. With a tiny CPU model the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from credo.families.judges.parse import boxed_contents
+from credo.rewards.boxed import boxed_contents
 
 PROMPT = ("Rate how much solving this problem exercises each skill, from 0 (not at all) to 10 (heavily).\n"
           "Problem: {prompt}\nReference answer: {answer}\nSkills: {skills}\n"
