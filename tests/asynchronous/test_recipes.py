@@ -17,16 +17,19 @@ def test_gpu_recipe_passes_credo_check():
     assert p.returncode == 0, p.stderr
     assert "warning" not in p.stdout  # TOPR against mu: no warning about the behaviour policy
     r = load_recipe(REPO / "recipes" / "gpu" / "async_topr_qwen2.5_7b.yaml")
-    assert (r.rollout.max_staleness, r.rollout.async_mode, r.rollout.backend) == (1, "fixed_lag", "vllm")
+    assert (r.stages.schedule, r.stages.schedule_kwargs, r.rollout.backend) == ("fixed_lag", {"max_staleness": 1}, "vllm")
     assert r.algo.policy_loss == "topr" and r.algo.loss_kwargs["behaviour_ratio"] is True
 
 
 def test_cpu_recipes_pass_the_checks_of_credo_run(tmp_path, monkeypatch):
     monkeypatch.setenv("CREDO_CACHE", str(tmp_path))
     r = load_recipe(REPO / "recipes" / "async.yaml")
-    assert check_run(r) == [] and (r.rollout.max_staleness, r.rollout.async_mode) == (1, "overlap")
+    plan = check_run(r)
+    assert plan.notes == () and (plan.schedule.name, plan.staleness) == ("overlap", 1)
     m = load_recipe(REPO / "recipes" / "async_multiturn.yaml")
-    assert check_run(m) == [] and m.env.trajectory_async and m.env.kwargs["latency_s"] > 0
+    plan = check_run(m)
+    assert plan.notes == () and (plan.schedule.name, plan.staleness) == ("fixed_lag", 1)
+    assert m.env.trajectory_async and m.env.kwargs["latency_s"] > 0
 
 
 def test_accuracy_sweep_runs_every_off_policy_loss_at_both_lags_against_sync():

@@ -106,7 +106,7 @@ def check(recipe, *overrides):
     """What `credo check` runs (credo.cli._check), in this process."""
     from credo.train.build import check_run
 
-    return check_run(load_recipe(recipe, list(overrides)))
+    return list(check_run(load_recipe(recipe, list(overrides))).notes)
 
 
 def test_credo_check_passes_the_recipes():

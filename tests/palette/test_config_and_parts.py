@@ -24,7 +24,7 @@ RECIPE = os.path.join(REPO, "recipes", "palette.yaml")
 
 
 def check(*overrides):
-    return check_run(load_recipe(RECIPE, list(overrides)))
+    return list(check_run(load_recipe(RECIPE, list(overrides))).notes)
 
 
 def test_the_recipe_and_the_gpu_config_pass_credo_check():
@@ -57,14 +57,16 @@ def test_a_prefix_the_context_cannot_hold_is_an_error_naming_the_key():
     (["stages.rollout=credo.train.rollout:PromptRollout"],
      "config key 'stages.rollout' = 'credo.train.rollout:PromptRollout' cannot be used with palette"),
     (["stages.probes=[attention_credit]"], "config key 'stages.probes'"),
-    (["rollout.max_staleness=1"], "config key 'rollout.max_staleness' = 1 cannot be used with palette.enabled"),
-    (["algo.packing=true"], "config key 'algo.packing' = True cannot be used with palette.enabled"),
-    (["algo.micro_batch_tokens=512"], "config key 'algo.micro_batch_tokens' = 512 cannot be used with palette"),
-    (["mipu.enabled=true"], "config section 'mipu:' is on, which cannot be combined with palette.enabled"),
+    (["rollout.max_staleness=1"], "config keys 'rollout.max_staleness' \\(schedule 'fixed_lag'\\) and 'stages.rollout' = "
+                                  "'palette' .* do not combine: the first needs 'batch_state'"),
+    (["stages.schedule=overlap"], "config keys 'stages.schedule' = 'overlap' and 'stages.rollout' = 'palette'"),
+    (["algo.packing=true"], "config keys 'palette.enabled' and 'algo.packing' cannot be used together"),
+    (["algo.micro_batch_tokens=512"], "config keys 'palette.enabled' and 'algo.micro_batch_tokens' cannot be used"),
+    (["mipu.enabled=true"], "config keys 'palette.enabled' and 'mipu.enabled' cannot be used together: MIPU's"),
     (["palette.prior_scale=0"], "config key 'palette.prior_scale' = 0"),
     (["palette.prfix_len=3"], "did you mean 'palette.prefix_len'"),
 ])
-def test_bad_settings_are_refused_at_load(overrides, message):
+def test_bad_settings_are_refused_by_check(overrides, message):
     with pytest.raises(ConfigError, match=message):
         check(*overrides)
 

@@ -26,7 +26,7 @@ def cache(tmp_path_factory, monkeypatch):
 
 
 def check(*overrides: str) -> list[str]:
-    return check_run(load_recipe(RECIPE, [*SMALL, *overrides]))
+    return list(check_run(load_recipe(RECIPE, [*SMALL, *overrides])).notes)
 
 
 @pytest.mark.parametrize("overrides, message", [
