@@ -56,7 +56,7 @@ def test_a_prefix_the_context_cannot_hold_is_an_error_naming_the_key():
     (["palette.vae_steps=0", "palette.sft_steps=0"], "config key 'palette.sft_steps' = 0 is out of range"),
     (["stages.rollout=credo.train.rollout:PromptRollout"],
      "config key 'stages.rollout' = 'credo.train.rollout:PromptRollout' cannot be used with palette"),
-    (["stages.probes=[attention_credit]"], "config key 'stages.probes'"),
+    (["stages.probes=[attention_credit]"], "config keys 'palette.enabled' and 'stages.probes' cannot be used together"),
     (["rollout.max_staleness=1"], "config keys 'rollout.max_staleness' \\(schedule 'fixed_lag'\\) and 'stages.rollout' = "
                                   "'palette' .* do not combine: the first needs 'batch_state'"),
     (["stages.schedule=overlap"], "config keys 'stages.schedule' = 'overlap' and 'stages.rollout' = 'palette'"),
