@@ -10,7 +10,8 @@ names such as env ids) and checks what they point at (`preflight`):
     reward.function(s) import, and accept fn(responses, problems) or TRL's fn(completions, **kwargs)
     task.name         a built-in task, or a reasoning-gym dataset (did-you-mean on a typo); its kwargs build
     rollout.backend   vllm is installed for 'vllm'; run.wandb needs wandb; cluster.engine 'ray' needs ray
-    cluster.*.resources  each role a node can host (this machine's resources for a Ray the run starts itself)
+    cluster.*.resources  each role a node can host, and all roles together fit (this machine's resources for a Ray
+                      the run starts itself); cluster.address answers (a Ray is running there)
     run.resume        a checkpoint path exists
     run.output_dir    its nearest existing parent is a folder
 
@@ -61,6 +62,7 @@ def preflight(r: Recipe) -> list[str]:
 
         check_model_options(r, resolve_model_path(r.model.path, r.model.tiny))
     notes += check_cluster_placement(r, ("rollout", "reward") if r.stages.reward == "default" else ("rollout",))
+    notes += _cluster_capacity(r)
     notes += async_warnings(r)
     for fam in active_families(r):
         parts = fam.parts()
@@ -214,6 +216,12 @@ def check_cluster_placement(r: Recipe, roles: tuple[str, ...]) -> list[str]:
 
     check_placement(c, local_nodes(c), roles)
     return notes
+
+
+def _cluster_capacity(r: Recipe) -> list[str]:
+    from credo.distributed.ray.config import check_at_preflight  # the sum over roles; cluster.address probed
+
+    return check_at_preflight(r)
 
 
 def _check_reward(spec: str | None, key: str) -> None:

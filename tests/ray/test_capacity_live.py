@@ -1,0 +1,58 @@
+"""Issue 57 A.1-A.2 on a real local Ray of 2 CPUs: queued reward work that no worker can take stops with an error
+naming the role (it waited forever before), and workers that do not all fit are reported as placed / offered."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from credo.distributed.ray.runtime import ClusterWorkerError, WorkerGroup
+from tests.ray.common import start_local_ray
+from tests.ray.fns import length_reward
+
+pytest.importorskip("ray")
+
+
+class Idle:
+    """A worker that only says it is ready (placement is all these tests look at)."""
+
+    def ready(self) -> dict:
+        return {"pid": os.getpid()}
+
+
+@pytest.fixture(scope="module")
+def ray2():
+    ray = start_local_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+def test_waits_that_cannot_be_met_name_the_role_and_what_the_cluster_offers(ray2):
+    from credo.distributed.ray.rewards import RayRewardWorker
+
+    holders = WorkerGroup("rollout", Idle, resources={"CPU": 1}, max_restarts=0, startup_timeout_s=120)
+    holders.start(2)  # the issue's two rollout actors hold both CPUs: no reward task can start (a hang before)
+    try:
+        pool = RayRewardWorker(length_reward, timeout_s=5, workers=4, max_failure_frac=1.0, startup_timeout_s=3)
+        t0 = time.monotonic()
+        with pytest.raises(ClusterWorkerError, match=r"role 'reward': 4 reward task\(s\) asking for \{CPU: 1\} did "
+                                                     r"not start within cluster.startup_timeout_s = 3 s; the cluster "
+                                                     r"offers \{CPU: 2\} in all, \{CPU: 0\} free"):
+            pool([(["a", "bb"], [0, 0])] * 6, step=0)
+        assert time.monotonic() - t0 < 15
+        more = WorkerGroup("judge", Idle, resources={"CPU": 1}, max_restarts=0, startup_timeout_s=2)
+        with pytest.raises(ClusterWorkerError, match=r"role 'judge': 0 of 1 worker\(s\) asking for \{CPU: 1\} were "
+                                                     r"placed and ready; the cluster offers \{CPU: 2\} in all, \{CPU: 0\} free"):
+            more.start(1)
+    finally:
+        holders.close()
+
+
+@pytest.mark.heavy
+def test_more_workers_than_cpus_reports_how_many_were_placed(ray2):
+    group = WorkerGroup("rollout", Idle, resources={"CPU": 1}, max_restarts=0, startup_timeout_s=40)
+    with pytest.raises(ClusterWorkerError, match=r"role 'rollout': 2 of 3 worker\(s\) asking for \{CPU: 1\} "
+                                                 r"were placed and ready; the cluster offers \{CPU: 2\} in all"):
+        group.start(3)  # it said "3 worker(s) ... were not placed" when 2 of 3 were
