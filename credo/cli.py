@@ -237,7 +237,13 @@ def _check(args) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     _library_verbosity(recipe.run.verbose)
-    notes = check_run(recipe)
+    if recipe.cluster.engine == "ray":
+        from credo.distributed.ray.config import address_probe_as_note
+
+        with address_probe_as_note():  # this machine may not be the cluster's: no Ray there is a warning here
+            notes = check_run(recipe)
+    else:
+        notes = check_run(recipe)
     if args.show:
         print(recipe_to_yaml(recipe), end="")
     for note in notes:  # a note that starts 'warning:' is printed as one
@@ -359,6 +365,41 @@ def _add_export(sub) -> None:
     p_export.set_defaults(handler=_export, needs_logging=False)
 
 
+def user_frame(e: BaseException):
+    """The innermost frame of `e`'s traceback when it lies in the user's own code (not credo, not an installed
+    package, not Python's library): the reward function, stage factory or plugin that raised; else None."""
+    import sysconfig
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return None
+    ours = str(Path(__file__).resolve().parent)
+    libs = {str(Path(sysconfig.get_paths()[k]).resolve()) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    last = frames[-1]
+    where = str(Path(last.filename).resolve())
+    if where.startswith(ours) or any(where.startswith(lib) for lib in libs) or last.filename.startswith("<"):
+        return None
+    return last
+
+
+def _unexpected(e: Exception) -> int | None:
+    """An exception that is no UserError: raised in the user's own code, one line naming their file and line (the
+    traceback with CREDO_TRACEBACK=1); otherwise a bug in credo, its traceback, printed here so that a world of one
+    does not get torch.distributed's `[rank0]:` prefix on every line. None: raise it (ranks of a larger world)."""
+    import traceback
+
+    frame = user_frame(e)
+    if frame is not None and os.environ.get("CREDO_TRACEBACK", "0") in ("", "0"):
+        print(f"credo: error: {type(e).__name__} in your code ({frame.filename}:{frame.lineno}, in {frame.name}): {e} "
+              "(CREDO_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        return 1
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return None  # torchrun's ranks: its rank prefix says which process failed
+    traceback.print_exception(e)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # the deepspeed launcher appends --local_rank=N; LOCAL_RANK in the environment carries the same
@@ -372,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                             datefmt="%H:%M:%S")
     _quiet_libraries()
-    from credo.errors import ConfigError
+    from credo.errors import ConfigError, UserError
 
     try:
         return args.handler(args)
@@ -385,6 +426,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _error(f"credo: config error: {e}")
         return 2
+    except UserError as e:  # any other error the user can cause (credo.errors.UserError): one line, every rank
+        print(f"credo: error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - the user's own code, or a bug in credo (then its traceback)
+        code = _unexpected(e)
+        if code is None:
+            raise
+        return code
     except KeyboardInterrupt as e:  # outside the training loop (model load, warm-up), or during the shutdown
         stopped = e.__context__  # a Ctrl-C while an interrupted run shut down: still say how to resume it
         from credo.train.interrupt import RunInterrupted

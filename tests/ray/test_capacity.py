@@ -94,3 +94,16 @@ def test_an_address_with_no_ray_is_one_config_error_naming_it(address, monkeypat
     with pytest.raises(ConfigError, match=r"^config key 'cluster.address' = '%s'.*no Ray answers" % address) as e:
         check(["cluster.engine=ray", f"cluster.address={address}"])
     assert "\n" not in str(e.value) and "--address" not in str(e.value)
+
+
+def test_credo_check_off_the_cluster_warns_that_the_run_would_stop():
+    from credo.distributed.ray.config import address_probe_as_note, check_at_preflight
+
+    port = free_port()
+    r = load_recipe(QUICK, ["cluster.engine=ray", f"cluster.address=127.0.0.1:{port}"])
+    with address_probe_as_note():  # what `credo check` runs under (credo.cli._check)
+        notes = check_at_preflight(r)
+    assert notes[0].startswith(f"warning: config key 'cluster.address' = '127.0.0.1:{port}': no Ray answers")
+    assert notes[0].endswith("`credo run` stops there, before its warm-up, unless that cluster is up by then")
+    with pytest.raises(ConfigError, match="no Ray answers"):  # outside it, as `credo run` and credo.train meet it
+        check_at_preflight(r)

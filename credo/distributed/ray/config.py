@@ -158,6 +158,22 @@ def check_capacity(cfg: ClusterConfig, nodes: list[dict], roles: tuple[str, ...]
     return []
 
 
+_PROBE_AS_NOTE = False
+
+
+class address_probe_as_note:
+    """`credo check` may run off the cluster (a laptop, a login node): there, no Ray at cluster.address is a warning
+    line, not an error; `credo run` (and `credo.train`) stop on it before the warm-up."""
+
+    def __enter__(self):
+        global _PROBE_AS_NOTE
+        self.old, _PROBE_AS_NOTE = _PROBE_AS_NOTE, True
+
+    def __exit__(self, *exc):
+        global _PROBE_AS_NOTE
+        _PROBE_AS_NOTE = self.old
+
+
 def check_at_preflight(r) -> list[str]:
     """`credo check`'s cluster checks beyond each role's placement (cluster.engine: ray): with cluster.address, that
     a Ray is listening there (a ConfigError naming the key otherwise, before any warm-up), the capacity left to
@@ -169,7 +185,13 @@ def check_at_preflight(r) -> list[str]:
     if c.address:
         from credo.distributed.ray.runtime import probe_address
 
-        probe_address(c.address)
-        return [f"cluster capacity of {', '.join(roles)} not checked here (cluster.address = '{c.address}'): checked "
+        notes = []
+        try:
+            probe_address(c.address)
+        except ConfigError as e:
+            if not _PROBE_AS_NOTE:
+                raise
+            notes.append(f"warning: {e}; `credo run` stops there, before its warm-up, unless that cluster is up by then")
+        return notes + [f"cluster capacity of {', '.join(roles)} not checked here (cluster.address = '{c.address}'): checked "
                 "against the live cluster at start-up"]
     return check_capacity(c, local_nodes(c), roles, key="cluster.num_cpus")

@@ -16,12 +16,12 @@ import threading
 import time
 
 from credo.distributed.ray.config import ClusterConfig, check_placement, role_request
-from credo.errors import ConfigError
+from credo.errors import ConfigError, UserError
 
 log = logging.getLogger("credo.cluster")
 
 
-class ClusterWorkerError(RuntimeError):
+class ClusterWorkerError(UserError, RuntimeError):
     """A role cannot keep its workers: they keep dying, or they are not placed or ready in time."""
 
 
