@@ -213,9 +213,9 @@ def _eval(args) -> int:
         return 1
     how = (f"{result['eval_samples']} sample(s) per problem at temperature {result['eval_temperature']}"
            if result["eval_temperature"] > 0 else "greedy")
+    print(f"credo eval: {args.model} on {args.recipe} ({how})")  # the header, then its result
     for name, value in result["metrics"].items():
         print(f"{name} = {value:.6g}")
-    print(f"credo eval: {args.model} on {args.recipe} ({how})")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

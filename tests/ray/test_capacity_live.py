@@ -3,13 +3,14 @@ naming the role (it waited forever before), and workers that do not all fit are 
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import time
 
 import pytest
 
 from credo.distributed.ray.runtime import ClusterWorkerError, WorkerGroup
-from tests.ray.common import start_local_ray
 from tests.ray.fns import length_reward
 
 pytest.importorskip("ray")
@@ -24,8 +25,23 @@ class Idle:
 
 @pytest.fixture(scope="module")
 def ray2():
-    ray = start_local_ray(num_cpus=2)
-    yield ray
+    """A local Ray of 2 CPUs started as a run starts it (`connect`, run.verbose off), what Ray logged in "log"."""
+    import ray
+
+    from credo.distributed.ray.config import ClusterConfig
+    from credo.distributed.ray.runtime import connect
+    from tests.ray.common import worker_env
+
+    os.environ["PYTHONPATH"] = worker_env()["env_vars"]["PYTHONPATH"]  # the workers import this module
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    text = io.StringIO()
+    seen = logging.StreamHandler(text)  # every record Ray's loggers emit (its own handler holds pytest's stderr)
+    logging.getLogger("ray").addHandler(seen)
+    try:
+        connect(ClusterConfig(engine="ray", num_cpus=2), verbose=False)
+    finally:
+        logging.getLogger("ray").removeHandler(seen)
+    yield {"log": text.getvalue()}
     ray.shutdown()
 
 
@@ -56,3 +72,8 @@ def test_more_workers_than_cpus_reports_how_many_were_placed(ray2):
     with pytest.raises(ClusterWorkerError, match=r"role 'rollout': 2 of 3 worker\(s\) asking for \{CPU: 1\} "
                                                  r"were placed and ready; the cluster offers \{CPU: 2\} in all"):
         group.start(3)  # it said "3 worker(s) ... were not placed" when 2 of 3 were
+
+
+
+def test_a_quiet_ray_start_prints_no_token_authentication_warning(ray2):
+    assert "Token authentication" not in ray2["log"] and "token-auth" not in ray2["log"]

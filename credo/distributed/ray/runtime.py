@@ -21,6 +21,10 @@ from credo.errors import ConfigError, UserError
 log = logging.getLogger("credo.cluster")
 
 
+TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+"""The logger of Ray's 'Token authentication is enabled for this Ray cluster' warning, printed at every ray.init."""
+
+
 class ClusterWorkerError(UserError, RuntimeError):
     """A role cannot keep its workers: they keep dying, or they are not placed or ready in time."""
 
@@ -36,6 +40,8 @@ def connect(cfg: ClusterConfig, *, roles: tuple[str, ...] = (), verbose: bool = 
     import ray
 
     t0 = time.perf_counter()
+    if not verbose:  # Ray's token-authentication notice on every start: Ray's own lines only with run.verbose
+        logging.getLogger(TOKEN_AUTH_LOGGER).setLevel(logging.ERROR)
     if not ray.is_initialized():
         quiet = dict(log_to_driver=verbose, logging_level=logging.INFO if verbose else logging.WARNING)
         if cfg.address:
