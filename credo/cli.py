@@ -275,11 +275,34 @@ def _run(args) -> int:
     return 0
 
 
+def section_docs(section: str = "RunConfig") -> list[tuple[str, str]]:
+    """(field, first line of its docstring) of a dataclass in credo/config/sections.py, read from the source
+    (no import: `credo --help` stays instant)."""
+    import ast
+
+    tree = ast.parse((Path(__file__).resolve().parent / "config" / "sections.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == section)
+    out = []
+    for node, after in zip(cls.body, cls.body[1:] + [None]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            doc = after.value.value if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) else ""
+            out.append((node.target.id, " ".join(str(doc).split())))
+    return out
+
+
+def run_settings_help() -> str:
+    """`credo run --help`'s list of the run.* settings (any recipe key is set the same way, key=value)."""
+    rows = [f"  run.{name:<22s} {textwrap.shorten(doc, 90, placeholder='...')}" for name, doc in section_docs("RunConfig")]
+    return ("run settings (override any recipe key as key=value; `credo check RECIPE --show` prints every key):\n"
+            + "\n".join(rows))
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="credo", description="RL losses and credit assignment for LLM post-training")
     parser.add_argument("--version", action="version", version=f"credo {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p_run = sub.add_parser("run", help="train from a recipe")
+    p_run = sub.add_parser("run", help="train from a recipe", epilog=run_settings_help(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p_run.add_argument("recipe", help="path to a YAML recipe")
     p_run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. run.steps=10 algo.policy_loss=cispo")
     p_run.set_defaults(handler=_run, needs_logging=True)

@@ -298,3 +298,19 @@ class Tracker:
             self.wandb.finish()
         if self.tensorboard is not None:
             self.tensorboard.close()
+
+
+def tracked_in_git(path: str | Path) -> bool:
+    """Whether `path` is a file git tracks (so a run that appends to it changes a committed file); False outside a
+    repository or without git."""
+    import subprocess
+
+    p = Path(path).absolute()
+    if not p.parent.is_dir():
+        return False
+    try:
+        out = subprocess.run(["git", "ls-files", "--error-unmatch", p.name], cwd=p.parent, capture_output=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0
