@@ -244,12 +244,22 @@ def _check(args) -> int:
             notes = check_run(recipe)
     else:
         notes = check_run(recipe)
+    notes += _warmup_notes(recipe)
     if args.show:
         print(recipe_to_yaml(recipe), end="")
     for note in notes:  # a note that starts 'warning:' is printed as one
         print(f"credo: {note}" if note.startswith("warning:") else f"credo: note: {note}")
     print(f"credo check: OK ({args.recipe}{', ' + str(len(args.overrides)) + ' overrides' if args.overrides else ''})")
     return 0
+
+
+def _warmup_notes(recipe) -> list[str]:
+    """Each warm-up's state for `credo check`: cached, or about how long it will take here (credo.warmup_estimate)."""
+    from credo.family import active_families
+    from credo.train.build import run_task
+    from credo.warmup_estimate import warmup_notes
+
+    return warmup_notes(recipe, run_task(recipe, active_families(recipe)))
 
 
 def _run(args) -> int:
