@@ -77,3 +77,14 @@ def test_more_workers_than_cpus_reports_how_many_were_placed(ray2):
 
 def test_a_quiet_ray_start_prints_no_token_authentication_warning(ray2):
     assert "Token authentication" not in ray2["log"] and "token-auth" not in ray2["log"]
+
+
+def test_start_up_checks_the_sum_over_roles_against_the_live_cluster(ray2):
+    """What `open_cluster` runs after joining a cluster (the only check of a remote one's capacity)."""
+    from credo.config import ConfigError, load_recipe
+    from credo.train.cluster import check_live_capacity
+
+    over = ["cluster.engine=ray", "cluster.address=auto", "cluster.rollout.workers=2"]
+    with pytest.raises(ConfigError, match=r"'cluster.rollout.workers' = 2: .*\{CPU: 3\} in all.*offers \{CPU: 2\}"):
+        check_live_capacity(load_recipe("recipes/quickstart.yaml", over))
+    check_live_capacity(load_recipe("recipes/quickstart.yaml", [*over, "cluster.rollout.resources={CPU: 0.5}"]))
