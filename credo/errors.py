@@ -12,7 +12,7 @@
 class UserError(Exception):
     """An error the user caused and can fix (a setting, their code, their cluster); the message says what to fix.
 
-    The rule (docs/getting-started.md, "When something goes wrong"): credo raises a UserError subclass for every
+    The rule (docs/getting-started.md, "Run a recipe"): credo raises a UserError subclass for every
     problem the user can cause, and the CLI prints it as one line; an exception raised inside the user's own code
     (a reward function, a stage factory, a plugin) is shown as one line naming their file and line; any other
     exception is a bug in credo and keeps its traceback.
