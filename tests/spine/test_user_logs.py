@@ -6,14 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
-from pathlib import Path
 
 from credo import cli
 from credo.tracking import PlainProgress, Tracker, write_samples
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_two_eval_sample_lines_show_different_prompts(tmp_path, caplog):
@@ -40,19 +36,30 @@ def test_without_a_terminal_the_progress_is_plain_lines(tmp_path, caplog, capsys
     assert "\r" not in capsys.readouterr().err
 
 
-def test_credo_train_from_python_shows_credos_info_lines_and_no_progress_bars(tmp_path):
-    code = ("import logging, credo, credo.trainer\n"
-            "def fake(r):\n"
-            "    from transformers.utils import logging as hf\n"
-            "    logging.getLogger('credo.train').info('step 1 from credo')\n"
-            "    print('bars', hf.is_progress_bar_enabled())\n"
-            f"    return {str(tmp_path)!r}\n"
-            "credo.trainer.train = fake\n"
-            "credo.train('recipes/quickstart.yaml')\n")
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    assert "INFO credo.train: step 1 from credo" in p.stderr
-    assert "bars False" in p.stdout
+def test_credo_train_from_python_shows_credos_info_lines_and_no_progress_bars(tmp_path, monkeypatch, capsys):
+    import credo
+    import credo.trainer
+    from transformers.utils import logging as hf_logging
+
+    seen = {}
+
+    def fake_training(recipe):
+        logging.getLogger("credo.train").info("step 1 from credo")
+        seen["bars"] = hf_logging.is_progress_bar_enabled()
+        return tmp_path
+
+    credo_log = logging.getLogger("credo")
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # a script that configured no logging of its own
+    monkeypatch.setattr(credo_log, "handlers", [])
+    monkeypatch.setattr(credo_log, "level", logging.NOTSET)
+    monkeypatch.setattr(credo.trainer, "train", fake_training)
+    hf_logging.enable_progress_bar()
+    try:
+        assert credo.train("recipes/quickstart.yaml") == tmp_path
+    finally:
+        hf_logging.enable_progress_bar()
+    assert "INFO credo.train: step 1 from credo" in capsys.readouterr().err
+    assert seen["bars"] is False
 
 
 def test_credo_eval_prints_its_header_before_its_result(monkeypatch, capsys):
