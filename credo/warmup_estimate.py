@@ -30,6 +30,10 @@ palette's (its two warm-ups in 13 min or more: 5.5e9 or less). Against those, th
 73 % long for longtail and about 45 % short for palette."""
 
 
+MAX_HASHED_BYTES = 2 * 2**30
+"""A model with more weight bytes than this is not hashed by `credo check` to look its warm-up up in the cache."""
+
+
 def model_shape(r, base_path: str) -> dict:
     """layers, h, h_kv, i, V of the model at `base_path` (its config.json), or the recipe's tiny config."""
     cfg_file = Path(base_path) / "config.json"
@@ -92,13 +96,15 @@ def sft_plan(r, base_path: str, task) -> dict | None:
 
     if not sft_enabled(r) or r.sft.steps <= 0:
         return None
-    key = sft_cache_key(r, base_path)
-    folder = cache_root() / "sft" / key
     encode = token_counter(base_path)
     flops = r.sft.steps * flops_per_step(model_shape(r, base_path), r.sft.batch_size,
                                          padded_tokens(task, encode, r.sft.batch_size))
-    return {"name": "sft", "steps": r.sft.steps, "batch": r.sft.batch_size, "flops": flops,
-            "cached": (folder / "COMPLETE").exists(), "folder": str(folder)}
+    plan = {"name": "sft", "steps": r.sft.steps, "batch": r.sft.batch_size, "flops": flops}
+    weights = sum(p.stat().st_size for p in Path(base_path).glob("*") if p.suffix in (".safetensors", ".bin", ".pt"))
+    if weights > MAX_HASHED_BYTES:  # the key hashes every weight file: seconds per GB, which `credo run` spends anyway
+        return {**plan, "cached": None, "folder": f"not looked up: the key hashes {weights / 2**30:.0f} GiB of weights"}
+    folder = cache_root() / "sft" / sft_cache_key(r, base_path)
+    return {**plan, "cached": (folder / "COMPLETE").exists(), "folder": str(folder)}
 
 
 def token_counter(base_path: str):
@@ -125,6 +131,8 @@ def warmup_notes(r, task) -> list[str]:
         if parts is None or not hasattr(parts, "warmup"):
             continue
         plan = parts.warmup_plan(r, task, policy, base) if hasattr(parts, "warmup_plan") else None
+        if plan and sft is not None and sft["cached"] is None:  # its key hashes credo's warm-up, not looked up
+            plan = {**plan, "cached": None, "folder": "after credo's warm-up"}
         plans.append(plan or {"name": fam.name, "unknown": True})
     rate, source = throughput(cache_root())
     notes = []
@@ -132,6 +140,10 @@ def warmup_notes(r, task) -> list[str]:
         if p.get("unknown"):
             notes.append(f"warm-up '{p['name']}': runs before step 1 if the family's settings ask for one; its time "
                          "is not estimated here")
+        elif p["cached"] is None:
+            notes.append(f"warm-up '{p['name']}' ({p['steps']} steps of {p['batch']}): cached or not is known at "
+                         f"start-up ({p['folder']}); if not, about {human(p['flops'] / rate)} before step 1 "
+                         f"(estimated: steps x a per-step cost model, {source}; docs/getting-started.md)")
         elif p["cached"]:
             notes.append(f"warm-up '{p['name']}' ({p['steps']} steps): cached ({p['folder']}), reused at once")
         else:
