@@ -62,8 +62,10 @@ def train(recipe: Any, overrides: list[str] | Mapping[str, Any] | None = None, *
         credo.errors.TrainingError: the run stopped (non-finite steps, reward failures, nothing to train on).
         credo.train.interrupt.RunInterrupted: Ctrl-C; the step in progress was checkpointed.
     """
+    from credo.tracking import python_logging
     from credo.trainer import train as run_training
 
+    python_logging()  # credo's INFO lines and no transformers progress bars, as `credo run` shows
     return Path(run_training(load(recipe, overrides, **sections)))
 
 

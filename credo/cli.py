@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from credo import __version__
+from credo.cli_support import run_settings_help, unexpected
 
 
 OTHER_RANK_GRACE_S = 5.0
@@ -171,9 +172,9 @@ def _eval(args) -> int:
         return 1
     how = (f"{result['eval_samples']} sample(s) per problem at temperature {result['eval_temperature']}"
            if result["eval_temperature"] > 0 else "greedy")
+    print(f"credo eval: {args.model} on {args.recipe} ({how})")  # the header, then its result
     for name, value in result["metrics"].items():
         print(f"{name} = {value:.6g}")
-    print(f"credo eval: {args.model} on {args.recipe} ({how})")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
@@ -195,13 +196,28 @@ def _check(args) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     _library_verbosity(recipe.run.verbose)
-    plan = check_run(recipe)
+    if recipe.cluster.engine == "ray":
+        from credo.distributed.ray.config import address_probe_as_note
+
+        with address_probe_as_note():  # this machine may not be the cluster's: no Ray there is a warning here
+            plan = check_run(recipe)
+    else:
+        plan = check_run(recipe)
+    notes = list(plan.notes) + _warmup_notes(plan)
     if args.show:
         print(recipe_to_yaml(recipe), end="")
-    for note in plan.notes:  # a note that starts 'warning:' is printed as one
+    for note in notes:  # a note that starts 'warning:' is printed as one
         print(f"credo: {note}" if note.startswith("warning:") else f"credo: note: {note}")
     print(f"credo check: OK ({args.recipe}{', ' + str(len(args.overrides)) + ' overrides' if args.overrides else ''})")
     return 0
+
+
+def _warmup_notes(plan) -> list[str]:
+    """Each warm-up's state for `credo check`: cached, or about how long it will take here (credo.warmup_estimate)."""
+    from credo.train.build import run_task
+    from credo.warmup_estimate import warmup_notes
+
+    return warmup_notes(plan.recipe, run_task(plan), plan.active)
 
 
 def _run(args) -> int:
@@ -231,7 +247,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="credo", description="RL losses and credit assignment for LLM post-training")
     parser.add_argument("--version", action="version", version=f"credo {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p_run = sub.add_parser("run", help="train from a recipe")
+    p_run = sub.add_parser("run", help="train from a recipe", epilog=run_settings_help(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p_run.add_argument("recipe", help="path to a YAML recipe")
     p_run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. run.steps=10 algo.policy_loss=cispo")
     p_run.set_defaults(handler=_run, needs_logging=True)
@@ -319,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                             datefmt="%H:%M:%S")
     _quiet_libraries()
-    from credo.errors import ConfigError
+    from credo.errors import ConfigError, UserError
 
     try:
         return args.handler(args)
@@ -332,6 +349,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _error(f"credo: config error: {e}")
         return 2
+    except UserError as e:  # any other error the user can cause (credo.errors.UserError): one line, every rank
+        print(f"credo: error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - the user's own code, or a bug in credo (then its traceback)
+        code = unexpected(e)
+        if code is None:
+            raise
+        return code
     except KeyboardInterrupt as e:  # outside the training loop (model load, warm-up), or during the shutdown
         stopped = e.__context__  # a Ctrl-C while an interrupted run shut down: still say how to resume it
         from credo.train.interrupt import RunInterrupted

@@ -81,6 +81,9 @@ class FamilyParts:
     """hooks(ctx, parts) -> [StepHook], called around every train step."""
     warmup: Callable[..., tuple] | None = None
     """warmup(recipe, task, policy_path, log=) -> (policy_path, key): its own cached warm-up after credo's."""
+    warmup_plan: Callable[..., dict | None] | None = None
+    """warmup_plan(recipe, task, policy_path, base_path) -> {name, steps, batch, flops, cached, folder} or None:
+    `credo check`'s view of that warm-up (credo.warmup_estimate)."""
 
 
 def _never(r: Any) -> bool:

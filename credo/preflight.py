@@ -8,7 +8,8 @@ capability and refusal checked) and then checks what the plan points at:
     model.lora        target_modules wrap linear layers below the output head (on an empty model)
     task.name         a built-in task, or a reasoning-gym dataset (did-you-mean on a typo); its kwargs build
     rollout.backend   vllm is installed for 'vllm'; run.wandb needs wandb; cluster.engine 'ray' needs ray
-    cluster.*.resources  each role a node can host (this machine's resources for a Ray the run starts itself)
+    cluster.*.resources  each role a node can host, and all roles together fit (this machine's resources for a Ray
+                      the run starts itself); cluster.address answers (a Ray is running there)
     run.resume        a checkpoint path exists
     run.output_dir    its nearest existing parent is a folder
     families          each active family's own `preflight` part (its model folders, its env's first prompt)
@@ -51,10 +52,17 @@ def preflight(r: Recipe) -> RunPlan:
 
         check_model_options(r, resolve_model_path(r.model.path, r.model.tiny))
     notes += check_cluster_placement(r, ("rollout", "reward") if plan.stages["reward"].resolved is None else ("rollout",))
+    notes += _cluster_capacity(r)
     for a in plan.active:
         if a.parts.preflight is not None:
             notes += a.parts.preflight(r)
     return with_notes(plan, notes)
+
+
+def _cluster_capacity(r: Recipe) -> list[str]:
+    from credo.distributed.ray.config import check_at_preflight  # the sum over roles; cluster.address probed
+
+    return check_at_preflight(r)
 
 
 def _check_output_dir(out: str | None) -> None:

@@ -187,6 +187,9 @@ def run_sft(r: Recipe, base_path: str, task, *, log=print) -> tuple[str, str]:
     steps = r.sft.steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(steps, 1))))
     gen = torch.Generator().manual_seed(sft_seed(r) + 17)
+    from credo.warmup_estimate import flops_per_step, model_shape  # `credo check`'s estimate learns from this run
+
+    shape, flops = model_shape(r, base_path), 0.0
     t0 = time.time()
     for step in range(steps):
         idx = torch.randint(0, len(task), (r.sft.batch_size,), generator=gen).tolist()
@@ -202,6 +205,7 @@ def run_sft(r: Recipe, base_path: str, task, *, log=print) -> tuple[str, str]:
             ids[i, : len(x)] = torch.tensor(x)
             mask[i, : len(m)] = torch.tensor(m, dtype=torch.float)
             attn[i, : len(x)] = 1
+        flops += flops_per_step(shape, *ids.shape)
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
         loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
@@ -219,7 +223,7 @@ def run_sft(r: Recipe, base_path: str, task, *, log=print) -> tuple[str, str]:
     # (docs/reproductions.md, "Warm-up determinism"); the results of a sweep carry the weights' digest
     made_by = {**kernel_fingerprint(), "threads": torch.get_num_threads(), "torch": torch.__version__}
     (tmp / "sft.json").write_text(json.dumps({"key": key, "steps": steps, "final_loss": loss.item() if steps else None,
-                                              "made_by": made_by}))
+                                              "made_by": made_by, "seconds": time.time() - t0, "flops": flops}))
     (tmp / "COMPLETE").write_text("ok\n")
     try:
         tmp.rename(out)

@@ -2,7 +2,10 @@
 TensorBoard, and sample completions of each evaluation (samples/step_<N>.jsonl).
 
 Only rank 0 writes. On resume, `metrics.jsonl` is cut back to the checkpoint's step first, so the
-finished file has every step exactly once.
+finished file has every step exactly once. `run.progress` draws a tqdm bar on a terminal; without one (output sent
+to a file or a pipe) it writes a plain `step N/M` log line every tenth of the run instead, so no `\r` update shares
+a line with the log. `python_logging` gives `credo.train` from Python the CLI's view: credo's INFO lines, no
+transformers progress bars.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import json
 import logging
 import math
 import os
+import sys
+import time
 from pathlib import Path
 
 log = logging.getLogger("credo")
@@ -143,10 +148,75 @@ def write_samples(run_dir: str | Path, step: int, prompts: list, completions: li
     tmp = out.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     os.replace(tmp, out)
-    for r in rows[:show]:
+    for r in distinct_prompts(rows, show):
         log.info("eval sample at step %d (reward %s): %s -> %s", step, r["reward"], _short(r["prompt"]),
                  _short(r["completion"]))
     return out
+
+
+def distinct_prompts(rows: list[dict], show: int) -> list[dict]:
+    """The first `show` rows of different prompts (an evaluation with several samples per prompt lists a prompt's
+    samples together: the first two would read as one line twice); fewer when there are fewer prompts."""
+    seen, out = set(), []
+    for r in rows:
+        key = json.dumps(r["prompt"], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+        if len(out) == show:
+            break
+    return out
+
+
+def python_logging() -> None:
+    """From Python (`credo.train`), what the CLI sets up: credo's INFO lines on stderr when the program configured
+    no logging of its own, and no transformers/hub progress bars (credo has its own progress line)."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    if not logging.getLogger().handlers and not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
+class PlainProgress:
+    """`run.progress` without a terminal: a `step N/M` log line every `every` steps and at the last, with the
+    step's reward, the last evaluation and the seconds per step (tqdm's interface as the Tracker uses it)."""
+
+    def __init__(self, total: int, initial: int):
+        self.total, self.n = total, initial
+        self.every = max(1, total // 10)
+        self.post: dict = {}
+        self.t0, self.n0 = time.monotonic(), initial
+
+    def set_postfix(self, post: dict, refresh: bool = False) -> None:
+        self.post = dict(post)
+
+    def update(self, k: int = 1) -> None:
+        self.n += k
+        if self.n % self.every and self.n != self.total:
+            return
+        rate = (time.monotonic() - self.t0) / max(self.n - self.n0, 1)
+        extra = "".join(f", {k} {v}" for k, v in self.post.items())
+        log.info("step %d/%d (%d%%)%s, %.2f s/step", self.n, self.total, 100 * self.n // max(self.total, 1), extra, rate)
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, initial: int):
+    """tqdm on a terminal; `PlainProgress` lines when stderr is a file or a pipe."""
+    if not sys.stderr.isatty():
+        return PlainProgress(total, initial)
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc="rl", dynamic_ncols=True)
 
 
 class Tracker:
@@ -163,9 +233,7 @@ class Tracker:
         self.last_eval = next((e for e in map(eval_value, reversed(self.rows)) if e is not None), None)
         self.bar = None
         if enabled and progress:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total_steps, initial=start_step, desc="rl", dynamic_ncols=True)
+            self.bar = progress_bar(total_steps, start_step)
         self.wandb = None
         if enabled and wandb_cfg:
             import wandb
@@ -230,3 +298,19 @@ class Tracker:
             self.wandb.finish()
         if self.tensorboard is not None:
             self.tensorboard.close()
+
+
+def tracked_in_git(path: str | Path) -> bool:
+    """Whether `path` is a file git tracks (so a run that appends to it changes a committed file); False outside a
+    repository or without git."""
+    import subprocess
+
+    p = Path(path).absolute()
+    if not p.parent.is_dir():
+        return False
+    try:
+        out = subprocess.run(["git", "ls-files", "--error-unmatch", p.name], cwd=p.parent, capture_output=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0

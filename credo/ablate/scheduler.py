@@ -409,6 +409,10 @@ def run_sweep(path: str | Path, *, jobs: int = 0, dry_run: bool = False, poll_s:
     _refuse_stale(sweep, runs)
     if dry_run:
         _print_plan(runs, sweep, jobs=jobs, threads=threads)
+        from credo.tracking import tracked_in_git  # the one line on what a real run writes where (issue 57 A.8)
+
+        print(f"a real run appends one line per finished run to {sweep.results}"
+              + (", a file committed in git: the new lines show in `git diff`" if tracked_in_git(sweep.results) else ""))
         return 0
     if jobs > cores:
         print(f"credo ablate: warning: {jobs} jobs on {cores} cores; each run gets 1 thread and the cores are oversubscribed",

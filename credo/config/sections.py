@@ -393,7 +393,7 @@ class RunConfig:
     tensorboard: bool = False
     """Write TensorBoard event files to <run folder>/tensorboard (pip install 'credo[tensorboard]')."""
     progress: bool = True
-    """Show a progress bar."""
+    """Show progress: a bar on a terminal; without one (a file, a pipe), a plain `step N/M` line every tenth of the run."""
     plot: bool = True
     """Redraw curves.png as the run goes."""
     dump_rollouts_every: int = ranged(0, ge=0)

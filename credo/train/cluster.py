@@ -7,8 +7,8 @@
     cluster.hook                           a step hook that logs cluster/* after each weight sync
     cluster.close()                        stops every worker (and the local Ray it started)
 
-`open_cluster` starts or joins Ray (`cluster.address`) and checks that the rollout and reward roles can be placed
-before any worker starts (a ConfigError naming the role, never a hang); a family checks its own role the same way
+`open_cluster` starts or joins Ray (`cluster.address`) and checks that the rollout and reward roles can be placed,
+and that every role the run uses fits the cluster together (`check_capacity`), before any worker starts (a ConfigError naming the role, never a hang); a family checks its own role the same way
 when it builds its pool (`check_role`). Ray is imported only here and under credo/distributed/ray/.
 """
 
@@ -119,4 +119,19 @@ def open_cluster(r: Recipe) -> Cluster | None:
     started = not ray.is_initialized() and not c.address
     roles = ("rollout", "reward") if r.stages.reward == "default" else ("rollout",)
     connect_s = connect(c, roles=roles, verbose=r.run.verbose)
+    check_live_capacity(r)
     return Cluster(c, connect_s=connect_s, started_ray=started)
+
+
+def check_live_capacity(r: Recipe) -> None:
+    """The sum over the run's roles against the live cluster's nodes (`check_capacity`), before any worker starts:
+    a remote cluster is checked only here (`credo check` cannot see it); its note is logged."""
+    import logging
+
+    import ray
+
+    from credo.distributed.ray.config import check_capacity, run_roles
+
+    key = "" if r.cluster.address else "cluster.num_cpus"
+    for note in check_capacity(r.cluster, ray.nodes(), run_roles(r), key=key):
+        logging.getLogger("credo.cluster").info("%s", note)

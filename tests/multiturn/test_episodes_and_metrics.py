@@ -234,7 +234,7 @@ def test_a_failed_reset_keeps_the_fallback_prompt_and_the_sample_record():
     assert (s.prompt_ids, s.response_ids, s.finished, s.policy_version) == ([EOS], [], False, 4)
     assert s.meta == {"turn_rewards": [], "turn_spans": [], "chunk_ids": [], "terminated": False, "truncated": False,
                       "end": "failed", "failed": True, "error": "reset: error X", "env_seed": 9, "actions": [],
-                      "observations": [], "prefix_actions": []}
+                      "observations": [], "prefix_actions": [], "turns": [{"role": "env", "text": ""}]}
     done = Episode(env=None, env_seed=1, prompt_ids=[3], end="terminated", actions=["5"], observations=["correct"],
                    prefix_actions=["4"]).sample([EOS])
     assert done.prompt_ids == [3] and done.finished and done.meta["actions"] == ["5"]

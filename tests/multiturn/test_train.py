@@ -29,6 +29,8 @@ def test_builtin_game_trains_two_steps_with_ipa(tmp_path):
         chunks = row["meta"]["chunk_ids"]
         assert [c >= 0 for c in chunks] == [m == 1 for m in row["response_mask"]]
         assert max(chunks) + 1 == len(row["meta"]["turn_rewards"]) == len(row["meta"]["actions"])
+        # the transcript (issue 57 A.9): role-marked turns, one agent turn per action
+        assert row["transcript"].startswith("[env] ") and row["transcript"].count("\n[agent ") == len(row["meta"]["actions"])
 
 
 @pytest.mark.slow

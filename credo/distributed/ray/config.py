@@ -14,7 +14,11 @@ A role's `resources` is a Ray resource request per worker: CPU, GPU, or a custom
 with (`ray start --resources '{"decode_gpu": 8}'`). `check_cluster` (credo.config.load, run at every recipe load)
 checks values before anything starts; `check_placement` checks the request of every role against Ray's node list
 (the live one at start-up, this machine's at `credo check` for a Ray the trainer starts), so a role that no node
-can host is a ConfigError naming the role at start-up, never a hang. Nothing here imports Ray.
+can host is a ConfigError naming the role at start-up, never a hang. `check_capacity` adds the sum over roles: the
+actors of every role the run uses (rollout, judge, env) hold their request for the whole run, so they and at least one
+reward task must fit the cluster together, or the reward pool never runs a task (a hang before it had a timeout).
+`check_at_preflight` is what `credo check` runs: the capacity against this machine for a Ray the trainer starts, and
+for `cluster.address` a probe that a Ray is listening there. Nothing here imports Ray at module level.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from credo.config.sections import (DEFAULT_RESOURCES, ElasticConfig, RewardRoleC
 from credo.errors import ConfigError
 
 __all__ = ["DEFAULT_RESOURCES", "ROLES", "ClusterConfig", "ElasticConfig", "RewardRoleConfig", "RoleConfig",
-           "RolloutRoleConfig", "check_cluster", "check_placement", "local_nodes", "resources_of", "role_request"]
+           "RolloutRoleConfig", "check_at_preflight", "check_capacity", "check_cluster", "check_placement", "local_nodes",
+           "resources_of", "role_request", "run_roles"]
 
 ClusterConfig = cluster_class()
 """The `cluster:` section with the built-in families' roles (judge, env: `Family.roles`) after the core's."""
@@ -82,3 +87,116 @@ def local_nodes(cfg: ClusterConfig) -> list[dict]:
     except ImportError:  # pragma: no cover - torch is a core dependency
         pass
     return [{"Alive": True, "Resources": resources}]
+
+
+ACTOR_ROLES = ("rollout", "judge", "env")
+"""Roles whose workers are actors: each holds its request for the whole run."""
+
+
+def run_roles(r) -> tuple[str, ...]:
+    """The roles recipe `r` puts on Ray workers: rollout always; the reward pool with the default reward stage; the
+    judge and env roles when their family is active and has workers (as the families' own builders decide)."""
+    from credo.family import active_families
+
+    c = r.cluster
+    active = {f.name for f in active_families(r)}
+    roles = ["rollout"]
+    if r.stages.reward == "default" and c.reward.workers:
+        roles.append("reward")
+    if "judges" in active and c.judge.workers:
+        roles.append("judge")
+    if "multiturn" in active and c.env.workers:
+        roles.append("env")
+    return tuple(roles)
+
+
+def _fmt(res: dict) -> str:
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(res.items())) + "}"
+
+
+def cluster_totals(nodes: list[dict]) -> dict:
+    """Each resource summed over the alive nodes (Ray's per-node `node:<ip>` markers left out)."""
+    out: dict = {}
+    for n in nodes:
+        if n.get("Alive", True):
+            for k, v in n.get("Resources", {}).items():
+                if not k.startswith("node:") and k != "object_store_memory" and k != "memory":
+                    out[k] = out.get(k, 0.0) + float(v)
+    return out
+
+
+def check_capacity(cfg: ClusterConfig, nodes: list[dict], roles: tuple[str, ...], *, key: str = "") -> list[str]:
+    """The sum over `roles` against the cluster's totals: every actor role's workers x request plus one task of the
+    reward pool (it runs as many tasks at once as are free, up to cluster.reward.workers) must fit, else a
+    ConfigError naming the roles, their sum and what the cluster offers. Returns a note when the reward pool's cap
+    cannot all run at once beside the actors (it then runs fewer tasks at once: slower, not stuck).
+
+    Args:
+        key: the setting that sizes the cluster, named in the error (cluster.num_cpus for a local Ray).
+    """
+    totals = cluster_totals(nodes)
+    need: dict = {}
+    parts = []
+    for role in roles:
+        rc = getattr(cfg, role)
+        if not rc.workers:
+            continue
+        req = resources_of(rc)
+        n = rc.workers if role in ACTOR_ROLES else 1
+        for k, v in req.items():
+            need[k] = need.get(k, 0.0) + n * v
+        parts.append(f"{role} {n} x {_fmt(req)}" + (" (one task at least)" if role == "reward" else ""))
+    short = {k: v for k, v in need.items() if v > totals.get(k, 0.0) + 1e-9}
+    if short:
+        offered = {k: totals.get(k, 0.0) for k in need}
+        hint = f"; raise {key}" if key else ""
+        raise ConfigError(
+            f"config key 'cluster.rollout.workers' = {cfg.rollout.workers}: the run's roles ask for {_fmt(need)} in all ({'; '.join(parts)}) but the Ray cluster offers "
+            f"{_fmt(offered)}: the actors would hold it all and the rest could never be placed (the run would hang); "
+            f"lower cluster.rollout.workers, ask for a fraction (cluster.rollout.resources: {{CPU: 0.5}}){hint}")
+    if "reward" in roles and cfg.reward.workers > 1:
+        req = resources_of(cfg.reward)
+        room = min((totals.get(k, 0.0) - need[k] + v) / v for k, v in req.items())
+        if room < cfg.reward.workers:
+            return [f"cluster.reward.workers = {cfg.reward.workers}: beside the actors the cluster has room for "
+                    f"{int(room)} reward task(s) of {_fmt(req)} at once; the pool runs that many"]
+    return []
+
+
+_PROBE_AS_NOTE = False
+
+
+class address_probe_as_note:
+    """`credo check` may run off the cluster (a laptop, a login node): there, no Ray at cluster.address is a warning
+    line, not an error; `credo run` (and `credo.train`) stop on it before the warm-up."""
+
+    def __enter__(self):
+        global _PROBE_AS_NOTE
+        self.old, _PROBE_AS_NOTE = _PROBE_AS_NOTE, True
+
+    def __exit__(self, *exc):
+        global _PROBE_AS_NOTE
+        _PROBE_AS_NOTE = self.old
+
+
+def check_at_preflight(r) -> list[str]:
+    """`credo check`'s cluster checks beyond each role's placement (cluster.engine: ray): with cluster.address, that
+    a Ray is listening there (a ConfigError naming the key otherwise, before any warm-up), the capacity left to
+    start-up; without, the sum over roles against this machine (`check_capacity`)."""
+    c = r.cluster
+    if c.engine != "ray":
+        return []
+    roles = run_roles(r)
+    if c.address:
+        from credo.distributed.ray.runtime import probe_address
+
+        notes = []
+        try:
+            probe_address(c.address)
+        except ConfigError as e:
+            if not _PROBE_AS_NOTE:
+                raise
+            notes.append(f"warning: {e}; `credo run` stops there, before its warm-up, unless that cluster is up by then")
+        return notes + [f"cluster capacity of {', '.join(roles)} not checked here (cluster.address = '{c.address}'): checked "
+                "against the live cluster at start-up"]
+    return check_capacity(c, local_nodes(c), roles, key="cluster.num_cpus")

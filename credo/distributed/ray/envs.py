@@ -174,7 +174,8 @@ class RayEnvPool:
             except loss_errors() as e:
                 self.group.replace(env._slot, handle, e)  # counted once, by the first proxy to see it
             except GetTimeoutError:
-                raise TimeoutError(f"env call '{method}' ran past {self.timeout_s} s") from None
+                raise TimeoutError(f"role '{self.role}': env call '{method}' ran past {self.timeout_s} s (queued or "
+                                   "running: env.step_timeout_s)") from None
             except ray.exceptions.RayTaskError as e:
                 raise user_error(e) from None
 

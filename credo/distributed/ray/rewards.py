@@ -13,7 +13,9 @@ New here: a call whose worker process dies (killed, out of memory, its node lost
 it is run again with the same arguments, and counted in `cluster/reward_restarts`; past `max_restarts` such
 losses over the run the pool raises `ClusterWorkerError` naming the role. The timeout clock starts when a call's
 task starts running (the task reports it first), so the time a task waits for a free node, a fresh worker process
-or the import of the function's module is not counted against it; that wait has its own bound, startup_timeout_s.
+or the import of the function's module is not counted against it; that wait has its own bound, startup_timeout_s,
+past which the pool raises `ClusterWorkerError` naming the role and what the cluster offers (queued work never
+waits forever).
 
 Judges are stateful (a model): a judge pool is a `RayRolloutBackend(judge_path, role='judge')` behind `JudgeReward`.
 """
@@ -46,7 +48,7 @@ class RayRewardWorker:
         resources: the Ray request of each task ({CPU: 1}, or a custom label such as {reward_node: 1}).
         max_restarts: lost worker processes tolerated over the run.
         startup_timeout_s: longest wait for a task to start (placed, its worker up, the function loaded); a call
-            not started by then counts as a timeout.
+            not started by then stops the step with a ClusterWorkerError naming the role (no worker can take it).
     """
 
     def __init__(self, fn: GroupRewardFn, *, timeout_s: float, workers: int, max_failure_frac: float,
@@ -61,7 +63,8 @@ class RayRewardWorker:
         self.startup_timeout_s = startup_timeout_s
         self.name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
         self._fn_ref = ray.put(fn)
-        self._task = ray.remote(_call).options(**role_request(resources or {"CPU": 1}), max_retries=0,
+        self.resources = dict(resources or {"CPU": 1})
+        self._task = ray.remote(_call).options(**role_request(self.resources), max_retries=0,
                                                num_returns="streaming")
         self._seen_kinds: set[str] = set()
         self.stats = RoleStats(role)
@@ -94,6 +97,7 @@ class RayRewardWorker:
             for task in ready:
                 self._advance(task, inflight, pending, outcomes)
             now = time.monotonic()
+            self._check_started(inflight, now)
             for task, entry in list(inflight.items()):
                 if now >= self._deadline(entry):
                     del inflight[task]
@@ -101,6 +105,26 @@ class RayRewardWorker:
                     ray.cancel(task, force=True)  # kills the worker process running it (a thread could not be)
                     outcomes[entry[0]] = ("timeout", None)
         return outcomes
+
+    def _check_started(self, inflight: dict, now: float) -> None:
+        """A task still queued past startup_timeout_s means no worker can take it (the other roles hold the cluster,
+        or no node offers the request): a ClusterWorkerError naming the role, not a timeout to retry forever."""
+        import ray
+
+        from credo.distributed.ray.config import _fmt
+
+        if not any(e[2] is None and now >= e[1] + self.startup_timeout_s for e in inflight.values()):
+            return
+        queued = sum(e[2] is None for e in inflight.values())
+        for task in inflight:
+            ray.cancel(task, force=True)
+        total, free = ray.cluster_resources(), ray.available_resources()
+        raise ClusterWorkerError(
+            f"role '{self.role}': {queued} reward task(s) asking for {_fmt(self.resources)} did not start within "
+            f"cluster.startup_timeout_s = {self.startup_timeout_s} s; the cluster offers "
+            f"{_fmt({k: total.get(k, 0.0) for k in self.resources})} in all, "
+            f"{_fmt({k: free.get(k, 0.0) for k in self.resources})} free (the other roles' workers hold the rest): "
+            "lower cluster.rollout.workers or their resources")
 
     def _deadline(self, entry: list) -> float:
         i, dispatched, started = entry

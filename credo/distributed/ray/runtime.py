@@ -16,11 +16,16 @@ import threading
 import time
 
 from credo.distributed.ray.config import ClusterConfig, check_placement, role_request
+from credo.errors import ConfigError, UserError
 
 log = logging.getLogger("credo.cluster")
 
 
-class ClusterWorkerError(RuntimeError):
+TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+"""The logger of Ray's 'Token authentication is enabled for this Ray cluster' warning, printed at every ray.init."""
+
+
+class ClusterWorkerError(UserError, RuntimeError):
     """A role cannot keep its workers: they keep dying, or they are not placed or ready in time."""
 
 
@@ -35,16 +40,66 @@ def connect(cfg: ClusterConfig, *, roles: tuple[str, ...] = (), verbose: bool = 
     import ray
 
     t0 = time.perf_counter()
+    if not verbose:  # Ray's token-authentication notice on every start: Ray's own lines only with run.verbose
+        logging.getLogger(TOKEN_AUTH_LOGGER).setLevel(logging.ERROR)
     if not ray.is_initialized():
         quiet = dict(log_to_driver=verbose, logging_level=logging.INFO if verbose else logging.WARNING)
         if cfg.address:
-            ray.init(address=cfg.address, **quiet)
+            probe_address(cfg.address)
+            try:
+                ray.init(address=cfg.address, **quiet)
+            except ConnectionError as e:  # Ray's own message names flags credo does not have (--address)
+                raise ConfigError(f"config key 'cluster.address' = '{cfg.address}': cannot join the Ray cluster "
+                                  f"({str(e).splitlines()[0]}); start one with `ray start --head`, or set "
+                                  "cluster.address='' to start a local Ray") from None
         else:
             # Ray renices its workers by 15 by default (background work); here they are the step's critical path
             os.environ.setdefault("RAY_worker_niceness", "0")
             ray.init(num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False, **quiet)
     check_placement(cfg, ray.nodes(), roles)
     return time.perf_counter() - t0
+
+
+def probe_address(address: str, timeout_s: float = 3.0) -> None:
+    """A ConfigError naming cluster.address when no Ray listens there, found in seconds (before any warm-up): 'auto'
+    resolves as `ray.init` does (RAY_ADDRESS, then the cluster `ray start` recorded on this node), then the address's
+    port must accept a TCP connection."""
+    import socket
+
+    where = address
+    if address == "auto":
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+        except ImportError:  # a Ray without it: ray.init reports it at start-up (also as a ConfigError)
+            return
+        try:
+            where = canonicalize_bootstrap_address("auto") or ""
+        except (ConnectionError, ValueError):
+            where = ""
+        if not where:
+            raise ConfigError("config key 'cluster.address' = 'auto': no running Ray cluster found on this machine "
+                              "(start one with `ray start --head`, or set cluster.address='' to start a local Ray)")
+    host, _, port = where.removeprefix("ray://").rpartition(":")
+    if not port.isdigit():
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(f"config key 'cluster.address' = '{address}': no Ray answers at {where} ({e}); start one "
+                          "with `ray start --head`, or set cluster.address='' to start a local Ray") from None
+
+
+def placement_report(wanted: int, placed: int, resources: dict) -> str:
+    """'2 of 3 worker(s) asking for {CPU: 1} were placed; the cluster offers {CPU: 2} in all, {CPU: 0} free'."""
+    import ray
+
+    from credo.distributed.ray.config import _fmt
+
+    total = {k: float(v) for k, v in ray.cluster_resources().items() if k in resources}
+    free = {k: float(v) for k, v in ray.available_resources().items() if k in resources}
+    return (f"{placed} of {wanted} worker(s) asking for {_fmt(resources)} were placed and ready; the cluster offers "
+            f"{_fmt({k: total.get(k, 0.0) for k in resources})} in all, {_fmt({k: free.get(k, 0.0) for k in resources})} "
+            "free")
 
 
 def loss_errors() -> tuple[type, ...]:
@@ -162,12 +217,13 @@ class WorkerGroup:
         try:
             return ray.get(refs, timeout=self.startup_timeout_s)
         except GetTimeoutError:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            report = placement_report(len(handles), len(ready), self.resources)
             for h in handles:
                 ray.kill(h)
             raise ClusterWorkerError(
-                f"role '{self.role}': {len(handles)} worker(s) asking for {self.resources} were not placed and ready within "
-                f"cluster.startup_timeout_s = {self.startup_timeout_s} s (no free node offers them, or loading is "
-                f"slower than that)") from None
+                f"role '{self.role}': {report}, within cluster.startup_timeout_s = {self.startup_timeout_s} s (no free "
+                "node offers the rest, or loading is slower than that)") from None
         except loss_errors() as e:
             if lost_ok:
                 raise

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from credo.distributed.rollout import Sample
+from credo.families.multiturn.transcript import episode_turns
 
 
 def call_with_deadline(calls: list, timeout_s: float) -> list[tuple[str, object]]:
@@ -67,7 +68,9 @@ class Episode:
         meta = {"turn_rewards": self.turn_rewards, "turn_spans": self.turn_spans, "chunk_ids": self.chunk_ids,
                 "terminated": self.end == "terminated", "truncated": self.end not in ("terminated", "failed"),
                 "end": self.end, "failed": self.end == "failed", "error": self.error, "env_seed": self.env_seed,
-                "actions": self.actions, "observations": self.observations, "prefix_actions": self.prefix_actions}
+                "actions": self.actions, "observations": self.observations, "prefix_actions": self.prefix_actions,
+                "turns": episode_turns(self.first_observation, self.actions, self.observations, self.turn_rewards,
+                                       self.prefix_actions, self.end)}
         return Sample(self.prompt_ids or list(fallback_prompt), self.response_ids, self.response_mask, self.log_probs,
                       finished=self.end == "terminated", policy_version=self.version, meta=meta)
 

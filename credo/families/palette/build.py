@@ -57,6 +57,25 @@ def warmup(r, task, policy_path: str, *, log) -> tuple[str, str | None]:
     return run_warmup(r, policy_path, task, log=log)
 
 
+def warmup_plan(r, task, policy_path: str | None, base_path: str) -> dict | None:
+    """`credo check`'s view of the palette warm-up (credo.warmup_estimate): its steps (VAE, then SFT through the
+    prefix), its work, and whether it is cached; `policy_path` is credo's cached warm-up (None: not cached yet, so
+    neither is this one, whose key hashes that folder)."""
+    if not r.palette.enabled:
+        return None
+    from credo.families.palette.warmup import warmup_key
+    from credo.models import cache_root
+    from credo.warmup_estimate import flops_per_step, model_shape, padded_tokens, token_counter
+
+    p = r.palette
+    steps = p.vae_steps + p.sft_steps
+    tokens = padded_tokens(task, token_counter(base_path), p.batch_size) + p.prefix_len
+    folder = cache_root() / "palette" / warmup_key(r, policy_path) if policy_path else None
+    return {"name": "palette", "steps": steps, "batch": p.batch_size,
+            "flops": steps * flops_per_step(model_shape(r, base_path), p.batch_size, tokens),
+            "cached": folder is not None and (folder / "COMPLETE").exists(), "folder": str(folder)}
+
+
 def hooks(ctx, parts) -> list:
     """The within-group diversity metrics (palette/*) of every step."""
     from credo.families.palette.source import DiversityHook
@@ -64,4 +83,4 @@ def hooks(ctx, parts) -> list:
     return [DiversityHook(ctx.tokenizer, getattr(ctx.task, "strategy", None), getattr(ctx.task, "strategies", ()))]
 
 
-PARTS = FamilyParts(preflight=preflight, warmup=warmup, hooks=hooks)
+PARTS = FamilyParts(preflight=preflight, warmup=warmup, hooks=hooks, warmup_plan=warmup_plan)
