@@ -65,7 +65,7 @@ def test_fractions_and_several_nodes_fit_and_the_reward_cap_is_a_note():
 def check(overrides: list[str]) -> list[str]:
     from credo.preflight import preflight
 
-    return preflight(load_recipe(QUICK, overrides))
+    return list(preflight(load_recipe(QUICK, overrides)).notes)
 
 
 def test_credo_check_refuses_two_rollout_workers_on_two_cpus():

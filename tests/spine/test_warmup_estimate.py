@@ -34,12 +34,12 @@ def test_the_weight_term_is_the_models_parameter_count(recipe):
 
 
 def test_check_says_not_cached_then_cached_after_the_warm_up(recipe):
-    from credo.family import active_families
     from credo.models import resolve_model_path
+    from credo.plan import resolve_plan
     from credo.sft import run_sft
     from credo.train.build import run_task
 
-    task = run_task(recipe, active_families(recipe))
+    task = run_task(resolve_plan(recipe))
     before = warmup_notes(recipe, task)
     assert len(before) == 1 and before[0].startswith("warm-up 'sft' (3 steps of 16): not cached, about ")
     assert "the default throughput of a 2-core CPU host" in before[0]
