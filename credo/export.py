@@ -26,6 +26,8 @@ import torch
 
 from credo.checkpoint import TAG
 from credo.lora import add_lora, policy_state_dict, save_adapter
+from credo.safe_load import load as safe_load
+from credo.safe_load import weights_only_torch_load
 
 
 def _write_folder(out_dir: Path, write) -> Path:
@@ -68,11 +70,12 @@ def checkpoint_state_dict(ckpt_dir: str | Path) -> dict[str, torch.Tensor]:
     ckpt = Path(ckpt_dir)
     whole = ckpt / TAG / "mp_rank_00_model_states.pt"
     if whole.is_file():
-        return torch.load(whole, map_location="cpu", weights_only=False)["module"]
+        return safe_load(whole)["module"]
     if any((ckpt / TAG).glob("zero_pp_rank_*_mp_rank_00_model_states.pt")):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=TAG)
+        with weights_only_torch_load():  # zero_to_fp32 unpickles with weights_only=False
+            return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=TAG)
     raise FileNotFoundError(f"{ckpt} holds no DeepSpeed model states under '{TAG}/' (expected a credo checkpoint "
                             "folder such as runs/NAME/checkpoints/step_00000010)")
 
