@@ -118,12 +118,12 @@ def checkpoint_model(ckpt: Path, base_model: str | None = None) -> tuple[torch.n
     if not base or not Path(base).is_dir():
         raise FileNotFoundError(f"the base model folder of {ckpt} ('{base}', meta.json policy_path) is missing: "
                                 "pass --base-model with the model folder the run started from")
+    state = checkpoint_state_dict(ckpt)  # first: a file that fails the weights-only load stops before any model load
     model_cfg = (meta.get("config") or {}).get("model", {})
     model = load_causal_lm(base, model_cfg.get("dtype", "float32"))  # the base's class, config and buffers
     lora = model_cfg.get("lora") or {}
     # the trained module held the adapter: the same names, then merged or saved alone
     peft_model = add_lora(model, LoraConfig(**lora)) if lora.get("r") else None
-    state = checkpoint_state_dict(ckpt)
     own = model.state_dict()
     missing = [k for k in own if k not in state and not _tied(model, k)]
     unexpected = [k for k in state if k not in own]

@@ -43,17 +43,19 @@ def allowed_globals() -> list:
 
 def _refusal(path, err: Exception) -> UnsafeFileError:
     found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-    what = f"its pickle names '{found.group(1)}'" if found else f"its pickle is not plain data ({_first_line(err)})"
+    what = (f"its pickle names '{found.group(1)}', which is not on credo's allow-list of checkpoint contents"
+            if found else f"its pickle is not plain data that loads weights-only ({_first_line(err)})")
     old = (" An older credo (before safe loading) wrote RNG states as numpy arrays: if the checkpoint is your own, "
            f"convert it once with `python -m credo.safe_load upgrade {Path(path).parent}`."
            if found and found.group(1).startswith("numpy") and Path(path).name.startswith("rng_rank") else "")
-    return UnsafeFileError(f"refusing to load {path}: {what}, which is not on credo's allow-list of checkpoint "
-                           f"contents, so loading it could run code (torch.load weights_only=True).{old}")
+    return UnsafeFileError(f"refusing to load {path}: {what}, so loading it could run code (torch.load with "
+                           f"weights_only=True refused it; nothing of it ran).{old}")
 
 
 def _first_line(err: Exception) -> str:
-    lines = [ln for ln in str(err).splitlines() if "WeightsUnpickler error" in ln] or str(err).splitlines() or [""]
-    return lines[0].strip()[:200]
+    """What torch's weights-only unpickler objected to (e.g. 'Unsupported operand 149'), else the first line."""
+    found = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(err))
+    return (found.group(1) if found else (str(err).splitlines() or [""])[0]).strip()[:200]
 
 
 _torch_load = torch.load  # the real one, also while weights_only_torch_load has replaced torch.load
