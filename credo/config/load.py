@@ -109,6 +109,24 @@ def _check_sections_are_mappings(data: dict, cls: type) -> None:
     if tb is not None and not isinstance(tb, dict):
         raise ConfigError(f"config key 'rollout.tail_batching' = {tb!r}: expected a mapping ({{}} for the paper's "
                           "settings) or null")
+    _check_lists_and_mappings(data, cls, "")
+
+
+def _check_lists_and_mappings(data: dict, cls: type, prefix: str) -> None:
+    """A mapping given where the schema has a list (`polymath.eval_disciplines.x=1`), or a scalar or list where it
+    has a section, is named here: OmegaConf's merge would raise a bare TypeError without the key."""
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        key, value = prefix + f.name, data[f.name]
+        factory = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(factory):
+            if isinstance(value, dict):
+                _check_lists_and_mappings(value, factory, key + ".")
+            elif value is not None and prefix:
+                raise ConfigError(f"config key '{key}' = {value!r}: expected a mapping (the {key}: section)")
+        elif factory is not None and isinstance(factory(), list) and isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' = {value!r}: expected a list")
 
 
 def load_recipe(path: str | Path | dict | DictConfig | None, overrides: list[str] = (), *,
