@@ -31,14 +31,19 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 def allowed_globals() -> list:
     """The classes credo's own checkpoints hold besides tensors and containers: DeepSpeed's ZeRO optimizer state
     records its loss scaler, its ZeRO stage (an enum) and, under ZeRO-1/2, each parameter's fragment address (a
-    dataclass). Each is rebuilt from plain fields (no `__setstate__`, no `__reduce__` of its own)."""
+    dataclass); a fixed-lag run's pending batches (credo.train.fixed_lag) hold credo's `Sample` and `Problem`
+    dataclasses. Each is rebuilt from plain fields (no `__setstate__`, no `__reduce__` of its own), so allowing it
+    lets a pickle make one of these objects, never call a function."""
+    from credo.distributed.rollout import Sample
+    from credo.tasks.problem import Problem
+
     try:
         from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
         from deepspeed.runtime.zero.config import ZeroStageEnum
         from deepspeed.utils.tensor_fragment import fragment_address
     except ImportError:  # no DeepSpeed: no DeepSpeed checkpoint to read either
-        return []
-    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+        return [Sample, Problem]
+    return [Sample, Problem, LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
 def _refusal(path, err: Exception) -> UnsafeFileError:

@@ -27,7 +27,8 @@ from credo.config import ConfigError, load_recipe, recipe_class  # noqa: E402
 
 EXAMPLES = int(os.environ.get("CREDO_FUZZ_EXAMPLES", 30))
 HEAVY_EXAMPLES = int(os.environ.get("CREDO_FUZZ_EXAMPLES", 3000))
-DEADLINE_MS = 10000  # a recipe loads in well under a second; a hang or a blow-up fails the example
+DEADLINE_MS = 30000  # a recipe loads in well under a second once imports are warm (`warm`); a blow-up fails
+HANG_S = 600  # pytest-timeout: a hang (which a deadline, measured after the example returns, cannot catch) fails
 
 
 def _keys(cls, prefix: str = "") -> list[str]:
@@ -74,10 +75,17 @@ def _loads_or_config_error(path, overrides) -> None:
         assert msg.strip(), "a ConfigError with no message"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def warm():
+    """A first load imports what the name checks need (seconds on a loaded machine): done before the deadlines."""
+    load_recipe(str(Path(__file__).resolve().parents[2] / "recipes/quickstart.yaml"), [])
+
+
 _SETTINGS = dict(deadline=DEADLINE_MS, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                                               HealthCheck.filter_too_much], derandomize=True)
 
 
+@pytest.mark.timeout(HANG_S)
 @settings(max_examples=EXAMPLES, **_SETTINGS)
 @given(st.lists(OVERRIDE, max_size=4))
 def test_overrides_load_or_raise_config_error(overrides):
@@ -96,6 +104,7 @@ DOCUMENTS = st.one_of(
 )
 
 
+@pytest.mark.timeout(HANG_S)
 @settings(max_examples=EXAMPLES, **_SETTINGS)
 @given(DOCUMENTS)
 def test_yaml_documents_load_or_raise_config_error(tmp_path_factory, text):
@@ -122,6 +131,7 @@ def warm_cli():
     assert _credo_check(["check", str(Path(__file__).resolve().parents[2] / "recipes/quickstart.yaml")])[0] == 0
 
 
+@pytest.mark.timeout(HANG_S)
 @settings(max_examples=max(EXAMPLES // 3, 10), **_SETTINGS)
 @given(DOCUMENTS, st.lists(OVERRIDE, max_size=3))
 def test_credo_check_exits_0_or_2_with_one_line_and_no_traceback(warm_cli, tmp_path_factory, text, overrides):
@@ -136,6 +146,7 @@ def test_credo_check_exits_0_or_2_with_one_line_and_no_traceback(warm_cli, tmp_p
 
 
 @pytest.mark.heavy
+@pytest.mark.timeout(HANG_S * 6)
 @settings(max_examples=HEAVY_EXAMPLES, **{**_SETTINGS, "derandomize": False})
 @given(st.one_of(DOCUMENTS, st.none()), st.lists(OVERRIDE, max_size=5))
 def test_many_more_recipes_and_overrides(tmp_path_factory, text, overrides):
