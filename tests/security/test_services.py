@@ -47,7 +47,8 @@ def test_connect_asks_for_no_dashboard_and_a_loopback_ray(monkeypatch):
     monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
     monkeypatch.setattr(ray, "nodes", lambda: [])
     monkeypatch.setattr(runtime, "check_placement", lambda *a: None)
-    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "")  # so that teardown removes what connect sets
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
     runtime.connect(ClusterConfig(engine="ray", address="", num_cpus=1))
     assert calls[0]["include_dashboard"] is False and "address" not in calls[0]
