@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 
 from credo.distributed.engine import all_reduce_sum, barrier, reapply_optimizer_settings
+from credo.safe_load import load as safe_load
+from credo.safe_load import weights_only_torch_load
 
 log = logging.getLogger("credo.checkpoint")
 TAG = "state"
@@ -52,16 +54,34 @@ def _fsync_tree(root: Path) -> None:
 
 
 def rng_state() -> dict:
-    """Every global RNG a step may draw from: python, numpy, torch (CPU) and torch.cuda (each device)."""
+    """Every global RNG a step may draw from: python, numpy, torch (CPU) and torch.cuda (each device), as tensors,
+    lists and numbers only, so that it loads weights-only (credo.safe_load)."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+    return rng_state_to_plain(state)
+
+
+def rng_state_to_plain(state: dict) -> dict:
+    """The python and numpy states of `state` as lists and numbers (random.getstate()'s tuple holds ints only;
+    numpy's holds a uint32 array)."""
+    out = dict(state)
+    if isinstance(state["python"], tuple):
+        version, internal, gauss = state["python"]
+        out["python"] = {"version": version, "state": list(internal), "gauss": gauss}
+    if isinstance(state["numpy"], tuple):
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        out["numpy"] = {"name": str(name), "keys": [int(k) for k in keys], "pos": int(pos),
+                        "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    return out
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    state = rng_state_to_plain(state)
+    py, npy = state["python"], state["numpy"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    np.random.set_state((npy["name"], np.asarray(npy["keys"], dtype=np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -172,18 +192,23 @@ def find_resume_checkpoint(ckpt_root: Path, *, tidy: bool = False) -> Path | Non
 def load_checkpoint(engine, path: Path, *, verify: bool = True) -> dict:
     """Restore engine (policy, optimizer, scheduler) and this rank's RNG; return meta.json.
 
+    Every file is unpickled weights-only (credo.safe_load): one that names code outside the allow-list raises
+    `UnsafeFileError` naming it, and nothing of it runs (the manifest alone cannot tell: whoever planted a file can
+    rewrite meta.json too).
     `verify=False` skips the checksum pass when the caller has just verified `path`.
     """
     problem = verify_checkpoint(path) if verify else None
     if problem is not None:
         raise RuntimeError(f"checkpoint {path} is not usable: {problem}")
-    load_path, _ = engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
+    with weights_only_torch_load():  # DeepSpeed's own loader unpickles with weights_only=False
+        load_path, _ = engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True,
+                                              load_lr_scheduler_states=True)
     if load_path is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint in {path}")
     reapply_optimizer_settings(engine)  # the recipe's lr, betas, weight decay (a resume may change them)
     rng_file = path / f"rng_rank{dist.get_rank()}.pt"
     if rng_file.exists():
-        set_rng_state(torch.load(rng_file, weights_only=False))
+        set_rng_state(safe_load(rng_file))
     else:  # resumed on more ranks than it was saved from: sampling is seeded per step, but exactness is not promised
         log.warning("checkpoint %s has no RNG state for rank %d; this rank keeps its fresh RNG", path, dist.get_rank())
     return json.loads((path / "meta.json").read_text())

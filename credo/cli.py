@@ -223,7 +223,7 @@ def _warmup_notes(plan) -> list[str]:
 def _run(args) -> int:
     from credo.config import load_recipe
     from credo.distributed.engine import teardown_distributed
-    from credo.errors import RewardFunctionError, TrainingError
+    from credo.errors import RewardFunctionError, TrainingError, UnsafeFileError
     from credo.train.interrupt import RunInterrupted
     from credo.trainer import train
 
@@ -231,7 +231,8 @@ def _run(args) -> int:
     _library_verbosity(recipe.run.verbose)
     try:
         run_dir = train(recipe)  # checks what the recipe names (credo.preflight) before any warm-up
-    except (TrainingError, RewardFunctionError) as e:  # the message says what to fix; a traceback would bury it
+    except (TrainingError, RewardFunctionError, UnsafeFileError) as e:  # the message says what to fix (a traceback
+        # would bury it); UnsafeFileError: a resume from a checkpoint whose file could run code
         print(f"credo: error: {e}", file=sys.stderr)  # every rank: it may have happened on one only
         return 1
     except RunInterrupted as e:

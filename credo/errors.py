@@ -6,6 +6,7 @@
     TrainingError         the run cannot continue (repeated non-finite steps, a model that went non-finite)
     RewardFunctionError   a reward function broke its contract (wrong length, a non-number) or failed too often
     EnvFailureError       too many of a step's episodes failed (an env raised or hung)
+    UnsafeFileError       a checkpoint or model file whose pickle names code outside the allow-list (never loaded)
 """
 
 
@@ -33,3 +34,8 @@ class RewardFunctionError(UserError, RuntimeError):
 
 class EnvFailureError(UserError, RuntimeError):
     """Too many of a step's episodes failed (an env raised or hung)."""
+
+
+class UnsafeFileError(ValueError):
+    """A checkpoint or model file that could run code when loaded (a pickle naming a global outside credo's
+    allow-list), or that an older credo wrote in such a form; the message names the file. Never loaded."""

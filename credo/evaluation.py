@@ -45,10 +45,13 @@ def model_folder(model: str | Path, stack: ExitStack) -> Path:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="credo-eval-")))
         return export_checkpoint(path, tmp / "model")
     if not (path / "config.json").is_file() and (path / "final" / "config.json").is_file():
-        return path / "final"  # a run folder
+        path = path / "final"  # a run folder
     if not (path / "config.json").is_file():
         raise ConfigError(f"MODEL '{model}' is not a model folder: expected a Hugging Face model folder (config.json), "
                           "a run's final/ or run folder, or a checkpoint folder (checkpoints/step_N)")
+    from credo.safe_load import check_model_folder
+
+    check_model_folder(path)  # a pickled weight file holding code: refused here, whichever backend loads the folder
     return path
 
 

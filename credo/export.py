@@ -26,6 +26,8 @@ import torch
 
 from credo.checkpoint import TAG
 from credo.lora import add_lora, policy_state_dict, save_adapter
+from credo.safe_load import load as safe_load
+from credo.safe_load import weights_only_torch_load
 
 
 def _write_folder(out_dir: Path, write) -> Path:
@@ -68,11 +70,12 @@ def checkpoint_state_dict(ckpt_dir: str | Path) -> dict[str, torch.Tensor]:
     ckpt = Path(ckpt_dir)
     whole = ckpt / TAG / "mp_rank_00_model_states.pt"
     if whole.is_file():
-        return torch.load(whole, map_location="cpu", weights_only=False)["module"]
+        return safe_load(whole)["module"]
     if any((ckpt / TAG).glob("zero_pp_rank_*_mp_rank_00_model_states.pt")):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=TAG)
+        with weights_only_torch_load():  # zero_to_fp32 unpickles with weights_only=False
+            return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=TAG)
     raise FileNotFoundError(f"{ckpt} holds no DeepSpeed model states under '{TAG}/' (expected a credo checkpoint "
                             "folder such as runs/NAME/checkpoints/step_00000010)")
 
@@ -115,12 +118,12 @@ def checkpoint_model(ckpt: Path, base_model: str | None = None) -> tuple[torch.n
     if not base or not Path(base).is_dir():
         raise FileNotFoundError(f"the base model folder of {ckpt} ('{base}', meta.json policy_path) is missing: "
                                 "pass --base-model with the model folder the run started from")
+    state = checkpoint_state_dict(ckpt)  # first: a file that fails the weights-only load stops before any model load
     model_cfg = (meta.get("config") or {}).get("model", {})
     model = load_causal_lm(base, model_cfg.get("dtype", "float32"))  # the base's class, config and buffers
     lora = model_cfg.get("lora") or {}
     # the trained module held the adapter: the same names, then merged or saved alone
     peft_model = add_lora(model, LoraConfig(**lora)) if lora.get("r") else None
-    state = checkpoint_state_dict(ckpt)
     own = model.state_dict()
     missing = [k for k in own if k not in state and not _tied(model, k)]
     unexpected = [k for k in state if k not in own]

@@ -155,9 +155,13 @@ def load_tokenizer(path: str):
 
 
 def load_causal_lm(path: str, dtype: str = "float32"):
-    """Load a causal LM and check its vocabulary against the tokenizer's."""
+    """Load a causal LM and check its vocabulary against the tokenizer's. A local folder whose pickled weight file
+    names code is refused first (`UnsafeFileError` naming the file; transformers would refuse it too, weights-only)."""
     from transformers import AutoModelForCausalLM
 
+    from credo.safe_load import check_model_folder
+
+    check_model_folder(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     except (OSError, ValueError) as e:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +87,7 @@ def _apply_override(data: DictConfig, item: str | tuple[str, Any]) -> None:
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError as e:
-            raise ConfigError(f"override '{item}': value is not valid YAML ({e})") from None
+            raise ConfigError(f"override '{item}': value is not valid YAML ({_one_line(e)})") from None
     key = key.strip()
     if not key:
         raise ConfigError(f"override '{item}' has an empty key")
@@ -94,7 +96,12 @@ def _apply_override(data: DictConfig, item: str | tuple[str, Any]) -> None:
         above = OmegaConf.select(data, ".".join(parts[:i]))
         if above is not None and not isinstance(above, DictConfig):
             raise ConfigError(f"override '{item}' sets a key below the non-mapping '{parts[i - 1]}'")
-    OmegaConf.update(data, key, value, merge=not isinstance(value, dict))
+    _check_tree(value, f"override '{key}'")
+    try:
+        OmegaConf.update(data, key, value, merge=not isinstance(value, dict))
+    except (OmegaConfBaseException, IndexError, KeyError, TypeError, ValueError) as e:
+        # e.g. a list merged into a mapping (`run=[1]`), or a key OmegaConf cannot parse (`a[b`)
+        raise ConfigError(f"override '{item}': cannot set key '{key}' ({str(e).splitlines()[0]})") from None
 
 
 def _read_yaml(path: str | Path | dict | DictConfig | None) -> dict:
@@ -110,10 +117,37 @@ def _read_yaml(path: str | Path | dict | DictConfig | None) -> dict:
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"recipe '{p}' is not valid YAML: {e}") from None
+        raise ConfigError(f"recipe '{p}' is not valid YAML: {_one_line(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"recipe '{p}' must be a mapping at the top level, got {type(data).__name__}")
+    _check_tree(data, f"recipe '{p}'")
     return data
+
+
+MAX_VALUES = 100_000
+"""The most values (mappings, lists and scalars, each alias counted where it is used) a recipe may hold: a few
+YAML aliases of aliases expand to billions when OmegaConf copies them."""
+
+
+def _check_tree(value: Any, where: str) -> None:
+    """Refuse a YAML value that refers to itself (`a: &a [*a]`) or expands past MAX_VALUES, before OmegaConf
+    copies it (which would recurse without end, or for hours)."""
+    count, stack = 0, [(value, ())]
+    while stack:
+        node, above = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise ConfigError(f"{where} holds more than {MAX_VALUES} values (YAML aliases expanding?)")
+        if isinstance(node, (dict, list)):
+            if id(node) in above:
+                raise ConfigError(f"{where} refers to itself (a recursive YAML alias such as 'a: &a [*a]')")
+            children = list(node.values()) + list(node.keys()) if isinstance(node, dict) else node
+            stack.extend((child, above + (id(node),)) for child in children)
+
+
+def _one_line(e: Exception) -> str:
+    """A YAML error as one line (PyYAML words the place on lines of their own)."""
+    return " ".join(str(e).split())
 
 
 def _unknown_key(e: ConfigKeyError) -> ConfigError:
@@ -136,6 +170,36 @@ def _check_sections_are_mappings(data: dict, cls: type) -> None:
     if tb is not None and not isinstance(tb, dict):
         raise ConfigError(f"config key 'rollout.tail_batching' = {tb!r}: expected a mapping ({{}} for the paper's "
                           "settings) or null")
+    _check_lists_and_mappings(data, cls, "")
+
+
+def _check_lists_and_mappings(data: dict, cls: type, prefix: str) -> None:
+    """A mapping given where the schema has a list (`polymath.eval_disciplines.x=1`), or a scalar or list where it
+    has a section, is named here: OmegaConf's merge would raise a bare TypeError without the key."""
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        key, value = prefix + f.name, data[f.name]
+        factory = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(factory):
+            if isinstance(value, dict):
+                _check_lists_and_mappings(value, factory, key + ".")
+            elif value is not None and prefix:
+                raise ConfigError(f"config key '{key}' = {value!r}: expected a mapping (the {key}: section)")
+        elif isinstance(value, dict) and _is_list_field(cls, f):
+            raise ConfigError(f"config key '{key}' = {value!r}: expected a list")
+
+
+def _is_list_field(cls: type, f: dataclasses.Field) -> bool:
+    """The field holds a list (`list[str]`, `Optional[list]`, or a list default)."""
+    try:
+        hint = typing.get_type_hints(cls).get(f.name)
+    except Exception:  # noqa: BLE001 - a family's annotation that does not resolve here: go by the default
+        hint = None
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if any(a is list or typing.get_origin(a) is list for a in args):
+        return True
+    return f.default_factory is not dataclasses.MISSING and isinstance(f.default_factory(), list)
 
 
 def load_recipe(path: str | Path | dict | DictConfig | None, overrides: list[str] = (), *,
@@ -172,6 +236,8 @@ def load_recipe(path: str | Path | dict | DictConfig | None, overrides: list[str
         if "missing mandatory value" in msg.lower():  # OmegaConf words it "...has missing mandatory value"
             raise ConfigError(f"config key '{key}' is required but was not set") from None
         raise ConfigError(f"config key '{key}': {msg}") from None
+    except (TypeError, ValueError) as e:  # OmegaConf's bare TypeErrors (the shape checks above name most cases)
+        raise ConfigError(f"the recipe cannot be merged into its schema: {str(e).splitlines()[0]}") from None
     if recipe.run.name in (None, "") and isinstance(path, (str, Path)):
         recipe.run.name = Path(path).stem
     if recipe.sft.enabled is None:  # resolved here so config.yaml and the warm-up's cache key hold the value used

@@ -31,6 +31,8 @@ from credo.checkpoint import (find_resume_checkpoint, load_checkpoint, rng_state
                               verify_checkpoint)
 from credo.distributed.engine import engine_state_dict, load_engine_state_dict, rank_and_world
 from credo.tracking import truncate_metrics
+from credo.safe_load import load as safe_load
+from credo.safe_load import weights_only_torch_load
 
 log = logging.getLogger("credo")
 
@@ -171,8 +173,9 @@ class TrainState:
                 log.warning("run.resume=auto: no usable checkpoint in %s; starting from step 0", ckpt_root)
             return 0
         self._check_settings(path, allow_config_change)
-        meta = load_checkpoint(self.engine, path, verify=False)
-        self._load_components(path, meta)
+        with weights_only_torch_load():  # the components' DeepSpeed engines (critics) load through torch.load too
+            meta = load_checkpoint(self.engine, path, verify=False)
+            self._load_components(path, meta)
         if rank == 0:
             truncate_metrics(run_dir / "metrics.jsonl", meta["step"])
         log.info("resumed from %s (step %d)", path, meta["step"])
@@ -239,7 +242,7 @@ class _TorchFiles:
         return {"format": "torch"}
 
     def load_files(self, folder: Path) -> None:
-        self.component.load_state_dict(torch.load(folder / f"rank{rank_and_world()[0]}.pt", weights_only=False))
+        self.component.load_state_dict(safe_load(folder / f"rank{rank_and_world()[0]}.pt"))
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

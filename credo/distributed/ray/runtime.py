@@ -33,9 +33,10 @@ def connect(cfg: ClusterConfig, *, roles: tuple[str, ...] = (), verbose: bool = 
     """Start or join Ray as `cluster.address` says, then check that every role in `roles` can be placed
     (`check_placement`: a ConfigError naming the role, before any worker starts). Returns the seconds it took.
 
-    '' starts a local Ray with cluster.num_cpus CPUs (all when 0) and no dashboard; 'auto', 'host:port' or
-    'ray://host:port' joins a running cluster; a process already connected stays so. Ray's worker logs reach
-    the driver only when `verbose`.
+    '' starts a local Ray with cluster.num_cpus CPUs (all when 0), no dashboard, listening on the loopback
+    interface only (`local_only`); 'auto', 'host:port' or 'ray://host:port' joins a running cluster; a process
+    already connected stays so. Ray (2.52+) asks every client for its token (RAY_AUTH_MODE=token, the key in
+    ~/.ray/auth_token) unless RAY_AUTH_MODE=disabled. Ray's worker logs reach the driver only when `verbose`.
     """
     import ray
 
@@ -55,6 +56,7 @@ def connect(cfg: ClusterConfig, *, roles: tuple[str, ...] = (), verbose: bool = 
         else:
             # Ray renices its workers by 15 by default (background work); here they are the step's critical path
             os.environ.setdefault("RAY_worker_niceness", "0")
+            local_only()
             ray.init(num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False, **quiet)
     check_placement(cfg, ray.nodes(), roles)
     return time.perf_counter() - t0
@@ -100,6 +102,18 @@ def placement_report(wanted: int, placed: int, resources: dict) -> str:
     return (f"{placed} of {wanted} worker(s) asking for {_fmt(resources)} were placed and ready; the cluster offers "
             f"{_fmt({k: total.get(k, 0.0) for k in resources})} in all, {_fmt({k: free.get(k, 0.0) for k in resources})} "
             "free")
+
+
+def local_only() -> None:
+    """Make the Ray this process starts listen on 127.0.0.1 only. On Linux Ray treats every start as a node of a
+    possible cluster and binds its GCS, raylet and workers to every interface; Ray's single-machine mode (its
+    default on macOS and Windows, `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`) binds them to the loopback address.
+    Set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1 to start a head node that others can join (docs/cluster.md)."""
+    from ray._private import ray_constants
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # the raylet and workers read it at start
+    # ray read the variable when it was imported (maybe before this call): its constant is what it consults
+    ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"].lower() in ("1", "true")
 
 
 def loss_errors() -> tuple[type, ...]:
