@@ -88,8 +88,8 @@ class Trainer:
         t0, t_roll, t_rew, t_lp, t_upd, t_sync = times
         rew_all, val_all = all_gather_cat(batch.rewards), all_gather_cat(batch.valid)
         fails, timeouts = (int(v) for v in all_reduce_sum(torch.tensor(
-            [batch.metrics.get("reward/failures", 0), batch.metrics.get("reward/timeouts", 0)])))
-        lengths = all_gather_cat(torch.tensor([float(len(s.response_ids)) for s in batch.samples]))
+            [batch.metrics.get("reward/failures", 0), batch.metrics.get("reward/timeouts", 0)], device="cpu")))
+        lengths = all_gather_cat(torch.tensor([float(len(s.response_ids)) for s in batch.samples], device="cpu"))
         n_tok = all_reduce_sum(batch.attention_mask.sum().cpu()).item()
         elapsed = t_sync - t0
         # reward/failures and reward/timeouts are summed over ranks above; a reward model's own metrics
@@ -193,7 +193,7 @@ def nothing_to_train(batch) -> str | None:
     such steps is stopped by `TrainState.record_step` instead of exiting 0 having learnt nothing)."""
     counts = all_reduce_sum(torch.tensor([float(batch.loss_mask.sum()), float(len(batch)), float(batch.valid.sum()),
                                           float((batch.response_mask.sum(-1) > 0).sum()),
-                                          float(batch.finished.sum())], dtype=torch.float64)).tolist()
+                                          float(batch.finished.sum())], dtype=torch.float64, device="cpu")).tolist()
     tokens, n, valid, with_tokens, finished = (int(x) for x in counts)
     if tokens:
         return None

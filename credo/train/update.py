@@ -68,7 +68,7 @@ class Updater:
         # pi_old for the mismatch metrics: the recompute's, or (one on-policy pass) the first pass's own log-probs
         pi_old = batch.old_log_probs if batch.old_log_probs is not None else torch.zeros_like(batch.rollout_log_probs)
         for epoch in range(self.ppo_epochs):
-            for mb in torch.arange(B).tensor_split(self.mini_batches):
+            for mb in torch.arange(B, device="cpu").tensor_split(self.mini_batches):
                 mb_mask = batch.loss_mask[mb]
                 gt, gs = all_reduce_sum(torch.stack([mb_mask.sum(), (mb_mask.sum(-1) > 0).sum()])).clamp_min(1)
                 bad = None
@@ -120,7 +120,7 @@ class Updater:
     def _metrics(self, sums: dict, counts: dict) -> dict[str, float]:
         """The step's loss terms and loss metrics from their per-micro-batch sums, over all ranks; and train/loss."""
         out = {}
-        totals = all_reduce_sum(torch.tensor(list(sums.values()), dtype=torch.float64)).tolist()
+        totals = all_reduce_sum(torch.tensor(list(sums.values()), dtype=torch.float64, device="cpu")).tolist()
         passes = self.ppo_epochs * self.mini_batches
         for k, total in zip(sums, totals):
             # loss pieces are sums of globally normalised parts (divide by passes); loss metrics are means
@@ -134,5 +134,5 @@ class Updater:
             return list(mb.tensor_split(self.grad_accum))
         lengths = row_lengths(batch.attention_mask[mb]).tolist()
         groups = token_micro_batches(lengths, self.micro_batch_tokens, packed=self.packed)
-        count = int(all_reduce_max(torch.tensor(len(groups))))
-        return [mb[torch.tensor(g, dtype=torch.long)] for g in split_to(groups, count)]
+        count = int(all_reduce_max(torch.tensor(len(groups), device="cpu")))
+        return [mb[torch.tensor(g, dtype=torch.long, device=mb.device)] for g in split_to(groups, count)]
