@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from credo.distributed.engine import all_reduce_sum, barrier, reapply_optimizer_settings
+from credo.distributed.engine import all_reduce_sum, barrier
 
 log = logging.getLogger("credo.checkpoint")
 TAG = "state"
@@ -70,7 +70,8 @@ def set_rng_state(state: dict) -> None:
 def params_finite(module: torch.nn.Module) -> str | None:
     """Name of the first parameter holding NaN/Inf, or None."""
     for name, p in module.named_parameters():
-        if not torch.isfinite(p.detach()).all():
+        local = p.to_local() if hasattr(p, "to_local") else p  # an FSDP2 shard: this rank's part
+        if not torch.isfinite(local.detach()).all():
             return name
     return None
 
@@ -94,7 +95,7 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, *, meta: dict, keep_last
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
-    engine.save_checkpoint(str(tmp), tag=TAG, save_latest=False)
+    engine.save_checkpoint(tmp)  # the engine's own format: DeepSpeed's under state/, FSDP2's DCP under dcp/
     torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
     if extra_save is not None:
         meta = {**meta, **(extra_save(tmp) or {})}
@@ -177,10 +178,7 @@ def load_checkpoint(engine, path: Path, *, verify: bool = True) -> dict:
     problem = verify_checkpoint(path) if verify else None
     if problem is not None:
         raise RuntimeError(f"checkpoint {path} is not usable: {problem}")
-    load_path, _ = engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
-    if load_path is None:
-        raise RuntimeError(f"DeepSpeed could not load the checkpoint in {path}")
-    reapply_optimizer_settings(engine)  # the recipe's lr, betas, weight decay (a resume may change them)
+    engine.load_checkpoint(path)  # and the recipe's lr, betas, weight decay (a resume may change them)
     rng_file = path / f"rng_rank{dist.get_rank()}.pt"
     if rng_file.exists():
         set_rng_state(torch.load(rng_file, weights_only=False))

@@ -55,12 +55,19 @@ def export_model(module: torch.nn.Module, tokenizer, out_dir: str | Path, *, zer
         if rank != 0:
             return None
 
-        def write(tmp: Path) -> None:
-            state = {k: v.detach().cpu().clone() for k, v in policy_state_dict(module).items()}  # LoRA: merged
-            module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
+        state = {k: v.detach().cpu().clone() for k, v in policy_state_dict(module).items()}  # LoRA: merged
+        return write_hf_folder(module, tokenizer, Path(out_dir), state)
 
-        return _write_folder(Path(out_dir), write)
+
+def write_hf_folder(module: torch.nn.Module, tokenizer, out_dir: Path, state: dict[str, torch.Tensor]) -> Path:
+    """`module`'s config with the weights `state` (full tensors on the CPU) and `tokenizer`, as a Hugging Face
+    folder written atomically to `out_dir`."""
+
+    def write(tmp: Path) -> None:
+        module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
+    return _write_folder(out_dir, write)
 
 
 def checkpoint_state_dict(ckpt_dir: str | Path) -> dict[str, torch.Tensor]:

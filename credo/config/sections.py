@@ -240,6 +240,18 @@ class OptimConfig:
 
 
 @dataclass
+class EngineConfig:
+    backend: str = one_of("deepspeed", ("deepspeed", "fsdp2"))
+    """Training engine of the policy: deepspeed (ZeRO, optim.zero_stage) or fsdp2 (PyTorch fully_shard per
+    transformer block, DCP checkpoints); docs/engines.md compares them."""
+    cpu_offload: bool = False
+    """fsdp2: keep the sharded weights, gradients and optimizer state in host memory between uses."""
+    reshard_after_forward: bool = True
+    """fsdp2: free each block's gathered weights after its forward (gathered again for the backward: less
+    memory, one more all-gather per block)."""
+
+
+@dataclass
 class RewardConfig:
     function: Optional[str] = None
     """'module:function' called per group as fn(responses, problems) -> list[float]; default: the task's verifier."""
@@ -419,6 +431,8 @@ class Recipe:
     """Advantage, loss, KL and update schedule."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and DeepSpeed settings."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """Training engine: DeepSpeed or FSDP2 (docs/engines.md)."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Reward-call isolation."""
     stages: StagesConfig = field(default_factory=StagesConfig)

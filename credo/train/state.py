@@ -29,7 +29,7 @@ import torch.distributed as dist
 from credo.errors import ConfigError, TrainingError
 from credo.checkpoint import (find_resume_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state,
                               verify_checkpoint)
-from credo.distributed.engine import engine_state_dict, load_engine_state_dict, rank_and_world
+from credo.distributed.engine import rank_and_world
 from credo.tracking import truncate_metrics
 
 log = logging.getLogger("credo")
@@ -43,7 +43,7 @@ RESUME_FREE_KEYS = ("run.steps", "run.resume", "run.output_dir", "run.allow_conf
 # keys a resume cannot honour even with run.allow_config_change: the checkpoint's weights and optimizer partitions
 # are shaped by them (a family adds its own, `Family.fixed_on_resume`)
 RESUME_FIXED_KEYS = ("model.path", "model.tiny", "model.dtype", "optim.zero_stage", "model.lora.r",
-                     "model.lora.target_modules")
+                     "model.lora.target_modules", "engine.backend")
 
 
 class Stateful(Protocol):
@@ -87,11 +87,11 @@ class TrainState:
     # ---- one dict
     def state_dict(self) -> dict:
         """A detached copy of the whole trainer state (in memory)."""
-        return {"engine": engine_state_dict(self.engine), "rng": copy.deepcopy(rng_state()),
+        return {"engine": self.engine.state_dict(), "rng": copy.deepcopy(rng_state()),
                 **{k: copy.deepcopy(c.state_dict()) for k, c in self.components.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        load_engine_state_dict(self.engine, state["engine"])
+        self.engine.load_state_dict(state["engine"])
         set_rng_state(state["rng"])
         for k, c in self.components.items():
             c.load_state_dict(copy.deepcopy(state[k]))
