@@ -71,8 +71,11 @@ def write_hf_folder(module: torch.nn.Module, tokenizer, out_dir: Path, state: di
 
 
 def checkpoint_state_dict(ckpt_dir: str | Path) -> dict[str, torch.Tensor]:
-    """The policy's weights in a credo checkpoint folder (ZeRO 0-2 as saved, ZeRO-3 merged to fp32)."""
+    """The policy's weights in a credo checkpoint folder (ZeRO 0-2 as saved, ZeRO-3 merged to fp32, an FSDP2 DCP
+    folder merged from its shards)."""
     ckpt = Path(ckpt_dir)
+    if (ckpt / "dcp").is_dir():
+        return dcp_model_state_dict(ckpt / "dcp")
     whole = ckpt / TAG / "mp_rank_00_model_states.pt"
     if whole.is_file():
         return torch.load(whole, map_location="cpu", weights_only=False)["module"]
@@ -82,6 +85,17 @@ def checkpoint_state_dict(ckpt_dir: str | Path) -> dict[str, torch.Tensor]:
         return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=TAG)
     raise FileNotFoundError(f"{ckpt} holds no DeepSpeed model states under '{TAG}/' (expected a credo checkpoint "
                             "folder such as runs/NAME/checkpoints/step_00000010)")
+
+
+def dcp_model_state_dict(dcp_dir: Path) -> dict[str, torch.Tensor]:
+    """The full model weights of an FSDP2 checkpoint's DCP folder, read in this process without a process group."""
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(str(dcp_dir), f"{tmp}/state.pt")
+        return torch.load(f"{tmp}/state.pt", map_location="cpu", weights_only=False)["model"]
 
 
 def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, *, base_model: str | None = None,
