@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from credo.distributed.engine import all_reduce_sum, barrier
+from credo.distributed.engines import as_train_engine
 
 log = logging.getLogger("credo.checkpoint")
 TAG = "state"
@@ -85,6 +86,7 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, *, meta: dict, keep_last
     merged into meta.json.
     """
     rank = dist.get_rank()
+    engine = as_train_engine(engine)
     bad = params_finite(engine.module)
     if all_reduce_sum(torch.tensor([1 if bad else 0])).item():
         log.error("not writing checkpoint at step %d: parameter %s is not finite", step, bad or "(on another rank)")
@@ -178,7 +180,7 @@ def load_checkpoint(engine, path: Path, *, verify: bool = True) -> dict:
     problem = verify_checkpoint(path) if verify else None
     if problem is not None:
         raise RuntimeError(f"checkpoint {path} is not usable: {problem}")
-    engine.load_checkpoint(path)  # and the recipe's lr, betas, weight decay (a resume may change them)
+    as_train_engine(engine).load_checkpoint(path)  # and the recipe's lr, betas, weight decay (a resume may change them)
     rng_file = path / f"rng_rank{dist.get_rank()}.pt"
     if rng_file.exists():
         set_rng_state(torch.load(rng_file, weights_only=False))

@@ -30,6 +30,7 @@ from credo.errors import ConfigError, TrainingError
 from credo.checkpoint import (find_resume_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state,
                               verify_checkpoint)
 from credo.distributed.engine import rank_and_world
+from credo.distributed.engines import as_train_engine
 from credo.tracking import truncate_metrics
 
 log = logging.getLogger("credo")
@@ -75,7 +76,7 @@ class TrainState:
     def __init__(self, engine, components: dict[str, Stateful], *, config: dict, sft_key: str | None,
                  policy_path: str, max_consecutive_skips: int, defaults: dict | None = None,
                  fixed_keys: tuple[str, ...] = RESUME_FIXED_KEYS):
-        self.engine = engine
+        self.engine = as_train_engine(engine)
         self.counters = Counters()
         self.components = {"counters": self.counters, **components}
         self.config, self.sft_key, self.policy_path = config, sft_key, policy_path

@@ -134,3 +134,13 @@ def check_engine(r) -> None:
             raise ConfigError(f"config key '{key}' = {value!r} is not supported with engine.backend: fsdp2 (the "
                               "policy's weights are sharded DTensors, which that path does not gather yet); use "
                               "engine.backend: deepspeed")
+
+
+def as_train_engine(engine) -> TrainEngine:
+    """`engine` itself when it is a `TrainEngine`; a bare `deepspeed.DeepSpeedEngine` (from
+    `credo.distributed.engine.build_engine`, as the critics and tests build them) behind the DeepSpeed adapter."""
+    if hasattr(engine, "capabilities") and hasattr(engine, "backend"):
+        return engine
+    from credo.distributed.engines.deepspeed import DeepSpeedEngine
+
+    return DeepSpeedEngine(engine, engine.zero_optimization_stage())
