@@ -1,5 +1,5 @@
-"""Device correctness without a GPU: a train step of the quickstart, the multi-turn recipe and AsyPPO (critics) run
-under `ExplicitDeviceMode`, and no tensor created by credo inside the step leaves its device to the default.
+"""Device correctness without a GPU: a train step of the quickstart (under each engine), the multi-turn recipe and
+AsyPPO (critics) run under `ExplicitDeviceMode`, and no tensor created by credo inside the step leaves its device to the default.
 
 On a CPU-only machine a tensor made with `torch.ones(n)` next to CUDA log-probs cannot fail, so the bug the first
 GPU run found (b38e148: the mismatch metrics made their mask on the CPU) is caught by its cause instead. The last
@@ -23,13 +23,14 @@ MULTITURN = {"stages.rollout": "multiturn", "stages.reward": "env", "stages.adva
              "env.id": "credo:GuessNumber-v0", "env.kwargs": "{low: 1, high: 7, max_turns: 3}", "env.max_turns": 3,
              "env.max_total_tokens": 64, "env.max_new_tokens_per_turn": 3,
              "stages.advantage_kwargs": "{credit: ipa, gamma: 0.9}", "algo.policy_loss": "ipa"}
-RECIPES = {"quickstart": {}, "multiturn": MULTITURN, "asyppo": {"critic.critic_only_steps": 0}}
+RECIPES = {"quickstart": {}, "multiturn": MULTITURN, "asyppo": {"critic.critic_only_steps": 0},
+           "quickstart-fsdp2": {"engine.backend": "fsdp2"}}
 
 
 def _trainer(recipe: str, out, **extra):
     from credo.trainer import Trainer
 
-    return Trainer(load_recipe(f"recipes/{recipe}.yaml", tiny_overrides(
+    return Trainer(load_recipe(f"recipes/{recipe.split('-')[0]}.yaml", tiny_overrides(
         out / "run", **{"run.eval_every": 0, "run.steps": 2, **RECIPES[recipe], **extra})))
 
 

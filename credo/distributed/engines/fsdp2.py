@@ -177,7 +177,7 @@ class FSDP2Engine:
             n = torch.linalg.vector_norm(_local(p.grad).detach().double())
             norms.append(n if isinstance(p, DTensor) or rank == 0 else torch.zeros_like(n))
         if not norms:
-            return torch.zeros((), dtype=torch.float32)
+            return torch.zeros((), dtype=torch.float32, device="cpu")
         total = torch.stack(norms).pow(2).sum().float()
         if self.world > 1:
             total = common.all_reduce_sum(total)
