@@ -47,6 +47,10 @@ RESUME_FIXED_KEYS = ("model.path", "model.tiny", "model.dtype", "optim.zero_stag
                      "model.lora.target_modules", "engine.backend")
 
 
+RENAMED_KEYS = {"engine.zero_stage": "optim.zero_stage"}
+"""New key -> its former name, which checkpoints written before the rename hold instead."""
+
+
 class Stateful(Protocol):
     def state_dict(self) -> dict: ...
 
@@ -270,10 +274,12 @@ def config_changes(old: dict | None, new: dict, defaults: dict | None = None) ->
 
         defaults = asdict(recipe_class()())
     a, b = _flatten(old), _flatten(new)
-    # a key the checkpoint's config lacks (a section added to credo since) is no change while at its default
+    # a key the checkpoint's config lacks (a section added to credo since) is no change while at its default, or
+    # while it holds what the checkpoint wrote under the key's former name
     defaults = _flatten(defaults)
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
-            if k not in RESUME_FREE_KEYS and a.get(k) != b.get(k) and not (k not in a and b.get(k) == defaults.get(k))}
+            if k not in RESUME_FREE_KEYS and a.get(k) != b.get(k) and not (k not in a and b.get(k) == defaults.get(k))
+            and not (k not in a and k in RENAMED_KEYS and b.get(k) == a.get(RENAMED_KEYS[k]))}
 
 
 def _free_name(path: Path) -> Path:
