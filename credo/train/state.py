@@ -44,7 +44,7 @@ RESUME_FREE_KEYS = ("run.steps", "run.resume", "run.output_dir", "run.allow_conf
 # keys a resume cannot honour even with run.allow_config_change: the checkpoint's weights and optimizer partitions
 # are shaped by them (a family adds its own, `Family.fixed_on_resume`)
 RESUME_FIXED_KEYS = ("model.path", "model.tiny", "model.dtype", "optim.zero_stage", "model.lora.r",
-                     "model.lora.target_modules", "engine.backend")
+                     "model.lora.target_modules", "engine.backend", "engine.zero_stage")
 
 
 RENAMED_KEYS = {"engine.zero_stage": "optim.zero_stage"}
