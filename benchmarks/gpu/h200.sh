@@ -23,7 +23,8 @@
 set -u
 OUT=${OUT:?set OUT to the folder for results}
 TINY=${CREDO_GPU_TINY:-0}
-BUDGET_S=${CREDO_GPU_BUDGET_S:-450}     # the whole script; stages are skipped when too little is left
+DEFAULT_BUDGET=450; [ "$TINY" = 1 ] && DEFAULT_BUDGET=1500   # on a (shared) CPU the tiny stages take minutes
+BUDGET_S=${CREDO_GPU_BUDGET_S:-$DEFAULT_BUDGET}     # the whole script; stages are skipped when too little is left
 RESULTS=${CREDO_GPU_RESULTS:-docs/results}  # where gpu_<date>.json goes (the summary, to commit)
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
