@@ -24,7 +24,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from credo.distributed.engine import all_reduce_sum, barrier, reapply_optimizer_settings
+from credo.distributed.engine import all_reduce_sum, barrier
+from credo.distributed.engines import as_train_engine
 from credo.safe_load import load as safe_load
 from credo.safe_load import weights_only_torch_load
 
@@ -90,7 +91,8 @@ def set_rng_state(state: dict) -> None:
 def params_finite(module: torch.nn.Module) -> str | None:
     """Name of the first parameter holding NaN/Inf, or None."""
     for name, p in module.named_parameters():
-        if not torch.isfinite(p.detach()).all():
+        local = p.to_local() if hasattr(p, "to_local") else p  # an FSDP2 shard: this rank's part
+        if not torch.isfinite(local.detach()).all():
             return name
     return None
 
@@ -104,6 +106,7 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, *, meta: dict, keep_last
     merged into meta.json.
     """
     rank = dist.get_rank()
+    engine = as_train_engine(engine)
     bad = params_finite(engine.module)
     if all_reduce_sum(torch.tensor([1 if bad else 0])).item():
         log.error("not writing checkpoint at step %d: parameter %s is not finite", step, bad or "(on another rank)")
@@ -114,7 +117,7 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, *, meta: dict, keep_last
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
-    engine.save_checkpoint(str(tmp), tag=TAG, save_latest=False)
+    engine.save_checkpoint(tmp)  # the engine's own format: DeepSpeed's under state/, FSDP2's DCP under dcp/
     torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
     if extra_save is not None:
         meta = {**meta, **(extra_save(tmp) or {})}
@@ -201,11 +204,7 @@ def load_checkpoint(engine, path: Path, *, verify: bool = True) -> dict:
     if problem is not None:
         raise RuntimeError(f"checkpoint {path} is not usable: {problem}")
     with weights_only_torch_load():  # DeepSpeed's own loader unpickles with weights_only=False
-        load_path, _ = engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True,
-                                              load_lr_scheduler_states=True)
-    if load_path is None:
-        raise RuntimeError(f"DeepSpeed could not load the checkpoint in {path}")
-    reapply_optimizer_settings(engine)  # the recipe's lr, betas, weight decay (a resume may change them)
+        as_train_engine(engine).load_checkpoint(path)  # and the recipe's lr, betas, weight decay (a resume may change them)
     rng_file = path / f"rng_rank{dist.get_rank()}.pt"
     if rng_file.exists():
         set_rng_state(safe_load(rng_file))

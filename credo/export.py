@@ -57,17 +57,27 @@ def export_model(module: torch.nn.Module, tokenizer, out_dir: str | Path, *, zer
         if rank != 0:
             return None
 
-        def write(tmp: Path) -> None:
-            state = {k: v.detach().cpu().clone() for k, v in policy_state_dict(module).items()}  # LoRA: merged
-            module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
+        state = {k: v.detach().cpu().clone() for k, v in policy_state_dict(module).items()}  # LoRA: merged
+        return write_hf_folder(module, tokenizer, Path(out_dir), state)
 
-        return _write_folder(Path(out_dir), write)
+
+def write_hf_folder(module: torch.nn.Module, tokenizer, out_dir: Path, state: dict[str, torch.Tensor]) -> Path:
+    """`module`'s config with the weights `state` (full tensors on the CPU) and `tokenizer`, as a Hugging Face
+    folder written atomically to `out_dir`."""
+
+    def write(tmp: Path) -> None:
+        module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
+    return _write_folder(out_dir, write)
 
 
 def checkpoint_state_dict(ckpt_dir: str | Path) -> dict[str, torch.Tensor]:
-    """The policy's weights in a credo checkpoint folder (ZeRO 0-2 as saved, ZeRO-3 merged to fp32)."""
+    """The policy's weights in a credo checkpoint folder (ZeRO 0-2 as saved, ZeRO-3 merged to fp32, an FSDP2 DCP
+    folder merged from its shards)."""
     ckpt = Path(ckpt_dir)
+    if (ckpt / "dcp").is_dir():
+        return dcp_model_state_dict(ckpt / "dcp")
     whole = ckpt / TAG / "mp_rank_00_model_states.pt"
     if whole.is_file():
         return safe_load(whole)["module"]
@@ -78,6 +88,17 @@ def checkpoint_state_dict(ckpt_dir: str | Path) -> dict[str, torch.Tensor]:
             return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=TAG)
     raise FileNotFoundError(f"{ckpt} holds no DeepSpeed model states under '{TAG}/' (expected a credo checkpoint "
                             "folder such as runs/NAME/checkpoints/step_00000010)")
+
+
+def dcp_model_state_dict(dcp_dir: Path) -> dict[str, torch.Tensor]:
+    """The full model weights of an FSDP2 checkpoint's DCP folder, read in this process without a process group."""
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(str(dcp_dir), f"{tmp}/state.pt")
+        return torch.load(f"{tmp}/state.pt", map_location="cpu", weights_only=False)["model"]
 
 
 def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, *, base_model: str | None = None,

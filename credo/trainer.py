@@ -24,8 +24,7 @@ import torch.distributed as dist
 
 from credo.config import Recipe
 from credo.errors import ConfigError, TrainingError
-from credo.distributed.engine import all_gather_cat, all_reduce_sum, barrier, device, param_digests
-from credo.export import export_model
+from credo.distributed.engine import all_gather_cat, all_reduce_sum, barrier, device
 from credo.tracking import Tracker
 from credo.train.batch import pack_batch
 from credo.train.build import build
@@ -88,8 +87,8 @@ class Trainer:
         t0, t_roll, t_rew, t_lp, t_upd, t_sync = times
         rew_all, val_all = all_gather_cat(batch.rewards), all_gather_cat(batch.valid)
         fails, timeouts = (int(v) for v in all_reduce_sum(torch.tensor(
-            [batch.metrics.get("reward/failures", 0), batch.metrics.get("reward/timeouts", 0)])))
-        lengths = all_gather_cat(torch.tensor([float(len(s.response_ids)) for s in batch.samples]))
+            [batch.metrics.get("reward/failures", 0), batch.metrics.get("reward/timeouts", 0)], device="cpu")))
+        lengths = all_gather_cat(torch.tensor([float(len(s.response_ids)) for s in batch.samples], device="cpu"))
         n_tok = all_reduce_sum(batch.attention_mask.sum().cpu()).item()
         elapsed = t_sync - t0
         # reward/failures and reward/timeouts are summed over ranks above; a reward model's own metrics
@@ -105,7 +104,7 @@ class Trainer:
             "train/reward_failures": fails,
             "train/reward_timeouts": timeouts,
             "train/skipped_total": self.state.counters.skipped_total,
-            "train/lr": self.engine.get_lr()[0],
+            "train/lr": self.engine.lr(),
             **extra,
             "perf/rollout_s": t_roll - t0,
             "perf/reward_s": t_rew - t_roll,
@@ -135,7 +134,7 @@ class Trainer:
 
     def checkpoint(self, step: int) -> None:
         self.state.save(self.run_dir / "checkpoints", step, keep_last=self.c.keep_last,
-                        param_digests=param_digests(self.engine.module))
+                        param_digests=self.engine.param_digests())
 
     def fit(self) -> Path:
         """Train from `start_step` to the last step. Ctrl-C finishes the step in progress, checkpoints it and
@@ -163,8 +162,7 @@ class Trainer:
                         self.checkpoint(step)
                         saved = step
                 if self.start_step < c.steps:  # the trained policy as a Hugging Face folder: run_dir/final
-                    export_model(self.engine.module, c.tokenizer, c.run_dir / "final", zero_stage=c.zero_stage,
-                                 rank=c.rank)
+                    self.engine.export(c.tokenizer, c.run_dir / "final", c.rank)
             except KeyboardInterrupt:  # the second Ctrl-C: the state in memory may be mid-step, keep the disk's
                 raise RunInterrupted(done, saved or None, self.run_dir) from None
             except Exception as e:
@@ -193,7 +191,7 @@ def nothing_to_train(batch) -> str | None:
     such steps is stopped by `TrainState.record_step` instead of exiting 0 having learnt nothing)."""
     counts = all_reduce_sum(torch.tensor([float(batch.loss_mask.sum()), float(len(batch)), float(batch.valid.sum()),
                                           float((batch.response_mask.sum(-1) > 0).sum()),
-                                          float(batch.finished.sum())], dtype=torch.float64)).tolist()
+                                          float(batch.finished.sum())], dtype=torch.float64, device="cpu")).tolist()
     tokens, n, valid, with_tokens, finished = (int(x) for x in counts)
     if tokens:
         return None

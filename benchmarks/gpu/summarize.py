@@ -70,6 +70,14 @@ def main() -> int:
     if env.exists():
         summary["env"] = json.loads(env.read_text())
     summary["quickstart"] = quickstart(out)
+    for engine in ("deepspeed", "fsdp2"):  # the quickstart under each engine (h200.sh stage 1)
+        sub = out / f"quickstart_{engine}"
+        if sub.is_dir():
+            summary[f"quickstart_{engine}"] = quickstart(sub)
+    for name in ("update_0.6b", "update_4b", "update_tiny"):  # benchmarks/gpu/update_mfu.py, both engines
+        f = out / f"{name}.json"
+        if f.exists():
+            summary[name] = json.loads(f.read_text())
     for name in ("qwen3_4b", "qwen3_0.6b", "qwen3_tiny"):
         f = out / f"{name}.json"
         if f.exists():

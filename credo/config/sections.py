@@ -226,8 +226,10 @@ class OptimConfig:
     """Global gradient-norm clip (0 disables)."""
     warmup_steps: int = ranged(0, ge=0)
     """Linear learning-rate warm-up steps."""
-    zero_stage: int = one_of(1, (0, 1, 2, 3))
-    """DeepSpeed ZeRO stage (0-3)."""
+    zero_stage: Optional[int] = checked(None, lambda v: v is None or v in (0, 1, 2, 3),
+                                        "0, 1, 2 or 3 (deprecated: write engine.zero_stage)")
+    """Deprecated for engine.zero_stage (read, with a warning, for one release); once loaded it holds
+    engine.zero_stage's value, for the code that still reads it here."""
     lr_schedule: str = one_of("constant", ("constant", "linear", "cosine"))
     """After warm-up: constant, or linear / cosine decay to min_lr_ratio * lr at the last optimizer step."""
     min_lr_ratio: float = ranged(0.0, ge=0, le=1)
@@ -237,6 +239,20 @@ class OptimConfig:
     (docs/async.md: an inference from eta_max ~ 1/S, arXiv 2607.01083, not a rule the paper states)."""
     staleness_ref: int = ranged(1, ge=1)
     """S_ref of staleness_lr_scaling: the staleness at which optim.lr is used unscaled."""
+
+
+@dataclass
+class EngineConfig:
+    backend: str = one_of("deepspeed", ("deepspeed", "fsdp2"))
+    """Training engine of the policy: deepspeed (ZeRO, engine.zero_stage) or fsdp2 (PyTorch fully_shard per
+    transformer block, DCP checkpoints); docs/engines.md compares them."""
+    zero_stage: int = one_of(1, (0, 1, 2, 3))
+    """deepspeed: the ZeRO stage (0-3; formerly optim.zero_stage)."""
+    cpu_offload: bool = False
+    """fsdp2: keep the sharded weights, gradients and optimizer state in host memory between uses."""
+    reshard_after_forward: bool = True
+    """fsdp2: free each block's gathered weights after its forward (gathered again for the backward: less
+    memory, one more all-gather per block)."""
 
 
 @dataclass
@@ -422,6 +438,8 @@ class Recipe:
     """Advantage, loss, KL and update schedule."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and DeepSpeed settings."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """Training engine: DeepSpeed or FSDP2 (docs/engines.md)."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Reward-call isolation."""
     stages: StagesConfig = field(default_factory=StagesConfig)
@@ -431,3 +449,24 @@ class Recipe:
     families: list = field(default_factory=list)
     """Families from outside credo, as 'package.module:attr' naming a `credo.family.Family`; each adds its recipe
     section, stages and hooks (the built-in families in credo/families/ are always present)."""
+
+    def __post_init__(self):
+        """optim.zero_stage (deprecated) is read as engine.zero_stage, with a warning; then mirrored back, so the
+        code that still reads optim.zero_stage sees the stage in force."""
+        o, e = self.optim, self.engine
+        if isinstance(o, OptimConfig) and isinstance(e, EngineConfig):
+            if o.zero_stage in (0, 1, 2, 3):  # out of range: left for the range check to name optim.zero_stage
+                if o.zero_stage != e.zero_stage and e.zero_stage != EngineConfig.zero_stage:
+                    from credo.errors import ConfigError
+
+                    raise ConfigError(f"config key 'optim.zero_stage' = {o.zero_stage} and 'engine.zero_stage' = "
+                                      f"{e.zero_stage}: optim.zero_stage is the deprecated name of engine.zero_stage; "
+                                      "set engine.zero_stage only")
+                import logging
+
+                logging.getLogger("credo").warning(
+                    "config key 'optim.zero_stage' is deprecated (read for one release): write engine.zero_stage: %d",
+                    o.zero_stage)
+                e.zero_stage = o.zero_stage
+            if (o.zero_stage is None or o.zero_stage in (0, 1, 2, 3)) and e.zero_stage in (0, 1, 2, 3):
+                o.zero_stage = e.zero_stage

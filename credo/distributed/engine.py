@@ -93,9 +93,11 @@ def load_cpu_comm_op(extensions_dir: Path, *, verbose: bool = False, wait_s: flo
             builder.load(verbose=verbose)
 
 
-def setup_distributed(*, verbose: bool = False) -> tuple[int, int]:
+def setup_distributed(*, verbose: bool = False, backend: str = "deepspeed") -> tuple[int, int]:
     """Initialise the process group (a world of one when not launched); return (rank, world_size).
 
+    With the deepspeed engine, through DeepSpeed (which loads, and the first time builds, its CPU comm op);
+    with fsdp2, torch's own `init_process_group` (nccl on GPU, gloo on CPU): no DeepSpeed import, no op build.
     DeepSpeed prints 'DeepSpeed ... deepspeed_shm_comm_op built successfully' to stdout each time it
     loads its CPU communication op (a cached build too); unless `verbose`, that print is swallowed.
     """
@@ -105,6 +107,12 @@ def setup_distributed(*, verbose: bool = False) -> tuple[int, int]:
     if "RANK" not in os.environ:  # plain `credo run`: a world of one
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    if backend == "fsdp2":
+        if not dist.is_initialized():
+            if torch.cuda.is_available():
+                torch.cuda.set_device(device())
+            dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+        return dist.get_rank(), dist.get_world_size()
     import deepspeed
 
     if not dist.is_initialized():
@@ -242,8 +250,9 @@ def param_digests(module: torch.nn.Module) -> list[str]:
     """SHA-256 of this rank's parameters, gathered from every rank (data-parallel replicas must agree)."""
     h = hashlib.sha256()
     for name, p in module.named_parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p  # an FSDP2 shard: the whole parameter (collective)
         h.update(name.encode())
-        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+        h.update(full.detach().float().cpu().contiguous().numpy().tobytes())
     out = [h.hexdigest()]
     if dist.is_initialized() and dist.get_world_size() > 1:
         out = [None] * dist.get_world_size()

@@ -145,8 +145,9 @@ class HFBackend:
                         prefix_embeds: torch.Tensor | None = None) -> list[Sample]:
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
-        ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
-        attn = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long, device="cpu")
+        attn = (torch.arange(width, device="cpu")[None, :]
+                >= torch.tensor([width - len(p) for p in prompts], device="cpu")[:, None]).long()
         mode = "seeded" if sample_seeds is not None else "greedy" if seed is None else "sample"
         config = self._generation_config(max_new_tokens, temperature, top_p, mode)
         sampler = processors = None

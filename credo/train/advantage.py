@@ -48,10 +48,10 @@ class OutcomeAdvantage:
     def __call__(self, batch: Batch) -> None:
         rank, world = rank_and_world()
         B, T = batch.response_mask.shape
-        width = int(all_reduce_max(torch.tensor(T)))
+        width = int(all_reduce_max(torch.tensor(T, device="cpu")))
         mask = gather_rows(batch.response_mask, width)
         rewards, valid, group_ids = (all_gather_cat(t) for t in (batch.rewards, batch.valid, batch.group_ids))
-        adv = torch.zeros(mask.shape, dtype=rewards.dtype)
+        adv = torch.zeros(mask.shape, dtype=rewards.dtype, device=mask.device)
         if valid.any():
             adv[valid] = self.estimator(rewards[valid], group_ids[valid], mask[valid], **self.kwargs).to(adv.dtype)
         batch.advantages = adv[rank * B:(rank + 1) * B, :T] * batch.loss_mask

@@ -119,10 +119,10 @@ def pack(samples: list[Sample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor
         resp.append([0] * (p - 1) + list(s.response_mask) + [0] * tail)
         lps = s.rollout_log_probs[:n] if s.rollout_log_probs else [0.0] * n
         rlp.append([0.0] * (p - 1) + list(lps) + [0.0] * tail)
-    ids = torch.tensor(ids, dtype=torch.long)
-    attn = torch.tensor(attn, dtype=torch.long)
-    resp = torch.tensor(resp, dtype=torch.bool)
-    rlp = torch.tensor(rlp, dtype=torch.float32)
+    ids = torch.tensor(ids, dtype=torch.long, device="cpu")
+    attn = torch.tensor(attn, dtype=torch.long, device="cpu")
+    resp = torch.tensor(resp, dtype=torch.bool, device="cpu")
+    rlp = torch.tensor(rlp, dtype=torch.float32, device="cpu")
     return ids, attn, resp, rlp
 
 
@@ -133,7 +133,7 @@ def pack_batch(batch: Batch, pad_id: int, *, overlong_filter: bool) -> None:
     `overlong_filter` (DAPO) only those that finished.
     """
     batch.input_ids, batch.attention_mask, batch.response_mask, batch.rollout_log_probs = pack(batch.samples, pad_id)
-    batch.finished = torch.tensor([s.finished for s in batch.samples])
+    batch.finished = torch.tensor([s.finished for s in batch.samples], device="cpu")
     keep = batch.valid.clone()
     if overlong_filter:
         keep &= batch.finished

@@ -35,7 +35,8 @@ import torch
 
 from credo import algos
 from credo.config import Recipe, recipe_to_dict, recipe_to_yaml
-from credo.distributed.engine import build_engine, device, setup_distributed
+from credo.distributed.engine import device, setup_distributed
+from credo.distributed.engines import check_engine, make_engine
 from credo.errors import ConfigError
 from credo.lora import BaseReference, add_lora
 from credo.models import check_vocab, load_causal_lm, load_tokenizer, resolve_model_path
@@ -111,7 +112,8 @@ def build(plan: RunPlan | Recipe) -> Components:
                 log.warning(note[len("warning: "):])
             else:
                 log.info(note)
-    rank, world = setup_distributed(verbose=r.run.verbose)
+    check_engine(r)
+    rank, world = setup_distributed(verbose=r.run.verbose, backend=r.engine.backend)
     torch.set_num_threads(r.run.threads or max(1, (os.cpu_count() or 1) // world))
     if r.rollout.prompts_per_step % world:
         raise ConfigError(f"config key 'rollout.prompts_per_step' = {r.rollout.prompts_per_step} must be divisible "
@@ -137,10 +139,11 @@ def build(plan: RunPlan | Recipe) -> Components:
     ro, a, o = r.rollout, r.algo, r.optim
     grad_accum = grad_accum_steps(ro.prompts_per_step // world * ro.group_size, a.mini_batches, a.micro_batch_size)
     lr = o.lr * (staleness_lr_factor(plan.staleness, o.staleness_ref) if o.staleness_lr_scaling else 1.0)
-    engine = build_engine(model, lr=lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
-                          zero_stage=o.zero_stage, warmup_steps=o.warmup_steps, micro_batch=a.micro_batch_size,
-                          grad_accum=grad_accum, bf16=r.model.dtype == "bfloat16", lr_schedule=o.lr_schedule,
-                          total_steps=r.run.steps * a.ppo_epochs * a.mini_batches, min_lr_ratio=o.min_lr_ratio)
+    engine = make_engine(r.engine.backend, model, lr=lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
+                         zero_stage=o.zero_stage, warmup_steps=o.warmup_steps, micro_batch=a.micro_batch_size,
+                         grad_accum=grad_accum, bf16=r.model.dtype == "bfloat16", lr_schedule=o.lr_schedule,
+                         total_steps=r.run.steps * a.ppo_epochs * a.mini_batches, min_lr_ratio=o.min_lr_ratio,
+                         cpu_offload=r.engine.cpu_offload, reshard_after_forward=r.engine.reshard_after_forward)
     sampling = dict(prompts_per_step=ro.prompts_per_step, group_size=ro.group_size, max_new_tokens=ro.max_new_tokens,
                     temperature=ro.temperature, top_p=ro.top_p)
     cluster = open_cluster(r)  # None with the local engine

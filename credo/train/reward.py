@@ -44,11 +44,11 @@ class FunctionReward:
         else:
             groups = [(texts[i:i + G], batch.problems[i:i + G]) for i in range(0, len(texts), G)]
         res = self.worker(groups, step=batch.step)
-        batch.rewards, batch.valid = torch.tensor(res.rewards), torch.tensor(res.valid)
+        batch.rewards, batch.valid = torch.tensor(res.rewards, device="cpu"), torch.tensor(res.valid, device="cpu")
         batch.metrics["reward/failures"] = res.failures + res.timeouts
         batch.metrics["reward/timeouts"] = res.timeouts
         if res.parts:  # every rank holds the same functions, so the all-reduce lines up
-            vals = torch.tensor(list(res.parts.values()), dtype=torch.float64)  # [F, B], NaN: skipped or failed
+            vals = torch.tensor(list(res.parts.values()), dtype=torch.float64, device="cpu")  # [F, B], NaN: skipped or failed
             seen = ~torch.isnan(vals)
             tot = all_reduce_sum(torch.stack([torch.where(seen, vals, 0.0).sum(1), seen.sum(1).double()]))
             for j, name in enumerate(res.parts):  # a part named 'group/metric' is a metric of its own name

@@ -43,7 +43,7 @@ def step_seed(seed: int, step: int, salt: int) -> int:
 def step_problem_indices(seed: int, step: int, n_problems: int, prompts_per_step: int) -> list[int]:
     """The training problems of `step` (all ranks), deterministic in seed and step."""
     gen = torch.Generator().manual_seed(step_seed(seed, step, 0))
-    return torch.randint(0, n_problems, (prompts_per_step,), generator=gen).tolist()
+    return torch.randint(0, n_problems, (prompts_per_step,), generator=gen, device="cpu").tolist()
 
 
 class PromptRollout:
@@ -77,7 +77,7 @@ class PromptRollout:
         seeds = [step_seed(self.seed, step, 1 + i * G + g) for i in mine for g in range(G)]
         samples = self.backend.generate(prompts, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
                                         top_p=self.top_p, seeds=seeds)
-        group_ids = torch.tensor([i for i in mine for _ in range(G)])
+        group_ids = torch.tensor([i for i in mine for _ in range(G)], device="cpu")
         return Batch(samples=samples, problems=[p for p in problems for _ in range(G)], group_ids=group_ids, step=step)
 
     def generate(self, prompts: list[list[int]], *, temperature: float, seeds: list[int] | None):

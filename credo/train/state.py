@@ -29,7 +29,8 @@ import torch.distributed as dist
 from credo.errors import ConfigError, TrainingError
 from credo.checkpoint import (find_resume_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state,
                               verify_checkpoint)
-from credo.distributed.engine import engine_state_dict, load_engine_state_dict, rank_and_world
+from credo.distributed.engine import rank_and_world
+from credo.distributed.engines import as_train_engine
 from credo.tracking import truncate_metrics
 from credo.safe_load import load as safe_load
 from credo.safe_load import weights_only_torch_load
@@ -45,7 +46,11 @@ RESUME_FREE_KEYS = ("run.steps", "run.resume", "run.output_dir", "run.allow_conf
 # keys a resume cannot honour even with run.allow_config_change: the checkpoint's weights and optimizer partitions
 # are shaped by them (a family adds its own, `Family.fixed_on_resume`)
 RESUME_FIXED_KEYS = ("model.path", "model.tiny", "model.dtype", "optim.zero_stage", "model.lora.r",
-                     "model.lora.target_modules")
+                     "model.lora.target_modules", "engine.backend", "engine.zero_stage")
+
+
+RENAMED_KEYS = {"engine.zero_stage": "optim.zero_stage"}
+"""New key -> its former name, which checkpoints written before the rename hold instead."""
 
 
 class Stateful(Protocol):
@@ -77,7 +82,7 @@ class TrainState:
     def __init__(self, engine, components: dict[str, Stateful], *, config: dict, sft_key: str | None,
                  policy_path: str, max_consecutive_skips: int, defaults: dict | None = None,
                  fixed_keys: tuple[str, ...] = RESUME_FIXED_KEYS):
-        self.engine = engine
+        self.engine = as_train_engine(engine)
         self.counters = Counters()
         self.components = {"counters": self.counters, **components}
         self.config, self.sft_key, self.policy_path = config, sft_key, policy_path
@@ -89,11 +94,11 @@ class TrainState:
     # ---- one dict
     def state_dict(self) -> dict:
         """A detached copy of the whole trainer state (in memory)."""
-        return {"engine": engine_state_dict(self.engine), "rng": copy.deepcopy(rng_state()),
+        return {"engine": self.engine.state_dict(), "rng": copy.deepcopy(rng_state()),
                 **{k: copy.deepcopy(c.state_dict()) for k, c in self.components.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        load_engine_state_dict(self.engine, state["engine"])
+        self.engine.load_state_dict(state["engine"])
         set_rng_state(state["rng"])
         for k, c in self.components.items():
             c.load_state_dict(copy.deepcopy(state[k]))
@@ -272,10 +277,12 @@ def config_changes(old: dict | None, new: dict, defaults: dict | None = None) ->
 
         defaults = asdict(recipe_class()())
     a, b = _flatten(old), _flatten(new)
-    # a key the checkpoint's config lacks (a section added to credo since) is no change while at its default
+    # a key the checkpoint's config lacks (a section added to credo since) is no change while at its default, or
+    # while it holds what the checkpoint wrote under the key's former name
     defaults = _flatten(defaults)
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
-            if k not in RESUME_FREE_KEYS and a.get(k) != b.get(k) and not (k not in a and b.get(k) == defaults.get(k))}
+            if k not in RESUME_FREE_KEYS and a.get(k) != b.get(k) and not (k not in a and b.get(k) == defaults.get(k))
+            and not (k not in a and k in RENAMED_KEYS and b.get(k) == a.get(RENAMED_KEYS[k]))}
 
 
 def _free_name(path: Path) -> Path:

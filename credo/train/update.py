@@ -4,8 +4,8 @@ For each of `ppo_epochs` passes, the batch is split into `mini_batches` optimize
 accumulated over micro-batches of at most `micro_batch_size` sequences, or (`micro_batch_tokens` > 0) of at
 most that many tokens (`credo.train.packing.token_micro_batches`; every rank runs as many as the rank that needs
 the most, and DeepSpeed is told which micro-batch ends the mini-batch). A mini-batch whose loss or
-gradient is non-finite is skipped as a whole (no weight, moment or LR moves). DeepSpeed specifics
-(backward scaling, ZeRO-0's overflow check) live in `credo.distributed.engine`.
+gradient is non-finite is skipped as a whole (no weight, moment or LR moves). The engine is a
+`credo.distributed.engines.TrainEngine` (DeepSpeed or FSDP2): the loop calls only its interface.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import math
 
 import torch
 
-from credo.distributed.engine import (all_reduce_max, all_reduce_sum, backward, nan_loss, optimizer_step,
-                                     reported_grad_norm)
+from credo.distributed.engine import all_reduce_max, all_reduce_sum
 from credo.train.batch import Batch
 from credo.train.mismatch import step_mismatch_metrics
 from credo.train.objective import Objective
@@ -33,7 +32,7 @@ def grad_accum_steps(local_samples: int, mini_batches: int, micro_batch_size: in
 
 
 class Updater:
-    """Runs the policy update of one batch on a DeepSpeed engine; returns its metrics and skip count."""
+    """Runs the policy update of one batch on a training engine; returns its metrics and skip count."""
 
     def __init__(self, engine, scorer: PolicyScorer, objective: Objective, *, ppo_epochs: int, mini_batches: int,
                  grad_accum: int, zero_stage: int, world: int, fault_nan_steps: frozenset[int] = frozenset(),
@@ -68,15 +67,15 @@ class Updater:
         # pi_old for the mismatch metrics: the recompute's, or (one on-policy pass) the first pass's own log-probs
         pi_old = batch.old_log_probs if batch.old_log_probs is not None else torch.zeros_like(batch.rollout_log_probs)
         for epoch in range(self.ppo_epochs):
-            for mb in torch.arange(B).tensor_split(self.mini_batches):
+            for mb in torch.arange(B, device="cpu").tensor_split(self.mini_batches):
                 mb_mask = batch.loss_mask[mb]
                 gt, gs = all_reduce_sum(torch.stack([mb_mask.sum(), (mb_mask.sum(-1) > 0).sum()])).clamp_min(1)
                 bad = None
                 micros = self.micro_batches(batch, mb)
                 n_micro += len(micros)
                 for k, micro in enumerate(micros):
-                    if self.micro_batch_tokens:  # their number varies: DeepSpeed cannot count to the boundary
-                        engine.set_gradient_accumulation_boundary(k == len(micros) - 1)
+                    if self.micro_batch_tokens:  # their number varies: the engine cannot count to the boundary
+                        engine.set_accumulation_boundary(k == len(micros) - 1)
                     m = batch.loss_mask[micro]
                     # Probes without a recompute to ride take this forward (weights set before the loss).
                     lp, ent = self.scorer.update_forward(engine.module, batch, micro)
@@ -92,9 +91,9 @@ class Updater:
                         loss = loss * float("nan")
                     if not torch.isfinite(loss):
                         bad = bad or "loss"
-                        loss = nan_loss(engine)
-                    backward(engine, loss, self.world)
-                    finite, norm = optimizer_step(engine, self.zero_stage)
+                        loss = engine.nan_loss(loss)
+                    engine.backward(loss, self.world)
+                    finite, norm = engine.step()
                     if norm is not None:
                         checked_norm = norm
                     if not finite:
@@ -106,11 +105,11 @@ class Updater:
                     for k, v in metrics.items():
                         sums[f"loss/{k}"] = sums.get(f"loss/{k}", 0.0) + float(v)
                         counts[f"loss/{k}"] = counts.get(f"loss/{k}", 0) + 1
-                if not (engine.was_step_applied() and bad is None):
+                if not (engine.step_applied() and bad is None):
                     skipped += 1
                     log.error("step %d: optimizer step skipped, non-finite %s", batch.step, bad or "grad_norm")
         out = self._metrics(sums, counts)
-        out["train/grad_norm"] = reported_grad_norm(engine, checked_norm)
+        out["train/grad_norm"] = engine.grad_norm(checked_norm)
         out["train/skipped_steps"] = skipped
         out.update(step_mismatch_metrics(batch, pi_old))
         if self.micro_batch_tokens:
@@ -120,7 +119,7 @@ class Updater:
     def _metrics(self, sums: dict, counts: dict) -> dict[str, float]:
         """The step's loss terms and loss metrics from their per-micro-batch sums, over all ranks; and train/loss."""
         out = {}
-        totals = all_reduce_sum(torch.tensor(list(sums.values()), dtype=torch.float64)).tolist()
+        totals = all_reduce_sum(torch.tensor(list(sums.values()), dtype=torch.float64, device="cpu")).tolist()
         passes = self.ppo_epochs * self.mini_batches
         for k, total in zip(sums, totals):
             # loss pieces are sums of globally normalised parts (divide by passes); loss metrics are means
@@ -134,5 +133,5 @@ class Updater:
             return list(mb.tensor_split(self.grad_accum))
         lengths = row_lengths(batch.attention_mask[mb]).tolist()
         groups = token_micro_batches(lengths, self.micro_batch_tokens, packed=self.packed)
-        count = int(all_reduce_max(torch.tensor(len(groups))))
-        return [mb[torch.tensor(g, dtype=torch.long)] for g in split_to(groups, count)]
+        count = int(all_reduce_max(torch.tensor(len(groups), device="cpu")))
+        return [mb[torch.tensor(g, dtype=torch.long, device=mb.device)] for g in split_to(groups, count)]

@@ -226,7 +226,9 @@ def naive_grads(model, batch, **args):
 
 
 def params_of(model) -> dict[str, torch.Tensor]:
-    return {k: p.detach().float().clone() for k, p in model.named_parameters()}
+    """Every parameter, whole (an FSDP2 shard is gathered: collective), in float32."""
+    return {k: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().float().clone()
+            for k, p in model.named_parameters()}
 
 
 def max_param_gap(a: dict, b: dict) -> tuple[float, str]:

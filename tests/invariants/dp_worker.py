@@ -1,6 +1,6 @@
 """One train step per agg_mode on the fixed global batch, as a world of 1 (in-process) or under torchrun.
 
-    python -m torch.distributed.run --nproc_per_node=2 -m tests.invariants.dp_worker OUT_DIR
+    python -m torch.distributed.run --nproc_per_node=2 -m tests.invariants.dp_worker OUT_DIR [BACKEND]
 
 Each rank takes its contiguous share of the same `B_GLOBAL` samples (all G samples of a prompt on one
 rank), with the same rewards, a failed reward call, old/ref log-probs and per-token weights. The stages
@@ -24,12 +24,11 @@ RECIPE = {"model.ref_model": True, "algo.entropy_coef": 0.05, "algo.kl_coef": 0.
           "optim.grad_clip": 1.0, "algo.micro_batch_size": 4}
 
 
-def run(out_dir: Path) -> dict:
-    from credo.trainer import param_digests
-
+def run(out_dir: Path, backend: str = "deepspeed", agg_modes=AGG_MODES) -> dict:
+    """`backend`: the recipe's engine.backend (deepspeed or fsdp2)."""
     results = {}
-    for agg in AGG_MODES:
-        with components(out_dir / agg, **RECIPE, **{"algo.agg_mode": agg}) as c:
+    for agg in agg_modes:
+        with components(out_dir / agg, **RECIPE, **{"algo.agg_mode": agg, "engine.backend": backend}) as c:
             share = B_GLOBAL // c.world
             rows = slice(c.rank * share, (c.rank + 1) * share)
             batch = fixed_batch(c, rows=rows, invalid=(5,))
@@ -37,13 +36,13 @@ def run(out_dir: Path) -> dict:
             off_policy_fields(c, batch, rows=global_rows(rows))
             metrics, skipped = c.updater.update(batch)
             results[agg] = {"metrics": metrics, "skipped": skipped, "params": params_of(c.engine.module),
-                            "digests": param_digests(c.engine.module), "world": c.world}
+                            "digests": c.engine.param_digests(), "world": c.world}
     return results
 
 
 if __name__ == "__main__":
     out = Path(sys.argv[1])
-    res = run(out)
+    res = run(out, *sys.argv[2:3], **({"agg_modes": sys.argv[3].split(",")} if len(sys.argv) > 3 else {}))
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_rank() == 0:

@@ -101,9 +101,10 @@ def comparable_rows(run_dir: Path) -> list[dict]:
 
 
 def final_params(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
-    """The module tensors of DeepSpeed's model states in the checkpoint of `step`."""
-    path = Path(run_dir) / "checkpoints" / f"step_{step:08d}" / "state" / "mp_rank_00_model_states.pt"
-    return torch.load(path, map_location="cpu", weights_only=False)["module"]
+    """The module tensors of the checkpoint of `step` (DeepSpeed's model states, or FSDP2's DCP shards merged)."""
+    from credo.export import checkpoint_state_dict
+
+    return checkpoint_state_dict(Path(run_dir) / "checkpoints" / f"step_{step:08d}")
 
 
 def assert_same_run(a: Path, b: Path, last_step: int) -> None:

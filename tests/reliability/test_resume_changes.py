@@ -4,7 +4,7 @@ honour is refused.
 - optimizer settings that DeepSpeed restores from the checkpoint (optim.lr, betas, weight_decay): the resumed run
   trains with the new ones (before the fix, `train/lr` stayed at the checkpoint's rate);
 - settings read when the run is built (the LR schedule, the policy loss's settings, the sampling): the new ones;
-- settings that shape the checkpoint's weights and optimizer (model.dtype, model.tiny, optim.zero_stage, the critics'
+- settings that shape the checkpoint's weights and optimizer (model.dtype, model.tiny, engine.zero_stage, the critics'
   count): refused, even with allow_config_change, before anything trains.
 """
 
@@ -65,7 +65,7 @@ def test_an_allowed_change_of_the_optimizer_settings_takes_effect(first_segment,
 
 
 @pytest.mark.parametrize("key, value", [("model.dtype", "bfloat16"), ("model.tiny.intermediate_size", 96),
-                                        ("optim.zero_stage", 2)])
+                                        ("engine.zero_stage", 2)])
 def test_a_change_the_checkpoint_cannot_honour_is_refused(first_segment, key, value):
     with pytest.raises(ConfigError, match=rf"(?s)shaped by:\n  {key}: .*cannot change on resume \(not even with "
                                           r"run.allow_config_change\)"):

@@ -144,7 +144,8 @@ def test_bad_yaml_value_names_the_override():
     ("sft.lr", 1e-9, 0.0, "> 0"),
     ("rollout.top_p", 1.0, 0.0, "in (0, 1]"),
     ("rollout.temperature", 0.01, 0.0, "> 0 (greedy decoding is used only for eval)"),
-    ("optim.zero_stage", 3, 4, "0, 1, 2 or 3"),
+    ("engine.zero_stage", 3, 4, "0, 1, 2 or 3"),
+    ("optim.zero_stage", 3, 4, "0, 1, 2 or 3 (deprecated: write engine.zero_stage)"),
     ("model.dtype", "bfloat16", "float16", "float32 or bfloat16"),
     ("reward.max_failure_frac", 0.0, -0.1, "in [0, 1]"),
 ])

@@ -53,7 +53,8 @@ class Recorder:
         monkeypatch.setattr(trainer, "checkpoint", self.saves.append)
         monkeypatch.setattr(trainer, "tracker", self)
         monkeypatch.setattr(trainer.reward, "close", lambda: self.closed.append("reward"))
-        monkeypatch.setattr(tr, "export_model", lambda *a, **kw: self.exports.append((a, kw)))
+        # the DeepSpeed engine's export (the trainer calls engine.export, which calls export_model)
+        monkeypatch.setattr("credo.export.export_model", lambda *a, **kw: self.exports.append((a, kw)))
 
     def train_step(self, s):
         self.steps.append(s)
@@ -91,9 +92,9 @@ def test_fit_without_evaluation_or_periodic_saves_saves_the_last_step(trainer, m
     assert [r["step"] for r in rec.rows] == [1, 2, 3] and len(rec.exports) == 1
 
 
-def test_fit_exports_with_the_recipes_zero_stage(trainer, monkeypatch):
+def test_fit_exports_with_the_engines_zero_stage(trainer, monkeypatch):
     rec = Recorder(trainer, monkeypatch, steps=1)
-    monkeypatch.setattr(trainer.c, "zero_stage", 3)
+    monkeypatch.setattr(trainer.engine, "zero_stage", 3)
     trainer.fit()
     assert rec.exports[0][1] == {"zero_stage": 3, "rank": 0}
 

@@ -138,7 +138,7 @@ class CriticAdvantage:
         """AsyPPO's (adv_keep, entropy_keep) [B, T] for this rank's rows, quantiles over every rank's tokens."""
         rank, _ = rank_and_world()
         B, T = loss_mask.shape
-        width = int(all_reduce_max(torch.tensor(T)))
+        width = int(all_reduce_max(torch.tensor(T, device="cpu")))
         all_values = torch.stack([gather_rows(v, width) for v in values])
         all_mask = gather_rows(loss_mask, width)
         adv_keep, ent_keep = algos.asyppo_masks(all_values, all_mask, self.low_frac, self.high_frac)
@@ -147,7 +147,7 @@ class CriticAdvantage:
     def update(self, ids, attn, mask, old_values, returns, group_ids) -> dict[str, float]:
         """Train critic m on its shard; returns the step's critic metrics (means over critics and passes)."""
         shards = algos.critic_shards(group_ids, len(self.engines)).to(ids.device)
-        sums = torch.zeros(3, dtype=torch.float64)  # loss, clipped tokens, tokens
+        sums = torch.zeros(3, dtype=torch.float64, device="cpu")  # loss, clipped tokens, tokens (host)
         norms = []
         for m, engine in enumerate(self.engines):
             rows = (shards == m).nonzero().squeeze(1)
@@ -167,7 +167,7 @@ class CriticAdvantage:
                         optimizer_step(engine, self.zero_stage)
                         n_tok = float(mask[micro].sum()) * scale
                         sums += torch.tensor([float(loss.detach()) * scale, float(met["vf_clipfrac"]) * n_tok, n_tok],
-                                             dtype=torch.float64)
+                                             dtype=torch.float64, device="cpu")
                     norm = engine.get_global_grad_norm()
                     if norm is not None:
                         norms.append(float(norm))

@@ -141,7 +141,7 @@ class MultiTurnRollout:
         eps, stats = self.run_episodes(env_seeds, temperature=self.temperature, top_p=self.top_p,
                                        sample_seeds=sample_seeds, prefixes=prefixes, envs=self.step_envs(env_seeds))
         elapsed = time.perf_counter() - t0
-        tot = all_reduce_sum(torch.tensor(list(stats.values()), dtype=torch.float64)).tolist()
+        tot = all_reduce_sum(torch.tensor(list(stats.values()), dtype=torch.float64, device="cpu")).tolist()
         s = dict(zip(stats, tot))
         n, ok = s["env/episodes"], s["env/episodes"] - s["env/failures"]
         if s["env/failures"] > self.cfg.max_failure_frac * n:
@@ -150,7 +150,7 @@ class MultiTurnRollout:
                                   f"{step} (more than env.max_failure_frac = {self.cfg.max_failure_frac}); first error: {first}")
         samples = [e.sample(self.fallback_prompt) for e in eps]
         problems = [Problem(prompt=e.first_observation, answer="", meta={"env_seed": e.env_seed}) for e in eps]
-        batch = Batch(samples=samples, problems=problems, group_ids=torch.tensor([j for j in games for _ in range(G)]),
+        batch = Batch(samples=samples, problems=problems, group_ids=torch.tensor([j for j in games for _ in range(G)], device="cpu"),
                       step=step)
         batch.metrics.update({
             "env/failures": int(s["env/failures"]), "env/timeouts": int(s["env/timeouts"]),
@@ -235,8 +235,8 @@ class EnvReward:
     are invalid (no loss, no say in baselines)."""
 
     def __call__(self, batch: Batch) -> None:
-        batch.rewards = torch.tensor([float(sum(s.meta["turn_rewards"])) for s in batch.samples])
-        batch.valid = torch.tensor([not s.meta["failed"] for s in batch.samples])
+        batch.rewards = torch.tensor([float(sum(s.meta["turn_rewards"])) for s in batch.samples], device="cpu")
+        batch.valid = torch.tensor([not s.meta["failed"] for s in batch.samples], device="cpu")
         batch.metrics["reward/failures"] = 0
         batch.metrics["reward/timeouts"] = 0
 

@@ -36,10 +36,10 @@ def turn_reward_matrix(batch: Batch, ids: torch.Tensor) -> tuple[torch.Tensor, t
     """[B, K] per-turn rewards from the samples' meta and [B] turn counts, checked against the chunks of `ids`."""
     counts = num_chunks(ids)
     K = max([len(s.meta["turn_rewards"]) for s in batch.samples] + [1])
-    rewards = torch.zeros(len(batch), K)
+    rewards = torch.zeros(len(batch), K, device="cpu")
     for b, s in enumerate(batch.samples):
         r = s.meta["turn_rewards"]
-        rewards[b, :len(r)] = torch.tensor(r, dtype=torch.float32)
+        rewards[b, :len(r)] = torch.tensor(r, dtype=torch.float32, device="cpu")
         if batch.valid[b] and len(r) != int(counts[b]):
             raise ValueError(f"sample {b}: the rollout recorded {len(r)} turns but the response mask has "
                              f"{int(counts[b])} chunks; expected one chunk per model turn")
@@ -63,7 +63,7 @@ class TurnCredit:
             adv = self._rebn(rewards, counts, ids, batch.valid)
         batch.advantages = adv * batch.loss_mask
         # over kept episodes only, like credit/turns_mean and env/return_mean: a failed episode's turns train nothing
-        exists = (torch.arange(rewards.shape[1])[None, :] < counts[:, None]) & batch.valid[:, None]
+        exists = (torch.arange(rewards.shape[1], device=counts.device)[None, :] < counts[:, None]) & batch.valid[:, None]
         batch.metrics["credit/turns_mean"] = float(counts[batch.valid].float().mean()) if batch.valid.any() else 0.0
         batch.metrics["credit/turn_reward_mean"] = float(rewards[exists].mean()) if exists.any() else 0.0
 

@@ -1,0 +1,121 @@
+"""The training engines behind one interface: FSDP2 against DeepSpeed ZeRO-1 on the same tiny model and batches.
+
+On one process both run a torch AdamW with DeepSpeed's clipping (the FSDP2 engine copies its formula), so every
+parameter, gradient norm and learning rate must agree bit for bit, through clipped steps, an accumulation of two
+micro-batches and a step skipped for a non-finite loss. The FSDP2 engine's in-memory rollback and its DCP
+checkpoint must each give back a state that trains on exactly as before. The whole-run comparisons (CLI, SIGKILL
+resume, two processes under torchrun) are in tests/engines/test_fsdp2_runs.py.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from credo.config import ConfigError, load_recipe
+from credo.distributed.engine import setup_distributed
+from credo.distributed.engines import CAPABILITIES, TrainEngine, check_engine, make_engine
+
+SETTINGS = dict(lr=3e-3, betas=(0.9, 0.99), weight_decay=0.01, grad_clip=0.5, warmup_steps=2, micro_batch=2,
+                grad_accum=2, bf16=False, zero_stage=1)
+
+
+def tiny_model(seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False)
+    return Qwen2ForCausalLM(cfg)
+
+
+def batches(n: int, seed: int = 1) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 48, (2, 9), generator=g, device="cpu") for _ in range(n)]
+
+
+def loss_of(engine, ids: torch.Tensor) -> torch.Tensor:
+    logits = engine.module(input_ids=ids).logits[:, :-1].float()
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()) * 3.0  # big enough to clip
+
+
+def train(engine, data, nan_at=()) -> list[tuple]:
+    """One micro-batch per element of `data`; returns (finite, grad norm, lr) per optimizer step."""
+    out = []
+    for i, ids in enumerate(data):
+        loss = loss_of(engine, ids)
+        if i in nan_at:
+            loss = engine.nan_loss(loss * float("nan"))
+        engine.backward(loss, 1)
+        finite, norm = engine.step()
+        if norm is not None or (i + 1) % 2 == 0:
+            out.append((finite and engine.step_applied(), engine.grad_norm(norm), engine.lr()))
+    return out
+
+
+def full_params(engine) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in engine.full_state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def world():
+    return setup_distributed()
+
+
+def test_both_engines_implement_the_interface_and_declare_known_capabilities(world):
+    for backend in ("deepspeed", "fsdp2"):
+        e = make_engine(backend, tiny_model(), **SETTINGS)
+        assert isinstance(e, TrainEngine) and e.backend == backend
+        assert e.capabilities and e.capabilities <= set(CAPABILITIES), e.capabilities - set(CAPABILITIES)
+    assert "zero3_gather" not in e.capabilities and {"dcp_checkpoint", "sharded_params"} <= e.capabilities
+
+
+def test_fsdp2_trains_as_deepspeed_zero1_bit_for_bit_with_clipping_and_a_skipped_step(world):
+    data = batches(8)
+    ds, fs = make_engine("deepspeed", tiny_model(), **SETTINGS), make_engine("fsdp2", tiny_model(), **SETTINGS)
+    a, b = train(ds, data, nan_at=(4,)), train(fs, data, nan_at=(4,))
+    assert [s[0] for s in a] == [True, True, False, True], a  # the third optimizer step is skipped (NaN loss)
+    assert a[0][1] > SETTINGS["grad_clip"], "the clip must be active for its maths to be compared"
+    assert [(f, n, lr) for f, n, lr in a if f] == [(f, n, lr) for f, n, lr in b if f]
+    pa, pb = full_params(ds), full_params(fs)
+    assert pa.keys() == pb.keys()
+    for k in pa:
+        assert torch.equal(pa[k], pb[k]), k
+
+
+def test_fsdp2_rollback_and_dcp_checkpoint_train_on_exactly(world, tmp_path):
+    data = batches(6)
+    e = make_engine("fsdp2", tiny_model(), **SETTINGS)
+    train(e, data[:2])
+    snap, before = e.state_dict(), full_params(e)
+    first = train(e, data[2:4]), full_params(e)
+    e.load_state_dict(snap)
+    assert all(torch.equal(before[k], v) for k, v in full_params(e).items())
+    assert (train(e, data[2:4]), full_params(e))[0] == first[0]
+    assert all(torch.equal(first[1][k], v) for k, v in full_params(e).items())
+    # DCP: save, train on, load into a fresh engine: the next steps are the same as the original's
+    e.save_checkpoint(tmp_path)
+    lr_saved = e.lr()
+    ref = train(e, data[4:6]), full_params(e)
+    fresh = make_engine("fsdp2", tiny_model(seed=7), **SETTINGS)
+    fresh.load_checkpoint(tmp_path)
+    assert fresh.lr() == lr_saved and fresh.global_steps == 2
+    got = train(fresh, data[4:6]), full_params(fresh)
+    assert got[0] == ref[0]
+    assert all(torch.equal(ref[1][k], v) for k, v in got[1].items())
+
+
+@pytest.mark.parametrize("key,value", [("rollout.backend", "vllm"), ("model.lora.r", 8), ("cluster.engine", "ray"),
+                                       ("rollout.fp8_weights", True)])
+def test_fsdp2_refuses_weight_paths_it_cannot_gather_naming_the_key(key, value):
+    r = load_recipe("recipes/quickstart.yaml", ["engine.backend=fsdp2", f"{key}={value}"])
+    with pytest.raises(ConfigError, match=f"'{key}'.*engine.backend: fsdp2"):
+        check_engine(r)
+    check_engine(load_recipe("recipes/quickstart.yaml", [f"{key}={value}"]))  # deepspeed: not this check's concern
+
+
+def test_cpu_offload_is_an_fsdp2_setting():
+    with pytest.raises(ConfigError, match="'engine.cpu_offload'"):
+        check_engine(load_recipe("recipes/quickstart.yaml", ["engine.cpu_offload=true"]))
