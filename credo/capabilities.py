@@ -16,6 +16,9 @@ A capability is a short string. The ones credo's parts use:
               env_episodes     it plays the `env:` section's environment (multi-turn episodes), so env.id is set
                                exactly when the run's rollout stage provides this (the multi-turn family's check)
     engine    full_params      the trainer's module holds the full parameters (not ZeRO-3 shards) between steps
+              module_weight_push  a rollout engine can read the policy's weights straight from the module (plain
+                               tensors, not FSDP2's DTensor shards): vLLM, the Ray pool, a rollout copy
+              lora             it trains a PEFT LoRA adapter (tested)
 
 `BACKENDS` declares the built-in backends (the classes carry the same sets as `provides`; tests check that each
 declared capability is really there). Sources declare theirs in their `StageEntry` (`credo.family`), schedules in
@@ -42,6 +45,8 @@ PROMPT_DRAW = "prompt_draw"
 BATCH_STATE = "batch_state"
 ENV_EPISODES = "env_episodes"
 FULL_PARAMS = "full_params"
+MODULE_WEIGHT_PUSH = "module_weight_push"
+LORA = "lora"
 
 BACKENDS: dict[str, frozenset[str]] = {
     "hf": frozenset({RACE, PROMPT_EMBEDS, WEIGHT_PUSH, LOCAL_REPLICAS}),
@@ -56,9 +61,11 @@ DEFAULT_SOURCE = frozenset({PROMPT_DRAW, BATCH_STATE})
 """What the default rollout source (the task's single-turn prompts, `credo.train.rollout.PromptRollout`) provides."""
 
 ENGINES: dict[str, Callable[[Any], frozenset[str]]] = {
-    "deepspeed": lambda r: frozenset({FULL_PARAMS}) if r.optim.zero_stage < 3 else frozenset(),
+    "deepspeed": lambda r: frozenset({MODULE_WEIGHT_PUSH, LORA} | ({FULL_PARAMS} if r.engine.zero_stage < 3 else set())),
+    "fsdp2": lambda r: frozenset(),
 }
-"""Training engine -> what it provides under a recipe's settings (ZeRO-3 shards the parameters)."""
+"""Training engine (`engine.backend`) -> what it provides under a recipe's settings (ZeRO-3 shards the parameters;
+FSDP2's blocks hold DTensor shards that no weight push gathers yet, docs/engines.md)."""
 
 
 @runtime_checkable

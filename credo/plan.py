@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from credo.capabilities import (BACKENDS, CORE_REFUSALS, DEFAULT_SOURCE, ENGINES, Requirement, check_refusals,
-                                check_requirements)
+from credo.capabilities import (BACKENDS, CORE_REFUSALS, DEFAULT_SOURCE, ENGINES, LORA, MODULE_WEIGHT_PUSH, Requirement,
+                                check_refusals, check_requirements)
 from credo.errors import ConfigError
 from credo.family import Family, FamilyParts, families_of
 from credo.schedules import Schedule, schedule, schedule_of
@@ -158,7 +158,10 @@ def resolve_plan(r) -> RunPlan:
     if spec.check is not None:
         spec.check(r, sched.settings, key)
     backend = "ray" if r.cluster.engine == "ray" else r.rollout.backend
-    engine = "deepspeed"
+    engine = r.engine.backend
+    from credo.distributed.engines import check_engine
+
+    check_engine(r)  # the engine's own settings (engine.cpu_offload needs fsdp2)
     provided = {"backend": BACKENDS[backend], "source": stages["rollout"].provides, "engine": ENGINES[engine](r)}
     requirements = _requirements(r, sched, stages, probes, backend, provided)
     plan = RunPlan(recipe=r, families=families, active=active, stages=MappingProxyType(stages), probes=probes,
@@ -174,11 +177,20 @@ def resolve_plan(r) -> RunPlan:
 def _requirements(r, sched: SchedulePlan, stages: dict, probes: tuple, backend: str, provided: dict) -> list:
     backend_key = "'cluster.engine' = 'ray'" if backend == "ray" else f"'rollout.backend' = '{backend}'"
     source = stages["rollout"]
-    engine_key = f"'optim.zero_stage' = {r.optim.zero_stage} (engine deepspeed)"
+    engine_key = (f"'engine.zero_stage' = {r.engine.zero_stage} (engine deepspeed)" if r.engine.backend == "deepspeed"
+                  else f"'engine.backend' = '{r.engine.backend}'")
     out = [Requirement(sched.who(), c, source.who(), provided["source"], "a schedule needs it of the rollout source")
            for c in sorted(sched.spec.source_needs)]
     out += [Requirement(sched.who(), c, backend_key, provided["backend"]) for c in sorted(sched.spec.backend_needs)]
     out += [Requirement(sched.who(), c, engine_key, provided["engine"]) for c in sorted(sched.spec.engine_needs)]
+    ro = r.rollout
+    copies = [(backend_key, backend != "hf"), (f"'rollout.dtype' = '{ro.dtype}'", ro.dtype is not None),
+              ("'rollout.fp8_weights' = true", ro.fp8_weights)]
+    out += [Requirement(who, MODULE_WEIGHT_PUSH, engine_key, provided["engine"],
+                        "the rollout engine reads the policy's weights from the trainer's module")
+            for who, on in copies if on][:1]
+    if r.model.lora.r:
+        out.append(Requirement(f"'model.lora.r' = {r.model.lora.r}", LORA, engine_key, provided["engine"]))
     for stage in (*stages.values(), *probes):
         out += [Requirement(stage.who(), c, backend_key, provided["backend"]) for c in sorted(stage.backend_needs)]
     return out

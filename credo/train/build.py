@@ -36,7 +36,7 @@ import torch
 from credo import algos
 from credo.config import Recipe, recipe_to_dict, recipe_to_yaml
 from credo.distributed.engine import device, setup_distributed
-from credo.distributed.engines import check_engine, make_engine
+from credo.distributed.engines import make_engine
 from credo.errors import ConfigError
 from credo.lora import BaseReference, add_lora
 from credo.models import check_vocab, load_causal_lm, load_tokenizer, resolve_model_path
@@ -112,7 +112,6 @@ def build(plan: RunPlan | Recipe) -> Components:
                 log.warning(note[len("warning: "):])
             else:
                 log.info(note)
-    check_engine(r)
     rank, world = setup_distributed(verbose=r.run.verbose, backend=r.engine.backend)
     torch.set_num_threads(r.run.threads or max(1, (os.cpu_count() or 1) // world))
     if r.rollout.prompts_per_step % world:

@@ -110,11 +110,13 @@ def make_engine(backend: str, model: torch.nn.Module, **settings) -> TrainEngine
 
 
 def check_engine(r) -> None:
-    """Recipe settings the chosen engine cannot honour, as a ConfigError naming the key, before any long work.
+    """The engine's own settings the chosen engine cannot honour, as a ConfigError naming the key (called by the run
+    plan, before any long work).
 
     FSDP2's blocks hold DTensor shards: the parts that copy the policy's weights out of `engine.module` (a vLLM or
     Ray weight push, a rollout copy at another precision, overlapped rollout workers) need the
     'module_weight_push' capability, which only DeepSpeed declares today; a LoRA adapter under FSDP2 is untested.
+    Those are requirements the plan checks against `credo.capabilities.ENGINES`.
     """
     from credo.errors import ConfigError
 
@@ -123,17 +125,8 @@ def check_engine(r) -> None:
             raise ConfigError("config key 'engine.cpu_offload' = true: an fsdp2 setting; expected engine.backend: "
                               "fsdp2 (or cpu_offload: false)")
         return
-    ro = r.rollout
-    refused = [("rollout.backend", ro.backend, ro.backend != "hf"), ("rollout.dtype", ro.dtype, ro.dtype is not None),
-               ("rollout.fp8_weights", ro.fp8_weights, ro.fp8_weights),
-               ("cluster.engine", r.cluster.engine, r.cluster.engine != "local"),
-               ("rollout.async_mode", ro.async_mode, ro.max_staleness > 0 and ro.async_mode == "overlap"),
-               ("model.lora.r", r.model.lora.r, r.model.lora.r > 0)]
-    for key, value, bad in refused:
-        if bad:
-            raise ConfigError(f"config key '{key}' = {value!r} is not supported with engine.backend: fsdp2 (the "
-                              "policy's weights are sharded DTensors, which that path does not gather yet); use "
-                              "engine.backend: deepspeed")
+    # what FSDP2 cannot do yet (weight pushes from its DTensor shards, LoRA) is declared as the capabilities it lacks
+    # (credo.capabilities.ENGINES) and refused by the run plan, naming both keys
 
 
 def as_train_engine(engine) -> TrainEngine:
