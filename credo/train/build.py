@@ -56,6 +56,7 @@ from credo.train.tail_batching import TailBatchingRollout
 from credo.train.setup import (check_context, fault_nan_steps, family_warmups, make_backend, make_run_dir,
                                prepare_policy, reward_function)
 from credo.train.staleness import staleness_lr_factor
+from credo.config.truncation import truncation_kwargs
 from credo.train.state import RESUME_FIXED_KEYS, TrainState
 from credo.train.update import Updater, grad_accum_steps
 
@@ -138,7 +139,7 @@ def build(r: Recipe) -> Components:
                           grad_accum=grad_accum, bf16=r.model.dtype == "bfloat16", lr_schedule=o.lr_schedule,
                           total_steps=r.run.steps * a.ppo_epochs * a.mini_batches, min_lr_ratio=o.min_lr_ratio)
     sampling = dict(prompts_per_step=ro.prompts_per_step, group_size=ro.group_size, max_new_tokens=ro.max_new_tokens,
-                    temperature=ro.temperature, top_p=ro.top_p)
+                    temperature=ro.temperature, top_p=ro.top_p, **truncation_kwargs(ro))
     cluster = open_cluster(r)  # None with the local engine
     try:
         return _bind(r, rank, world, run_dir, policy_path, sft_key, tokenizer, task, engine, render, ref, sampling,
