@@ -82,6 +82,16 @@ def test_recomputed_sets_match_the_recorded_ones(tiny):
     recomputed = kept_thresholds_of(model, batch, temperature=T, chunk_size=8)
     assert torch.equal(kept_mask(s.z, recomputed[s.resp]), kept_mask(s.z, s.kept[s.resp]))
     assert (recomputed[~s.resp] == -math.inf).all()
+    # the other scoring paths renormalise the same way: the logits path (ZeRO-3) and packed rows, with the entropy
+    kw = dict(temperature=T, chunk_size=8, with_entropy=True, kept_threshold=s.kept)
+    with torch.no_grad():
+        chunked, ent = policy_forward(model, s.ids, s.attn, s.resp, **kw)
+        for other in (dict(hidden_path=False), dict(packed=True)):
+            lp, ent_other = policy_forward(model, s.ids, s.attn, s.resp, **kw, **other)
+            torch.testing.assert_close(lp, chunked, atol=1e-5, rtol=0)
+            torch.testing.assert_close(ent_other, ent, atol=1e-5, rtol=0)
+    p_kept = s.z.masked_fill(~kept_mask(s.z, s.kept[s.resp], s.ids[:, 1:][s.resp]), -math.inf).softmax(-1)
+    torch.testing.assert_close(ent[s.resp], -(p_kept * p_kept.clamp(min=1e-30).log()).sum(-1), atol=1e-5, rtol=0)
 
 
 def test_no_truncation_records_nothing_and_samples_as_before(tiny):
