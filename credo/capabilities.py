@@ -138,7 +138,22 @@ def _world() -> int:
     return int(os.environ.get("WORLD_SIZE", 1))
 
 
+def _truncation(key: str) -> Callable[[Any, Any], bool]:
+    """Whether recipe key `key` (rollout.top_k, min_p or kept_set_replay) asks for truncated sampling the schedule
+    would drop."""
+    def when(r, plan) -> bool:
+        ro = r.rollout
+        on = {"rollout.top_k": ro.top_k > 0, "rollout.min_p": ro.min_p > 0,
+              "rollout.kept_set_replay": ro.kept_set_replay and (ro.top_p < 1 or ro.top_k > 0 or ro.min_p > 0)}[key]
+        return on and plan.schedule.name in ("tail_batching", "overlap")
+    return when
+
+
 CORE_REFUSALS: list[Refusal] = [
+    *(Refusal((key, "stages.schedule"), _truncation(key),
+              "tail batching's race and overlap's rollout workers do not pass top_k, min_p or kept sets to the engine "
+              "(docs/truncated_sampling.md); expected stages.schedule: sync or fixed_lag")
+      for key in ("rollout.top_k", "rollout.min_p", "rollout.kept_set_replay")),
     Refusal(("stages.schedule", "WORLD_SIZE"), lambda r, p: p.schedule.name == "overlap" and _world() > 1,
             "overlap's rollout workers sample for one trainer process; under torchrun use stages.schedule: fixed_lag"),
 ]

@@ -26,6 +26,7 @@ from credo.algos.aggregation import AGG_MODES, aggregate, global_counts, masked_
 from credo.algos.asyppo import asyppo_masks, asyppo_value_mean, critic_shards
 from credo.algos.corrections import CORRECTION_LEVELS, CORRECTION_MODES, train_infer_correction
 from credo.algos.entropy import entropy_from_logits
+from credo.algos.kept_set import kept_log_probs, kept_mask, kept_set_threshold
 from credo.algos.kl import KL_ESTIMATORS, k1, k2, k3, k3_clamped, register_kl_estimator
 from credo.algos.policy_losses import (
     POLICY_LOSSES,
@@ -70,6 +71,9 @@ __all__ = [
     "k2",
     "k3",
     "k3_clamped",
+    "kept_log_probs",
+    "kept_mask",
+    "kept_set_threshold",
     "kimi15",
     "lite_ppo",
     "log_ratio",

@@ -18,6 +18,8 @@ forward sits beside its hand-written backward so they can be read (and checked) 
 
 import torch
 
+from credo.algos.kept_set import mask_outside_kept_
+
 __all__ = ["fused_policy_loss_from_hidden", "logprobs_from_hidden"]
 
 
@@ -130,7 +132,7 @@ def _cast_grads(grad_weight, grad_bias, weight, bias):
 
 class _LogProbsFromHidden(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, chunk_size, with_entropy):
+    def forward(ctx, hidden, weight, bias, labels, temperature, chunk_size, with_entropy, kept):
         n, vocab = hidden.shape[0], weight.shape[0]
         rows_per_chunk = max(1, min(chunk_size, n))
         dtype = _compute_dtype(hidden.dtype)
@@ -142,14 +144,16 @@ class _LogProbsFromHidden(torch.autograd.Function):
         for start in range(0, n, rows_per_chunk):
             stop = min(start + rows_per_chunk, n)
             zc = _chunk_logits(hidden[start:stop], weight, bias, temperature, z[: stop - start])
+            if kept is not None:  # renormalise over the sampler's kept set (credo.algos.kept_set)
+                mask_outside_kept_(zc, kept[start:stop], labels[start:stop])
             pc = p[: stop - start] if with_entropy else None
             logp[start:stop], lse[start:stop], ent = _softmax_stats_(
-                zc, labels[start:stop], pc, floor=bias is not None
+                zc, labels[start:stop], pc, floor=bias is not None or kept is not None
             )
             if with_entropy:
                 entropy[start:stop] = ent
         del z, p
-        ctx.save_for_backward(hidden, weight, bias, labels, lse, entropy)
+        ctx.save_for_backward(hidden, weight, bias, labels, lse, entropy, kept)
         ctx.temperature = temperature
         ctx.rows_per_chunk = rows_per_chunk
         ctx.set_materialize_grads(False)
@@ -160,10 +164,10 @@ class _LogProbsFromHidden(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_logp, grad_entropy=None):
-        hidden, weight, bias, labels, lse, entropy = ctx.saved_tensors
+        hidden, weight, bias, labels, lse, entropy, kept = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         if (grad_logp is None and grad_entropy is None) or not (need_hidden or need_weight or need_bias):
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         temperature, rows_per_chunk = ctx.temperature, ctx.rows_per_chunk
         n, vocab = hidden.shape[0], weight.shape[0]
         dtype = _compute_dtype(hidden.dtype)
@@ -176,11 +180,14 @@ class _LogProbsFromHidden(torch.autograd.Function):
         for start in range(0, n, rows_per_chunk):
             stop = min(start + rows_per_chunk, n)
             rows = slice(start, stop)
-            log_p = _chunk_logits(hidden[rows], weight, bias, temperature, z[: stop - start]).sub_(lse[rows, None])
+            log_p = _chunk_logits(hidden[rows], weight, bias, temperature, z[: stop - start])
+            if kept is not None:  # the same kept set as forward: tokens outside it get p = 0 and no gradient
+                mask_outside_kept_(log_p, kept[rows], labels[rows])
+            log_p.sub_(lse[rows, None])
             if b is None:
                 pc = log_p.exp_()  # one buffer: the entropy term is absent
             else:
-                if bias is not None:
+                if bias is not None or kept is not None:
                     log_p.clamp_(min=_LOGP_FLOOR)
                 pc = torch.exp(log_p, out=p[: stop - start])
             g = _logit_grad_(
@@ -191,7 +198,7 @@ class _LogProbsFromHidden(torch.autograd.Function):
                 g, hidden[rows], weight, grad_hidden[rows] if need_hidden else None, grad_weight, grad_bias
             )
         grad_weight, grad_bias = _cast_grads(grad_weight, grad_bias, weight, bias)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
 def logprobs_from_hidden(
@@ -203,6 +210,7 @@ def logprobs_from_hidden(
     chunk_size: int = 1024,
     with_entropy: bool = False,
     bias: torch.Tensor | None = None,
+    kept_threshold: torch.Tensor | None = None,
 ):
     """Log-probs (and entropy) of `labels` under softmax((hidden @ weight.T + bias) / temperature), chunked.
 
@@ -227,6 +235,9 @@ def logprobs_from_hidden(
         chunk_size: rows per chunk; smaller uses less memory, larger keeps the matmuls efficient.
         with_entropy: also return the entropy of the full (temperature-scaled) distribution.
         bias: optional lm_head bias, shape [V], same dtype as `weight`.
+        kept_threshold: optional, shape [...] like `labels`: each row's kept-set threshold tau of a truncated
+            sampler (`credo.algos.kept_set`); the softmax (log-probs, entropy, gradient) is then taken over
+            K = {j : z_j - max z >= tau} plus the label, a row with tau = -inf over the whole vocabulary.
 
     Returns:
         log_probs, shape [...], float32; or ``(log_probs, entropy)``, both [...] float32, when
@@ -239,11 +250,16 @@ def logprobs_from_hidden(
             chunk_size < 1.
     """
     _check_inputs(hidden, weight, labels, bias, temperature, chunk_size)
+    if kept_threshold is not None:
+        if not isinstance(kept_threshold, torch.Tensor) or kept_threshold.shape != labels.shape:
+            shape = list(kept_threshold.shape) if isinstance(kept_threshold, torch.Tensor) else type(kept_threshold)
+            raise ValueError(f"kept_threshold has shape {shape}, expected {list(labels.shape)} like labels")
+        kept_threshold = kept_threshold.detach().reshape(-1).to(device=hidden.device, dtype=torch.float32)
     lead_shape = hidden.shape[:-1]
     hidden_2d = hidden.reshape(-1, hidden.shape[-1])
     labels_1d = labels.reshape(-1)
     out = _LogProbsFromHidden.apply(
-        hidden_2d, weight, bias, labels_1d, float(temperature), int(chunk_size), bool(with_entropy)
+        hidden_2d, weight, bias, labels_1d, float(temperature), int(chunk_size), bool(with_entropy), kept_threshold
     )
     if with_entropy:
         log_probs, entropy = out

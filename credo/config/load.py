@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from credo.config.sections import DEFAULT_RESOURCES, ClusterConfig, Recipe, RoleConfig, role_names
+from credo.config.truncation import check_truncation
 from credo.errors import ConfigError
 
 
@@ -308,6 +309,7 @@ def _check_combinations(r: Recipe) -> None:
     if (ro.fp8_weights or ro.dtype is not None) and r.optim.zero_stage >= 3 and ro.backend == "hf":
         raise out_of_range("optim.zero_stage", 3, "<= 2 with rollout.dtype or rollout.fp8_weights on the hf backend "
                            "(the rollout copy is made from full weights)")
+    check_truncation(r)
     check_cluster(r.cluster)
 
 

@@ -142,6 +142,13 @@ class RolloutConfig:
     """Sampling temperature; the trainer recomputes log-probs at the same temperature."""
     top_p: float = ranged(1.0, gt=0, le=1)
     """Nucleus sampling threshold."""
+    top_k: int = ranged(0, ge=0, note="0 = off")
+    """Top-k sampling: keep the k most probable tokens (and every token tied with the k-th); 0 = off."""
+    min_p: float = ranged(0.0, ge=0, lt=1, note="0 = off")
+    """Min-p sampling: keep tokens whose probability is >= min_p times the top token's; 0 = off."""
+    kept_set_replay: bool = False
+    """With top_p < 1, top_k or min_p: score pi_old and pi_theta (and the reference) over each token's kept set, as
+    the sampler drew (docs/truncated_sampling.md); false: full-vocabulary log-probs, off by log(kept mass)."""
     hf_max_batch: int = ranged(0, ge=0, note="0 = one generate call")
     """Prompts per transformers generate() call in the hf backend; 0 = all of a rank's prompts in one call."""
     vllm_kv_cache_gib: int = ranged(1, ge=1)

@@ -29,6 +29,7 @@ from typing import Protocol
 import torch
 
 from credo.capabilities import BACKENDS
+from credo.distributed.kept_set_sampling import KeptSetWarper, truncates, truncation_settings
 from credo.distributed.seeded_sampling import SeededGumbelSampler
 
 
@@ -49,6 +50,10 @@ class Sample:
     weights). It counts steps, not applied optimizer updates: a skipped step still advances it."""
     meta: dict = field(default_factory=dict)
     """Free-form: group id, problem index, environment info."""
+    kept_thresholds: list[float] | None = None
+    """With kept-set recording (`generate(..., kept_set=True)` under top-k/top-p/min-p): per response token, the
+    threshold tau of the set the sampler drew from, K = {j : z_j - max z >= tau} over the scaled logits z
+    (`credo.algos.kept_set`; -inf = nothing cut); None otherwise."""
 
 
 class RolloutBackend(Protocol):
@@ -125,15 +130,20 @@ class HFBackend:
     def close(self) -> None:
         pass
 
-    def _generation_config(self, max_new_tokens: int, temperature: float, top_p: float, mode: str):
+    def _generation_config(self, max_new_tokens: int, temperature: float, top_p: float, mode: str, top_k: int = 0,
+                           min_p: float = 0.0):
         # Built once per setting: passing kwargs makes transformers copy and re-validate the model's
-        # generation config on every call. mode 'seeded' decodes greedily over Gumbel-perturbed scores.
-        key = (max_new_tokens, temperature, top_p, mode)
+        # generation config on every call. mode 'seeded' decodes greedily over Gumbel-perturbed scores; mode 'kept'
+        # samples with no warpers of transformers' own (KeptSetWarper truncates and records).
+        key = (max_new_tokens, temperature, top_p, mode, top_k, min_p)
         if key not in self._gen_configs:
             from transformers import GenerationConfig
 
-            sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if mode == "sample" \
+            sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k) if mode == "sample" \
+                else dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0) if mode == "kept" \
                 else dict(do_sample=False)
+            if mode == "sample" and min_p:
+                sampling["min_p"] = min_p
             self._gen_configs[key] = GenerationConfig(
                 max_new_tokens=max_new_tokens, eos_token_id=self.eos_id, pad_token_id=self.pad_id,
                 output_scores=mode != "seeded", return_dict_in_generate=True, disable_compile=True, **sampling)
@@ -142,20 +152,30 @@ class HFBackend:
     @torch.no_grad()
     def _generate_block(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
                         seed: int | None, sample_seeds: list[int] | None = None,
-                        prefix_embeds: torch.Tensor | None = None) -> list[Sample]:
+                        prefix_embeds: torch.Tensor | None = None, top_k: int = 0, min_p: float = 0.0,
+                        kept_set: bool = False) -> list[Sample]:
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long, device="cpu")
         attn = (torch.arange(width, device="cpu")[None, :]
                 >= torch.tensor([width - len(p) for p in prompts], device="cpu")[:, None]).long()
         mode = "seeded" if sample_seeds is not None else "greedy" if seed is None else "sample"
-        config = self._generation_config(max_new_tokens, temperature, top_p, mode)
-        sampler = processors = None
+        record = kept_set and mode != "greedy" and truncates(top_k, top_p, min_p)
+        if mode == "sample" and record:
+            mode = "kept"
+        config = self._generation_config(max_new_tokens, temperature, top_p, mode, top_k, min_p)
+        sampler = processors = warper = None
         if sample_seeds is not None:
             from transformers import LogitsProcessorList
 
-            sampler = SeededGumbelSampler(sample_seeds, temperature, top_p)
-            processors = LogitsProcessorList([sampler])
+            sampler = SeededGumbelSampler(sample_seeds, temperature, top_p, top_k=top_k, min_p=min_p,
+                                          record_kept_sets=record)
+            processors, warper = LogitsProcessorList([sampler]), sampler.kept_sets
+        elif mode == "kept":
+            from transformers import LogitsProcessorList
+
+            warper = KeptSetWarper(temperature, top_k, top_p, min_p)
+            processors = LogitsProcessorList([warper])
         inputs = dict(input_ids=ids.to(device), attention_mask=attn.to(device))
         if prefix_embeds is not None:
             inputs = prefixed_inputs(self.model, ids.to(device), attn.to(device), prefix_embeds.to(device))
@@ -184,13 +204,23 @@ class HFBackend:
         lengths, finished = response_lengths(gen, self.eos_id, self.pad_id)
         lengths = lengths.tolist()
         gen_rows, done = gen.tolist(), finished.tolist()
-        return [Sample(list(p), gen_rows[i][:n], [1] * n, tok_logp[i][:n], done[i], self.version)
-                for i, (p, n) in enumerate(zip(prompts, lengths))]
+        samples = [Sample(list(p), gen_rows[i][:n], [1] * n, tok_logp[i][:n], done[i], self.version)
+                   for i, (p, n) in enumerate(zip(prompts, lengths))]
+        if record:
+            taus = warper.recorded(len(prompts), gen.shape[1]).tolist()
+            for s, row, n in zip(samples, taus, lengths):
+                s.kept_thresholds = row[:n]
+        return samples
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float,
-                 seeds: list[int] | None, prefix_embeds: torch.Tensor | None = None) -> list[Sample]:
+                 seeds: list[int] | None, prefix_embeds: torch.Tensor | None = None, top_k: int = 0,
+                 min_p: float = 0.0, kept_set: bool = False) -> list[Sample]:
         """Sample one response per prompt; `seeds=None` decodes greedily. `prefix_embeds` [N, k, d]: soft-prompt
-        embeddings read before each (left-padded) prompt's token embeddings (see the module docstring)."""
+        embeddings read before each (left-padded) prompt's token embeddings (see the module docstring).
+
+        `top_k` / `min_p` truncate as transformers' warpers do (0 = off). `kept_set=True` with a truncation samples
+        through `KeptSetWarper` instead and fills each `Sample.kept_thresholds` (the tie-closed set drawn from)."""
+        truncation_settings(top_k, top_p, min_p)
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"seeds has length {len(seeds)}, expected {len(prompts)} like prompts")
         check_prefix_embeds(prefix_embeds, len(prompts), self.model)
@@ -205,11 +235,12 @@ class HFBackend:
             rows = None if prefix_embeds is None else prefix_embeds[start:start + block]
             if self.per_sample_seeds and seeds is not None:  # no RNG stream: each row's noise comes from its seed
                 samples += self._generate_block(prompts[start:start + block], max_new_tokens, temperature, top_p, None,
-                                                sample_seeds=list(seeds[start:start + block]), prefix_embeds=rows)
+                                                sample_seeds=list(seeds[start:start + block]), prefix_embeds=rows,
+                                                top_k=top_k, min_p=min_p, kept_set=kept_set)
                 continue
             seed = None if block_seed is None else block_seed + start
             samples += self._generate_block(prompts[start:start + block], max_new_tokens, temperature, top_p, seed,
-                                            prefix_embeds=rows)
+                                            prefix_embeds=rows, top_k=top_k, min_p=min_p, kept_set=kept_set)
         return samples
 
     def generate_race(self, prompts: list[list[int]], groups: list[int], *, need: int, groups_needed: int,

@@ -70,13 +70,23 @@ class SeededGumbelSampler:
     Args:
         seeds: one seed per row of the batch.
         temperature: > 0; top_p: in (0, 1].
+        top_k, min_p, record_kept_sets: truncate with `credo.distributed.kept_set_sampling.KeptSetWarper` and keep
+            each step's kept-set thresholds (`kept_sets.recorded`).
     """
 
-    def __init__(self, seeds: list[int], temperature: float, top_p: float):
+    def __init__(self, seeds: list[int], temperature: float, top_p: float, *, top_k: int = 0, min_p: float = 0.0,
+                 record_kept_sets: bool = False):
         if not temperature > 0:
             raise ValueError(f"temperature is {temperature}, expected > 0 for seeded sampling")
         self.keys = seed_keys(seeds)
         self.temperature, self.top_p = temperature, top_p
+        # top_k / min_p, or a recorded kept set: the tie-closed sets of credo.algos.kept_set (thresholds in
+        # `kept_sets.thresholds`); otherwise the nucleus mask above, as before they existed
+        self.kept_sets = None
+        if top_k or min_p or record_kept_sets:
+            from credo.distributed.kept_set_sampling import KeptSetWarper
+
+            self.kept_sets = KeptSetWarper(temperature, top_k, top_p, min_p)
         self.position = 0
         self.last_log_probs: torch.Tensor | None = None
         self.token_log_probs: list[torch.Tensor] = []  # per position: [B] log-prob of the drawn token
@@ -84,7 +94,10 @@ class SeededGumbelSampler:
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.last_log_probs is not None:  # input_ids now ends with the token drawn from them
             self._record(input_ids[:, -1])
-        logp = nucleus_mask(scores.float() / self.temperature, self.top_p).log_softmax(-1)
+        if self.kept_sets is not None:
+            logp = self.kept_sets.mask(scores).log_softmax(-1)
+        else:
+            logp = nucleus_mask(scores.float() / self.temperature, self.top_p).log_softmax(-1)
         self.last_log_probs = logp
         noise = gumbel_noise(self.keys, self.position, logp.shape[-1]).to(logp.device)
         self.position += 1

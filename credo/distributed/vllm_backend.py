@@ -110,10 +110,18 @@ class VLLMBackend:
         self.weight_transport = weight_transport
         self.fp8_weights = fp8_weights
 
+    kept_set_order = "vllm"
+    """The stage order of vLLM's truncations (min-p, top-k, top-p; `credo.algos.kept_set.ORDERS`): the trainer
+    recomputes the kept sets with it, as vLLM does not report them."""
+
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                 seeds: list[int] | None = None, prefix_embeds: torch.Tensor | None = None) -> list[Sample]:
+                 seeds: list[int] | None = None, prefix_embeds: torch.Tensor | None = None, top_k: int = 0,
+                 min_p: float = 0.0, kept_set: bool = False) -> list[Sample]:
         """Sample one response per prompt; ``seeds=None`` decodes greedily (``temperature`` is then ignored).
         ``prefix_embeds`` [N, k, d]: soft-prompt embeddings before each prompt (needs ``input_embeddings``).
+        ``top_k`` / ``min_p``: vLLM's own truncations (0 = off). ``kept_set`` is accepted for the common interface and
+        records nothing: vLLM returns the processed log-prob mu(y) = p(y) / S but not its set, so with
+        ``rollout.kept_set_replay`` the trainer recomputes each set from its own pi_old logits in vLLM's order.
 
         Returns:
             One :class:`Sample` per prompt, in order. ``response_ids`` keeps the final EOS when the
@@ -123,7 +131,7 @@ class VLLMBackend:
         if self.llm is None:
             raise RuntimeError("generate called after close()")
         params = self._sampling_params(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                       seeds=seeds)
+                                       seeds=seeds, top_k=top_k, min_p=min_p)
         outs = self.llm.generate(self._requests(prompts, prefix_embeds), params, use_tqdm=False)
         return [self._sample(p, out.outputs[0]) for p, out in zip(prompts, outs)]
 
@@ -192,7 +200,8 @@ class VLLMBackend:
                 decoded += step * len(stop)
         return RaceResult(samples, finish, decoded)
 
-    def _sampling_params(self, prompts, *, max_new_tokens: int, temperature: float, top_p: float, seeds):
+    def _sampling_params(self, prompts, *, max_new_tokens: int, temperature: float, top_p: float, seeds,
+                         top_k: int = 0, min_p: float = 0.0):
         """Checked arguments -> one SamplingParams per prompt (`seeds=None`: greedy)."""
         from vllm import SamplingParams
 
@@ -207,7 +216,9 @@ class VLLMBackend:
         common = dict(n=1, max_tokens=max_new_tokens, logprobs=0, detokenize=False)
         if seeds is None:
             return [SamplingParams(temperature=0.0, **common) for _ in prompts]
-        return [SamplingParams(temperature=temperature, top_p=top_p, seed=int(s), **common) for s in seeds]
+        truncation = {k: v for k, v in dict(top_k=top_k, min_p=min_p).items() if v}  # unset: vLLM's defaults (off)
+        return [SamplingParams(temperature=temperature, top_p=top_p, seed=int(s), **common, **truncation)
+                for s in seeds]
 
     def _sample(self, prompt: list[int], comp) -> Sample:
         """A finished vLLM completion as a `Sample` (logprobs=0: each position holds the sampled token's entry)."""

@@ -14,6 +14,7 @@ scores token j+1 of `input_ids`, so T = L - 1.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,16 @@ class Batch:
     """[B, T] float: per-token loss weights from credit stages and probes (None = all 1)."""
     entropy_mask: torch.Tensor | None = None
     """[B, T] bool: tokens whose entropy bonus counts (AsyPPO's entropy filter); None = all loss tokens."""
+    kept_threshold: torch.Tensor | None = None
+    """[B, T] float32: under kept-set replay (`rollout.kept_set_replay` with top-k/top-p/min-p), each token's kept-set
+    threshold tau: every policy forward (pi_old, pi_theta, the reference) renormalises over
+    K = {j : z_j - max z >= tau} plus the token itself, z its own scaled logits (`credo.algos.kept_set`); -inf off the
+    response and where nothing was cut. From the sampler's records (hf), or computed by the scorer from pi_old's
+    logits with `kept_rule` (vLLM). None: full-vocabulary log-probs (no replay)."""
+    kept_rule: dict | None = None
+    """The truncation the sampler applied, set by the default rollout source when it truncates: top_k, top_p, min_p
+    and order ('hf' or 'vllm', whose stage order: `credo.algos.kept_set_threshold`'s keywords), and replay (bool,
+    `rollout.kept_set_replay`); None when the sampler cut nothing."""
     prefix_embeds: torch.Tensor | None = None
     """[B, k, d] float: soft-prompt embeddings every policy forward reads before a sample's tokens (rollout,
     recompute, reference, update), set by a rollout source that conditions the policy on a sampled latent;
@@ -87,7 +98,7 @@ class Batch:
         """Move every tensor field (and the extras) to `device`, in place."""
         for name in ("input_ids", "attention_mask", "response_mask", "loss_mask", "rollout_log_probs", "old_log_probs",
                      "ref_log_probs", "values", "advantages", "weights", "entropy_mask",
-                     "prefix_embeds"):
+                     "prefix_embeds", "kept_threshold"):
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, t.to(device))
@@ -138,3 +149,17 @@ def pack_batch(batch: Batch, pad_id: int, *, overlong_filter: bool) -> None:
     if overlong_filter:
         keep &= batch.finished
     batch.loss_mask = batch.response_mask & keep[:, None]
+    batch.kept_threshold = pack_kept_thresholds(batch.samples, batch.input_ids.shape[1])
+
+
+def pack_kept_thresholds(samples: list[Sample], width: int) -> torch.Tensor | None:
+    """[B, width - 1] float32 label-aligned kept-set thresholds of samples that recorded them (`Sample.kept_thresholds`),
+    -inf elsewhere; None when no sample did."""
+    if not any(s.kept_thresholds for s in samples):
+        return None
+    rows = []
+    for s in samples:
+        p, n, taus = len(s.prompt_ids), len(s.response_ids), s.kept_thresholds or []
+        lead = [-math.inf] * (p - 1) + list(taus[:n]) + [-math.inf] * (n - min(n, len(taus)))
+        rows.append(lead + [-math.inf] * (width - 1 - len(lead)))
+    return torch.tensor(rows, dtype=torch.float32)

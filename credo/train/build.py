@@ -59,6 +59,7 @@ from credo.schedules.tail_batching import TailBatchingRollout
 from credo.train.setup import (check_context, fault_nan_steps, family_warmups, make_backend, make_run_dir,
                                prepare_policy, reward_function)
 from credo.train.staleness import staleness_lr_factor
+from credo.config.truncation import truncation_kwargs
 from credo.train.state import RESUME_FIXED_KEYS, TrainState
 from credo.train.update import Updater, grad_accum_steps
 
@@ -144,7 +145,7 @@ def build(plan: RunPlan | Recipe) -> Components:
                          total_steps=r.run.steps * a.ppo_epochs * a.mini_batches, min_lr_ratio=o.min_lr_ratio,
                          cpu_offload=r.engine.cpu_offload, reshard_after_forward=r.engine.reshard_after_forward)
     sampling = dict(prompts_per_step=ro.prompts_per_step, group_size=ro.group_size, max_new_tokens=ro.max_new_tokens,
-                    temperature=ro.temperature, top_p=ro.top_p)
+                    temperature=ro.temperature, top_p=ro.top_p, **truncation_kwargs(ro))
     cluster = open_cluster(r)  # None with the local engine
     try:
         return _bind(plan, rank, world, run_dir, policy_path, sft_key, tokenizer, task, engine, render, ref, sampling,

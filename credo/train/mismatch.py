@@ -40,7 +40,9 @@ def step_mismatch_metrics(batch: Batch, pi_old: torch.Tensor) -> dict[str, float
 
     Returns:
         The `mismatch/*` metrics; {} when the sampler gave no log-probs, NaN for each when a value is not
-        finite (a step with a non-finite loss) or no rank has a loss token.
+        finite (a step with a non-finite loss) or no rank has a loss token. A truncating sampler's batch
+        (`batch.kept_rule` set: top-k, top-p < 1 or min-p) adds `mismatch/ratio_mean`, the token mean of
+        pi_old / mu: the mean kept mass S without kept-set replay, 1 with it (docs/truncated_sampling.md).
     """
     if not any(s.rollout_log_probs for s in batch.samples):
         return {}
@@ -49,4 +51,8 @@ def step_mismatch_metrics(batch: Batch, pi_old: torch.Tensor) -> dict[str, float
     sampler = gather_ragged(batch.rollout_log_probs[m].detach().double())
     if not (torch.isfinite(trainer).all() and torch.isfinite(sampler).all()):
         return {k: math.nan for k in MISMATCH_METRICS}
-    return mismatch_metrics(trainer[None], sampler[None], torch.ones(1, trainer.numel(), dtype=torch.bool, device=trainer.device))
+    out = mismatch_metrics(trainer[None], sampler[None], torch.ones(1, trainer.numel(), dtype=torch.bool,
+                                                                    device=trainer.device))
+    if getattr(batch, "kept_rule", None) is not None:
+        out["mismatch/ratio_mean"] = float((trainer - sampler).exp().mean()) if trainer.numel() else math.nan
+    return out

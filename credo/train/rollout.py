@@ -57,10 +57,20 @@ class PromptRollout:
 
     def __init__(self, task, tokenizer, backend, *, seed: int, prompts_per_step: int, group_size: int,
                  max_new_tokens: int, temperature: float, top_p: float, rank: int = 0, world: int = 1,
-                 render=plain_prompt, holdout: int = 0):
+                 render=plain_prompt, holdout: int = 0, top_k: int = 0, min_p: float = 0.0,
+                 kept_set_replay: bool = False):
         self.task, self.tokenizer, self.backend, self.render = task, tokenizer, backend, render
         self.seed, self.P, self.G = seed, prompts_per_step, group_size
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        # top-k / min-p and kept-set replay (docs/truncated_sampling.md) reach the engine only when set, so an engine
+        # (or a test double) without them serves every other recipe unchanged
+        self.truncation = {k: v for k, v in (("top_k", top_k), ("min_p", min_p)) if v}
+        self.kept_rule = None
+        if top_k or min_p or top_p < 1:  # the batch says how it was truncated (and logs mismatch/ratio_mean)
+            self.kept_rule = dict(top_k=top_k, top_p=top_p, min_p=min_p,
+                                  order=getattr(backend, "kept_set_order", "hf"), replay=kept_set_replay)
+            if kept_set_replay:
+                self.truncation["kept_set"] = True
         self.rank, self.world = rank, world
         if not 0 <= holdout < len(task):
             raise ValueError(f"holdout is {holdout}, expected 0 <= holdout < {len(task)} (the training problems)")
@@ -76,9 +86,10 @@ class PromptRollout:
         prompts = [ids for ids in prompt_ids for _ in range(G)]
         seeds = [step_seed(self.seed, step, 1 + i * G + g) for i in mine for g in range(G)]
         samples = self.backend.generate(prompts, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                                        top_p=self.top_p, seeds=seeds)
+                                        top_p=self.top_p, seeds=seeds, **self.truncation)
         group_ids = torch.tensor([i for i in mine for _ in range(G)], device="cpu")
-        return Batch(samples=samples, problems=[p for p in problems for _ in range(G)], group_ids=group_ids, step=step)
+        return Batch(samples=samples, problems=[p for p in problems for _ in range(G)], group_ids=group_ids, step=step,
+                     kept_rule=self.kept_rule)
 
     def generate(self, prompts: list[list[int]], *, temperature: float, seeds: list[int] | None):
         """Sample (or, with `seeds=None`, greedily decode) one response per prompt at the rollout's length cap."""

@@ -54,7 +54,7 @@ class Probe(Protocol):
 
 def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature: float, chunk_size: int,
                    with_entropy: bool, hidden_path: bool = True, packed: bool = False,
-                   prefix_embeds: torch.Tensor | None = None):
+                   prefix_embeds: torch.Tensor | None = None, kept_threshold: torch.Tensor | None = None):
     """Log-probs (and entropy) of input_ids[:, 1:] at `token_mask` positions.
 
     Args:
@@ -63,6 +63,8 @@ def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature:
             batch must be right-padded); the result is the same, in the same [B, L-1] layout.
         prefix_embeds: [B, k, d] soft-prompt embeddings read before each row's tokens (`Batch.prefix_embeds`), or
             None. Their k positions are dropped from the outputs, so the shapes do not change.
+        kept_threshold: [B, L-1] float kept-set thresholds (`Batch.kept_threshold`), or None: the log-probs and the
+            entropy are then those of the distribution renormalised over each token's kept set.
     Returns:
         log_probs [B, L-1] float32 and entropy [B, L-1] float32 (None without `with_entropy`), 0 off the mask.
 
@@ -77,9 +79,11 @@ def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature:
     inputs, k = dict(input_ids=input_ids, attention_mask=attention_mask), 0
     if prefix_embeds is not None:
         inputs, k = prefixed_rows(model, input_ids, attention_mask, prefix_embeds), prefix_embeds.shape[1]
+    tau = None if kept_threshold is None else kept_threshold[token_mask]
     if packed:
         lp_rows, ent_rows = _packed_rows(model, input_ids, attention_mask, token_mask, temperature=temperature,
-                                         chunk_size=chunk_size, with_entropy=with_entropy, hidden_path=hidden_path)
+                                         chunk_size=chunk_size, with_entropy=with_entropy, hidden_path=hidden_path,
+                                         tau=tau)
     elif hidden_path:
         base = getattr(model, model.base_model_prefix)
         hidden = base(**inputs).last_hidden_state[:, k:-1]
@@ -87,11 +91,13 @@ def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature:
         rows = hidden[token_mask]
         labels = input_ids[:, 1:][token_mask]
         out = algos.logprobs_from_hidden(rows, head.weight, labels, temperature=temperature, chunk_size=chunk_size,
-                                         with_entropy=with_entropy, bias=getattr(head, "bias", None))
+                                         with_entropy=with_entropy, bias=getattr(head, "bias", None),
+                                         kept_threshold=tau)
         lp_rows, ent_rows = (out if with_entropy else (out, None))
     else:  # ZeRO-3 partitions the head weight; let the model's own forward gather it
         logits = model(**inputs).logits[:, k:-1]
         sel = logits[token_mask].float() / temperature  # response rows only, before any fp32 copy
+        sel = sel if tau is None else _kept_only(sel, tau, input_ids[:, 1:][token_mask])
         logp = sel.log_softmax(-1)
         lp_rows = logp.gather(-1, input_ids[:, 1:][token_mask].unsqueeze(-1)).squeeze(-1)
         ent_rows = algos.entropy_from_logits(sel) if with_entropy else None
@@ -109,8 +115,14 @@ def prefixed_rows(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
                 attention_mask=torch.cat([ones, attention_mask], 1))
 
 
+def _kept_only(sel: torch.Tensor, tau: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Scaled logits sel [N, V] set to -inf outside each row's kept set (tau [N]) and its label [N], out of place (sel
+    is part of the autograd graph)."""
+    return sel.masked_fill(~algos.kept_mask(sel.detach(), tau, labels), float("-inf"))
+
+
 def _packed_rows(model, input_ids, attention_mask, token_mask, *, temperature: float, chunk_size: int,
-                 with_entropy: bool, hidden_path: bool):
+                 with_entropy: bool, hidden_path: bool, tau: torch.Tensor | None = None):
     """`policy_forward`'s selected log-probs [N] (and entropy [N] or None) from one packed forward, in the order
     `token_mask` selects them. `use_cache=False`: a cache would make transformers ignore the packed positions."""
     packed = PackedRows.of(input_ids, attention_mask)
@@ -123,10 +135,11 @@ def _packed_rows(model, input_ids, attention_mask, token_mask, *, temperature: f
         head = model.get_output_embeddings()
         out = algos.logprobs_from_hidden(hidden.flatten(0, 1)[where], head.weight, labels, temperature=temperature,
                                          chunk_size=chunk_size, with_entropy=with_entropy,
-                                         bias=getattr(head, "bias", None))
+                                         bias=getattr(head, "bias", None), kept_threshold=tau)
         return out if with_entropy else (out, None)
     logits = model(**inputs).logits  # ZeRO-3: the model's own head gathers its partitioned weight
     sel = logits.flatten(0, 1)[where].float() / temperature
+    sel = sel if tau is None else _kept_only(sel, tau, labels)
     logp = sel.log_softmax(-1)
     lp_rows = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     return lp_rows, (algos.entropy_from_logits(sel) if with_entropy else None)
@@ -152,7 +165,7 @@ class PolicyScorer:
         self._merge_tokens: tuple = (None, {})
 
     def __call__(self, model, input_ids, attention_mask, token_mask, *, with_entropy: bool, hidden_path: bool | None = None,
-                 prefix_embeds: torch.Tensor | None = None):
+                 prefix_embeds: torch.Tensor | None = None, kept_threshold: torch.Tensor | None = None):
         """Log-probs (and entropy) [B, T] of `model` on the given rows; see `policy_forward`. `model` may be a LoRA
         run's reference (`credo.lora.BaseReference`): the policy's module, scored with its adapter off."""
         context = contextlib.nullcontext()
@@ -160,10 +173,10 @@ class PolicyScorer:
             model, context = model.module, model.adapter_off()
         with context:
             return self._forward(model, input_ids, attention_mask, token_mask, with_entropy=with_entropy,
-                                 hidden_path=hidden_path, prefix_embeds=prefix_embeds)
+                                 hidden_path=hidden_path, prefix_embeds=prefix_embeds, kept_threshold=kept_threshold)
 
     def _forward(self, model, input_ids, attention_mask, token_mask, *, with_entropy: bool, hidden_path: bool | None,
-                 prefix_embeds: torch.Tensor | None):
+                 prefix_embeds: torch.Tensor | None, kept_threshold: torch.Tensor | None = None):
         """Log-probs (and entropy) [B, T] of `model` on the given rows; see `policy_forward`. With packing or a
         token budget the rows (right-padded) are cut to their longest sample, or packed, and the outputs padded
         back to T. Soft prefixes (`prefix_embeds` [B, k, d]) take the padded path (a recipe cannot combine them with
@@ -172,11 +185,12 @@ class PolicyScorer:
         if not self.trim or prefix_embeds is not None:
             return policy_forward(model, input_ids, attention_mask, token_mask, temperature=self.temperature,
                                   chunk_size=self.chunk_size, with_entropy=with_entropy, hidden_path=hidden_path,
-                                  prefix_embeds=prefix_embeds)
+                                  prefix_embeds=prefix_embeds, kept_threshold=kept_threshold)
         width = int(row_lengths(attention_mask).max())
         lp, ent = policy_forward(model, input_ids[:, :width], attention_mask[:, :width], token_mask[:, :width - 1],
                                  temperature=self.temperature, chunk_size=self.chunk_size, with_entropy=with_entropy,
-                                 hidden_path=hidden_path, packed=self.packed)
+                                 hidden_path=hidden_path, packed=self.packed,
+                                 kept_threshold=None if kept_threshold is None else kept_threshold[:, :width - 1])
         extra = token_mask.shape[1] - (width - 1)
         return torch.nn.functional.pad(lp, (0, extra)), None if ent is None else torch.nn.functional.pad(ent, (0, extra))
 
@@ -184,16 +198,18 @@ class PolicyScorer:
         """Log-probs (and entropy) [B, T] of the whole batch: one forward, or (with algo.micro_batch_tokens) one per
         token-budget group of rows."""
         prefix = getattr(batch, "prefix_embeds", None)
+        kept = getattr(batch, "kept_threshold", None)
         if not self.micro_batch_tokens or prefix is not None:
             return self(model, batch.input_ids, batch.attention_mask, batch.loss_mask, with_entropy=with_entropy,
-                        hidden_path=hidden_path, prefix_embeds=prefix)
+                        hidden_path=hidden_path, prefix_embeds=prefix, kept_threshold=kept)
         lengths = row_lengths(batch.attention_mask).tolist()
         lp = torch.zeros(batch.loss_mask.shape, dtype=torch.float32, device=batch.input_ids.device)
         ent = torch.zeros_like(lp) if with_entropy else None
         for group in token_micro_batches(lengths, self.micro_batch_tokens, packed=self.packed):
             rows = torch.tensor(group, device=lp.device)
             lp_g, ent_g = self(model, batch.input_ids[rows], batch.attention_mask[rows], batch.loss_mask[rows],
-                               with_entropy=with_entropy, hidden_path=hidden_path)
+                               with_entropy=with_entropy, hidden_path=hidden_path,
+                               kept_threshold=None if kept is None else kept[rows])
             lp[rows] = lp_g
             if ent is not None:
                 ent[rows] = ent_g
@@ -205,7 +221,15 @@ class PolicyScorer:
 
         The policy forward runs when old log-probs are needed or a probe asks for it; an on-policy
         single pass takes pi_old inside the update instead.
+
+        Kept-set replay with a sampler that did not record its sets (vLLM: `batch.kept_rule` set, no
+        `batch.kept_threshold`): the sets are first computed from this model's (pi_old's) logits, one more forward.
         """
+        rule = getattr(batch, "kept_rule", None)
+        if rule is not None and rule.get("replay") and batch.kept_threshold is None:
+            batch.kept_threshold = kept_thresholds_of(model, batch, temperature=self.temperature,
+                                                      chunk_size=self.chunk_size, hidden_path=self.hidden_path)
+        kept = getattr(batch, "kept_threshold", None)
         if self.needs_old_log_probs or self.recompute_probes:
             with contextlib.ExitStack() as hooks:
                 for probe in self.recompute_probes:
@@ -215,7 +239,8 @@ class PolicyScorer:
                 if self.recompute_probes and self.trim:  # probes capture the padded forward of the whole batch
                     lp, ent = policy_forward(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
                                              temperature=self.temperature, chunk_size=self.chunk_size,
-                                             with_entropy=with_entropy, hidden_path=self.hidden_path)
+                                             with_entropy=with_entropy, hidden_path=self.hidden_path,
+                                             kept_threshold=kept)
                 else:
                     lp, ent = self._whole_batch(model, batch, with_entropy=with_entropy)
             if self.needs_old_log_probs:
@@ -237,19 +262,21 @@ class PolicyScorer:
         mask = batch.loss_mask[rows]
         prefix = getattr(batch, "prefix_embeds", None)
         prefix = None if prefix is None else prefix[rows]
+        kept = getattr(batch, "kept_threshold", None)
+        kept = None if kept is None else kept[rows]
         if not self.update_probes:
             return self(model, batch.input_ids[rows], batch.attention_mask[rows], mask, with_entropy=True,
-                        prefix_embeds=prefix)
+                        prefix_embeds=prefix, kept_threshold=kept)
         with contextlib.ExitStack() as hooks:
             for probe in self.update_probes:
                 hooks.enter_context(probe.capture(model))
             if prefix is not None:
                 lp, ent = self(model, batch.input_ids[rows], batch.attention_mask[rows], mask, with_entropy=True,
-                               prefix_embeds=prefix)
+                               prefix_embeds=prefix, kept_threshold=kept)
             else:  # probes capture the padded forward of the micro-batch, packed or not
                 lp, ent = policy_forward(model, batch.input_ids[rows], batch.attention_mask[rows], mask,
                                          temperature=self.temperature, chunk_size=self.chunk_size, with_entropy=True,
-                                         hidden_path=self.hidden_path)
+                                         hidden_path=self.hidden_path, kept_threshold=kept)
         view = _rows_view(batch, rows)
         for probe in self.update_probes:
             outputs = probe.result(view, lp.detach(), ent.detach())
@@ -268,6 +295,33 @@ class PolicyScorer:
             self._merge_tokens = (batch, {})
         _merge_metrics(batch.metrics, view.metrics, float(mask.sum()), self._merge_tokens[1])
         return lp, ent
+
+
+@torch.no_grad()
+def kept_thresholds_of(model, batch: Batch, *, temperature: float, chunk_size: int,
+                       hidden_path: bool = True) -> torch.Tensor:
+    """[B, T] float32 kept-set thresholds of `batch.kept_rule` computed from `model`'s own scaled logits on the response
+    tokens (-inf elsewhere): the sets a sampler that does not report them (vLLM) drew from, up to its logits' noise.
+    One no-grad forward, then a sort of each row's [V] logits, `chunk_size` rows at a time."""
+    rule = {k: v for k, v in batch.kept_rule.items() if k != "replay"}
+    mask = batch.response_mask
+    out = torch.full(mask.shape, float("-inf"), dtype=torch.float32, device=batch.input_ids.device)
+    prefix = getattr(batch, "prefix_embeds", None)
+    inputs, k = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask), 0
+    if prefix is not None:
+        inputs, k = prefixed_rows(model, batch.input_ids, batch.attention_mask, prefix), prefix.shape[1]
+    base, head = getattr(model, model.base_model_prefix, None), model.get_output_embeddings()
+    if hidden_path and base is not None and head is not None:
+        rows = base(**inputs).last_hidden_state[:, k:-1][mask]
+        to_logits = lambda h: head(h)  # noqa: E731
+    else:  # ZeRO-3 partitions the head weight: the model's own forward gathers it
+        rows = model(**inputs).logits[:, k:-1][mask]
+        to_logits = lambda h: h  # noqa: E731
+    taus = [algos.kept_set_threshold(to_logits(rows[i:i + chunk_size]).float() / temperature, **rule)
+            for i in range(0, rows.shape[0], chunk_size)]
+    if taus:
+        out[mask] = torch.cat(taus)
+    return out
 
 
 def _rows_view(batch: Batch, rows: torch.Tensor) -> Batch:

@@ -156,3 +156,26 @@ def test_a_worker_killed_mid_call_is_replaced_with_the_weights_and_its_shard_red
             backend.generate(prompts, seeds=seeds, **KW)
     finally:
         backend.close()
+
+
+@pytest.mark.heavy  # a pool of its own (~25 s on a loaded host); tests/distributed/test_kept_set_sampling.py is fast
+def test_the_pool_passes_truncation_and_returns_the_recorded_kept_sets(ray_local, policy):
+    """top_k / min_p / kept_set reach the workers' engines: the pool's samples, kept-set thresholds included, are the
+    in-process backend's (docs/truncated_sampling.md)."""
+    from credo.distributed.ray.rollout import RayRolloutBackend
+
+    path, model, tok = policy
+    prompts, seeds = encode(tok, TEXTS), list(range(2000, 2008))
+    sampling = dict(KW, top_k=4, min_p=0.05, kept_set=True)
+    want = reference(model, tok, prompts, seeds, sampling=sampling)
+    assert all(s.kept_thresholds is not None and len(s.kept_thresholds) == len(s.response_ids) for s in want)
+    backend = RayRolloutBackend(path, workers=2, resources={"CPU": 0.5})
+    try:
+        assert backend.kept_set_order == "hf"
+        got = backend.generate(prompts, seeds=seeds, **sampling)
+    finally:
+        backend.close()
+    assert token_ids(got) == token_ids(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(torch.tensor(g.kept_thresholds), torch.tensor(w.kept_thresholds), atol=1e-5,
+                                   rtol=0)

@@ -78,6 +78,7 @@ class RayRolloutBackend:
         self.role, self.sync_mode, self.call_timeout_s = role, sync, call_timeout_s
         self.per_sample_seeds, self.shards_per_worker = per_sample_seeds, shards_per_worker
         self.elastic = elastic
+        self.kept_set_order = engine  # whose stage order the workers' truncation follows (credo.algos.kept_set)
         self.wire_dtype = DTYPES[model_dtype if fp8_weights or dtype is None else dtype]
         self.group = WorkerGroup(role, RolloutWorker, args=(str(model_path),), kwargs=dict(
             engine=engine, model_dtype=model_dtype, dtype=dtype, fp8_weights=fp8_weights, max_batch=max_batch,
@@ -115,14 +116,16 @@ class RayRolloutBackend:
 
     # ------------------------------------------------------------------------------------ generate
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float,
-                 seeds: list[int] | None) -> list[Sample]:
-        """Sample one response per prompt on the pool; Samples in the caller's order. `seeds=None` decodes greedily."""
+                 seeds: list[int] | None, top_k: int = 0, min_p: float = 0.0, kept_set: bool = False) -> list[Sample]:
+        """Sample one response per prompt on the pool; Samples in the caller's order. `seeds=None` decodes greedily.
+        `top_k`, `min_p`, `kept_set`: passed to each worker's engine (`HFBackend.generate`), only when set."""
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"seeds has length {len(seeds)}, expected {len(prompts)} like prompts")
         if not prompts:
             return []
         self.group.check()
         kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+        kwargs.update({k: v for k, v in dict(top_k=top_k, min_p=min_p, kept_set=kept_set).items() if v})
         with self._lock:
             n_workers = len(self.active)
         if not self.per_sample_seeds and n_workers > 1 and seeds is not None:  # greedy decoding splits freely
