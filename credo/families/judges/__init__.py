@@ -6,7 +6,8 @@
     rm_nlhf.py              the `rm_nlhf` reward stage: outcome + critique similarity + online MetaRM (arXiv 2601.07349)
     ce_rm.py                CE-RM's two-stage rollout and discrimination reward (arXiv 2601.20327)
     critique_similarity.py  embedding / ROUGE-L similarity of critiques
-    tasks.py                the synthetic judging tasks (judge_arithmetic, ce_rm_arithmetic)
+    tasks.py                the synthetic judging tasks (judge_arithmetic, ce_rm_arithmetic, verdict_arithmetic)
+    untrusted.py            policy text in a judge prompt: delimiters, defusing, the verdict format
     pgenrm/                 P-GenRM's synthetic users, evaluation chains and test-time scaling (arXiv 2602.12116)
     best_of_n.py            best-of-N with a CE-RM judge
     cli.py                  `credo bon` (its verb)
@@ -40,7 +41,8 @@ FAMILY = Family(
     },
     tasks={"judge_arithmetic": "credo.families.judges.tasks:ArithmeticJudgeTask",
            "ce_rm_arithmetic": "credo.families.judges.tasks:CriteriaJudgeTask",
-           "pgenrm_users": "credo.families.judges.pgenrm.task:PersonalJudgeTask"},
+           "pgenrm_users": "credo.families.judges.pgenrm.task:PersonalJudgeTask",
+           "verdict_arithmetic": "credo.families.judges.tasks:VerdictArithmeticTask"},
     active=_active,
     build="credo.families.judges.build",
     commands={"bon": "credo.families.judges.cli:add_parser"},

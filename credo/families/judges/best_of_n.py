@@ -120,7 +120,9 @@ def _generate(backend, tok, texts: list[str], *, max_new_tokens: int, temperatur
     ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     out = backend.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature or 1.0, top_p=top_p,
                            seeds=None if temperature == 0 else seeds)
-    return tok.batch_decode([s.response_ids for s in out], skip_special_tokens=True)
+    from credo.families.judges.reward import own_continuation
+
+    return tok.batch_decode([own_continuation(p, s.response_ids) for p, s in zip(ids, out)], skip_special_tokens=True)
 
 
 def sample_policy(backend, tok, prompts: list[str], S: int, *, max_new_tokens: int, temperature: float,
@@ -168,7 +170,8 @@ def run_best_of_n(recipe, ns: list[int], *, log=print) -> dict:
     sampling and the tie-breaks, and judge.max_new_tokens / temperature / score_range for both turns.
 
     Returns:
-        A JSON-able dict: "table" {N: {judge, random, oracle}}, "unparseable_frac", "judge_label_accuracy"
+        A JSON-able dict: "table" {N: {judge, random, oracle}}, "unparseable_frac", "format_in_answer" (share of
+        samples holding a verdict box themselves), "judge_label_accuracy"
         (share of samples whose score falls on the verifier's side of the middle of the range),
         "criteria" [P], "responses" [P][S], "scores" [P][S], "correct" [P][S], and the settings.
     """
@@ -178,6 +181,7 @@ def run_best_of_n(recipe, ns: list[int], *, log=print) -> dict:
     from credo.tasks import make_task
     from credo.families.judges.reward import check_judge_context, load_judge, question_text
     from credo.family import families_of
+    from credo.families.judges.untrusted import contains_verdict
     from credo.train.registry import StageContext
 
     template = check_bon(recipe, ns)
@@ -206,6 +210,7 @@ def run_best_of_n(recipe, ns: list[int], *, log=print) -> dict:
     return {"table": best_of_n_table(scores, correct, ns, r.run.seed), "ns": list(ns), "samples": S,
             "problems": len(problems), "seed": r.run.seed, "policy": policy_path, "judge": judge_path,
             "unparseable_frac": sum(s is None for s, _ in flat) / len(flat),
+            "format_in_answer": sum(contains_verdict(t, "pointwise", lo, hi) for rs in responses for t in rs) / len(flat),
             "judge_label_accuracy": sum(s is not None and (s > mid) == (v > 0.5) for s, v in flat) / len(flat),
             "seconds": {"policy": round(t_policy, 1), "judge": round(time.time() - t1, 1)},
             "criteria": criteria, "responses": responses, "scores": scores, "correct": correct}

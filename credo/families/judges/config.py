@@ -124,7 +124,7 @@ def check_judge(r) -> None:
         from credo.families.judges.prompts import check_template
 
         check_template(j.template, j.mode)
-    if j.warmup_steps and r.task.name != "arithmetic":
+    if j.warmup_steps and r.task.name not in ("arithmetic", "verdict_arithmetic"):
         raise out_of_range("judge.warmup_steps", j.warmup_steps, f"0 unless task.name = 'arithmetic' (the synthetic "
                            f"judging task is built from it; got '{r.task.name}')")
     if j.mode == "pairwise" and j.opponents >= r.rollout.group_size:

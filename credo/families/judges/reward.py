@@ -12,6 +12,9 @@ arXiv 2601.07349; pointwise 0-10: CE-RM, arXiv 2601.20327).
 - A judgement that does not parse (no box, two verdicts, 11/10, unicode digits ...) masks its sample
   like a failed reward call (pairwise: a sample with no parseable comparison) and is counted in
   `reward/unparseable_frac` (the share of the step's judgements).
+- The verdict is parsed from the judge's own continuation only; the policy's text goes into the prompt
+  defused (`credo.families.judges.untrusted`). `judge/format_in_answer` is the share of the step's responses
+  that contain the verdict format themselves (a box the judge's parser would read as a verdict).
 - Pointwise reward: (score - lo) / (hi - lo) in [0, 1]. Pairwise reward: the share of its comparisons
   a response wins; response i meets i+1 .. i+opponents of its group (cyclically) as A, the other as B.
 """
@@ -25,6 +28,7 @@ import torch
 from credo.config import ConfigError
 from credo.families.judges.parse import parse_pairwise_verdict, parse_pointwise_score
 from credo.families.judges.prompts import DEFAULTS, pairwise_prompt, pointwise_prompt
+from credo.families.judges.untrusted import contains_verdict
 from credo.rewards.worker import RewardFunctionError, RewardWorker
 from credo.train.batch import Batch
 from credo.train.registry import StageContext
@@ -34,6 +38,13 @@ def question_text(problem) -> str:
     """The question a judge sees: the problem's prompt (chat messages joined by their content)."""
     p = problem.prompt
     return p if isinstance(p, str) else "\n".join(str(m.get("content", "")) for m in p)
+
+
+def own_continuation(prompt_ids: list[int], response_ids: list[int]) -> list[int]:
+    """The judge's own tokens: `response_ids` without a leading copy of the whole prompt (a backend that returns
+    prompt + continuation would otherwise hand the parser the policy's text)."""
+    n = len(prompt_ids)
+    return list(response_ids[n:]) if n and list(response_ids[:n]) == list(prompt_ids) else list(response_ids)
 
 
 def judge_requests(questions: list[str], responses: list[str], *, group_size: int, mode: str, template: str,
@@ -120,7 +131,8 @@ class JudgeReward:
         seeds = None if self.temperature == 0 else [self.seed * 1_000_003 + step * 100_003 + i for i in range(len(ids))]
         samples = self.backend.generate(ids, max_new_tokens=self.max_new_tokens, temperature=self.temperature or 1.0,
                                         top_p=1.0, seeds=seeds)
-        return self.tok.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
+        return self.tok.batch_decode([own_continuation(p, s.response_ids) for p, s in zip(ids, samples)],
+                                     skip_special_tokens=True)
 
     def __call__(self, batch: Batch) -> None:
         responses = self.policy_tok.batch_decode([s.response_ids for s in batch.samples], skip_special_tokens=True)
@@ -150,6 +162,8 @@ class JudgeReward:
         batch.metrics["reward/timeouts"] = n if status == "timeout" else 0
         batch.metrics["reward/unparseable_frac"] = bad / len(prompts) if status == "ok" and prompts else 0.0
         batch.metrics["reward/judge_calls"] = len(prompts)
+        batch.metrics["judge/format_in_answer"] = (sum(contains_verdict(r, self.mode, self.lo, self.hi) for r in responses)
+                                                   / n if n else 0.0)
         batch.metrics["perf/judge_s"] = elapsed
         batch.metrics["perf/judgements_per_s"] = len(prompts) / elapsed if elapsed > 0 else 0.0
 

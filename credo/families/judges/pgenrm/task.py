@@ -45,6 +45,7 @@ import random
 
 from credo.config import ConfigError
 from credo.families.judges.pgenrm.judge import parse_evaluation_chain
+from credo.families.judges.untrusted import defuse
 from credo.tasks import Problem
 
 USER_RULES = ("short", "verbose", "carry", "plain")
@@ -92,8 +93,16 @@ def stored_history(rule: str, n: int, noise: float, seed: int) -> list[tuple[str
     return out
 
 
+PROMPT_DELIMITERS = (">", ";", "?", ":")
+"""The separators of a P-GenRM prompt; deleted from the responses shown in it (`untrusted.defuse`)."""
+
+
 def render_prompt(shots: list[tuple[str, str, str]], question: str, r1: str, r2: str) -> str:
-    return "".join(f"{q}{c}>{r};" for q, c, r in shots) + f"{question}{r1}?{r2}:"
+    """Shots as "q chosen>rejected;", then "q r1?r2:"; every response defused, so none can end its slot."""
+    def d(text: str) -> str:
+        return defuse(text, PROMPT_DELIMITERS)
+
+    return "".join(f"{q}{d(c)}>{d(r)};" for q, c, r in shots) + f"{question}{d(r1)}?{d(r2)}:"
 
 
 TAGS = {"bare": "b", "carry": "c", "worded": "w"}
