@@ -69,10 +69,12 @@ class StagePlan:
     """The section of the family that declares it (None for a built-in or a stage of no family)."""
     provides: frozenset
     backend_needs: frozenset
+    defaulted: bool = False
+    """The recipe said 'default' and an active family put this stage in its place."""
 
     def who(self) -> str:
         fam = self.resolved.family if self.resolved is not None else None
-        via = f" (made the default by {fam.section or fam.name})" if fam is not None and self.name != DEFAULT else ""
+        via = f" (made the default by {fam.section or fam.name})" if fam is not None and self.defaulted else ""
         return f"'{self.key}' = '{self.name}'{via}"
 
 
@@ -221,7 +223,8 @@ def _stage_plan(r, kind: str, defaults: dict, families: tuple) -> StagePlan:
     key = f"stages.{kind}"
     spec = getattr(r.stages, kind)
     kwargs = getattr(r.stages, f"{kind}_kwargs")
-    if spec == DEFAULT and kind in defaults:
+    defaulted = spec == DEFAULT and kind in defaults
+    if defaulted:
         spec = defaults[kind][0]
     resolved = resolve(kind, spec, key, families)
     if resolved is None:
@@ -230,7 +233,7 @@ def _stage_plan(r, kind: str, defaults: dict, families: tuple) -> StagePlan:
                               "live in their own sections; name the stage they are for")
         return StagePlan(kind, key, DEFAULT, None, {}, f"{key}_kwargs", None,
                          DEFAULT_SOURCE if kind == "rollout" else frozenset(), frozenset())
-    return _planned(r, kind, key, spec, resolved, kwargs, f"{key}_kwargs")
+    return dataclasses.replace(_planned(r, kind, key, spec, resolved, kwargs, f"{key}_kwargs"), defaulted=defaulted)
 
 
 def _probe_plan(r, i: int, spec, families: tuple) -> StagePlan:

@@ -122,8 +122,8 @@ BASE = ["run.name=x"]
      "'reward.function' and 'reward.functions' are both set"),
 ])
 def test_config_errors_name_the_key(overrides, match):
-    with pytest.raises(ConfigError, match=match):
-        load_recipe(None, BASE + overrides)
+    with pytest.raises(ConfigError, match=match):  # at load, or (an import) by the run plan
+        resolve_plan(load_recipe(None, BASE + overrides))
 
 
 def test_single_reward_function_keeps_working():

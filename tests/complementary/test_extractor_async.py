@@ -5,6 +5,7 @@ bank one step late: the same metrics (the extractor's one row later), the same b
 
 from __future__ import annotations
 
+from credo.plan import resolve_plan
 import copy
 import json
 import threading
@@ -37,11 +38,12 @@ def args(out, **extra) -> list[str]:
 @pytest.mark.parametrize("override, match", [
     ("complementary.extractor=none", r"complementary\.extractor_async.*extractor: model or frozen"),
     ("complementary.extractor=self", r"complementary\.extractor_async.*got 'self'"),
-    ("rollout.max_staleness=1", r"complementary\.extractor_async.*rollout\.max_staleness"),
+    ("rollout.max_staleness=1", r"config keys 'complementary\.extractor_async' and 'stages\.schedule' cannot"),
+    ("stages.schedule=fixed_lag", r"config keys 'complementary\.extractor_async' and 'stages\.schedule' cannot"),
 ])
 def test_a_bad_combination_names_the_key(override, match):
-    with pytest.raises(ConfigError, match=match):
-        load_recipe(RECIPE, [ON, override])
+    with pytest.raises(ConfigError, match=match):  # at load (its own section) or by the run plan (a refusal row)
+        resolve_plan(load_recipe(RECIPE, [ON, override]))
 
 
 def test_credo_check_passes_the_async_extractor():

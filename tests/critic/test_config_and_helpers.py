@@ -3,6 +3,7 @@ and the objective's entropy mask."""
 
 from __future__ import annotations
 
+from credo.plan import resolve_plan
 import os
 import subprocess
 import sys
@@ -29,9 +30,10 @@ from tests.e2e.common import REPO
     (["critic.num_critics=1", "algo.advantage=gae", "critic.lr_typo=1"], "unknown config key 'critic.lr_typo'"),
     (["critic.num_critics=1", "algo.advantage=gae", "algo.advantage_kwargs={values: 1}"], "'algo.advantage_kwargs.values'"),
 ])
-def test_bad_critic_settings_fail_at_load(overrides, message):
+def test_bad_critic_settings_fail_at_load_or_check(overrides, message):
+    """At load (the section's values) or by the run plan (names and kwargs), before any warm-up."""
     with pytest.raises(ConfigError) as e:
-        load_recipe(REPO / "recipes" / "quickstart.yaml", overrides)
+        resolve_plan(load_recipe(REPO / "recipes" / "quickstart.yaml", overrides))
     assert message in str(e.value)
 
 

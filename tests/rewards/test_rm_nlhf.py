@@ -1,5 +1,6 @@
 """RM-NLHF: ROUGE-L by hand, the reward formula against a naive loop, MetaRM on a toy signal, the stage."""
 
+from credo.plan import resolve_plan
 import random
 
 import pytest
@@ -107,7 +108,8 @@ def test_stage_adds_similarity_for_human_items_and_metarm_for_the_rest():
 
 def test_stage_kwargs_are_strict():
     with pytest.raises(ConfigError, match="unknown config key 'stages.reward_kwargs.lamda'; did you mean"):
-        load_recipe(REPO / "recipes" / "quickstart.yaml", ["stages.reward=rm_nlhf", "stages.reward_kwargs={lamda: 1}"])
+        resolve_plan(load_recipe(REPO / "recipes" / "quickstart.yaml",
+                                 ["stages.reward=rm_nlhf", "stages.reward_kwargs={lamda: 1}"]))
 
 
 @pytest.mark.slow

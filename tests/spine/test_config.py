@@ -1,5 +1,6 @@
 """Strict recipe loading: unknown keys, wrong types, ranges, missing files, overrides."""
 
+from credo.plan import resolve_plan
 import pytest
 
 from credo.config import ConfigError, load_recipe
@@ -54,22 +55,22 @@ def test_missing_file_names_path():
 
 def test_unknown_registry_name_suggests():
     with pytest.raises(ConfigError, match=r"'algo.policy_loss' = 'cipso'.*did you mean 'cispo'"):
-        load_recipe(QUICKSTART, ["algo.policy_loss=cipso"])
+        resolve_plan(load_recipe(QUICKSTART, ["algo.policy_loss=cipso"]))  # names: by the run plan (credo check)
 
 
 def test_loss_kwargs_checked_against_signature():
     with pytest.raises(ConfigError, match=r"unknown config key 'algo.loss_kwargs.clip_hgh'; did you mean 'algo.loss_kwargs.clip_high'"):
-        load_recipe(QUICKSTART, ["algo.loss_kwargs={clip_hgh: 0.3}"])
+        resolve_plan(load_recipe(QUICKSTART, ["algo.loss_kwargs={clip_hgh: 0.3}"]))
     # the shared keywords of every loss (train/inference correction) are accepted too
     r = load_recipe(QUICKSTART, ["algo.loss_kwargs={correction: tis, correction_cap: 2.0}"])
     assert r.algo.loss_kwargs["correction"] == "tis"
     with pytest.raises(ConfigError, match="set by the trainer"):
-        load_recipe(QUICKSTART, ["algo.loss_kwargs={global_tokens: 3}"])
+        resolve_plan(load_recipe(QUICKSTART, ["algo.loss_kwargs={global_tokens: 3}"]))
 
 
 def test_advantage_kwargs_checked():
     with pytest.raises(ConfigError, match=r"algo.advantage_kwargs.norm_sdt.*did you mean 'algo.advantage_kwargs.norm_std'"):
-        load_recipe(QUICKSTART, ["algo.advantage_kwargs={norm_sdt: false}"])
+        resolve_plan(load_recipe(QUICKSTART, ["algo.advantage_kwargs={norm_sdt: false}"]))
 
 
 def test_bad_override_syntax():
@@ -217,7 +218,7 @@ def test_group_size_one_with_a_group_estimator_is_refused():
 
     for name in sorted(GROUP_ESTIMATORS):
         with pytest.raises(ConfigError) as e:
-            load_recipe(QUICKSTART, [f"algo.advantage={name}", "rollout.group_size=1"])
+            resolve_plan(load_recipe(QUICKSTART, [f"algo.advantage={name}", "rollout.group_size=1"]))
         expected = f"config key 'rollout.group_size' = 1 is out of range: expected >= 2 with algo.advantage = '{name}'"
         assert expected in str(e.value)
         assert load_recipe(QUICKSTART, [f"algo.advantage={name}", "rollout.group_size=2"]).rollout.group_size == 2

@@ -7,6 +7,7 @@ file knows about them.
 
 from __future__ import annotations
 
+from credo.plan import resolve_plan
 import contextlib
 import json
 
@@ -142,9 +143,9 @@ def test_unknown_plugin_fails_at_check_naming_the_key():
     from credo.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"stages.advantage.*has no callable 'nope'"):
-        load_recipe("recipes/quickstart.yaml", [f"stages.advantage={HERE}:nope"])
+        resolve_plan(load_recipe("recipes/quickstart.yaml", [f"stages.advantage={HERE}:nope"]))
     with pytest.raises(ConfigError, match=r"stages.rollout.*not a known rollout stage"):
-        load_recipe("recipes/quickstart.yaml", ["stages.rollout=gem"])
+        resolve_plan(load_recipe("recipes/quickstart.yaml", ["stages.rollout=gem"]))
 
 
 # ------------------------------------------------------------------------------------------ rollback
