@@ -35,7 +35,7 @@ def test_bad_values_name_their_key(override, message):
 
 @pytest.mark.parametrize("overrides,key", [
     (["rollout.backend=vllm"], "'rollout.backend' = 'vllm'"),
-    (["stages.rollout=multiturn", "env.id=credo:GuessNumber-v0"], "'stages.rollout' = 'multiturn'"),
+    (["stages.rollout=multiturn", "env.id=credo:GuessNumber-v0", "stages.reward=env"], "'stages.rollout' = 'multiturn'"),
     (["engine.zero_stage=3"], "'engine.zero_stage' = 3"),
 ])
 @pytest.mark.parametrize("schedule", [["stages.schedule=overlap"],
