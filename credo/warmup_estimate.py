@@ -121,6 +121,8 @@ def warmup_notes(r, task, active: tuple = ()) -> list[str]:
     from credo.models import cache_root, resolve_model_path
 
     base = resolve_model_path(r.model.path, r.model.tiny)
+    if not Path(base).is_dir():  # a hub id not downloaded here (credo check may run on a machine without the model)
+        return [f"warm-ups of model.path '{r.model.path}': not estimated here (the model is not on this machine)"]
     plans = []
     sft = sft_plan(r, base, task)
     if sft is not None:

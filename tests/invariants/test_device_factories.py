@@ -77,7 +77,9 @@ def _mismatch_before_b38e148():
     """credo/train/mismatch.py's `step_mismatch_metrics` as it was before b38e148: the mask on the CPU."""
     import credo.train.mismatch as mm
 
-    src = inspect.getsource(mm.step_mismatch_metrics).replace(", device=trainer.device)", ")")
+    import re
+
+    src = re.sub(r",\s*device=trainer\.device\)", ")", inspect.getsource(mm.step_mismatch_metrics))  # any line wrapping
     assert "torch.ones(1, trainer.numel(), dtype=torch.bool))" in src, "the planted bug no longer matches the code"
     ns = dict(vars(mm))
     exec(compile(src, mm.__file__, "exec"), ns)

@@ -1,7 +1,8 @@
 """Every combination of features either trains or is refused by `credo check` (issue 51). The matrix is generated
 from the tables (benchmarks/combinations.py): family recipes x schedules x {hf, vllm} x {local, Ray} x packing.
 Here: the three combinations that used to pass `credo check` and crash at step 1 are refused by it, naming both keys;
-a slice of the matrix goes through the plan's checks (the whole matrix is a heavy test); a few accepted cells train."""
+a slice of the matrix goes through the plan's checks (the whole matrix is a heavy test); two accepted cells train
+(heavy)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ def test_the_covering_set_covers_every_pair_of_the_accepted_cells():
     assert len(chosen) < len(accepted)
 
 
+@pytest.mark.heavy  # 90 s a cell in CI; the covering set trains in benchmarks/combinations.py train
 @pytest.mark.parametrize("cell", [comb.Cell("quickstart", "tail_batching", "hf", "local", True),
                                   comb.Cell("quickstart", "fixed_lag", "hf", "local", False)],
                          ids=lambda c: "-".join(map(str, comb.astuple(c))))

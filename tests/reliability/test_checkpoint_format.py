@@ -45,6 +45,9 @@ class Engine:
         self.loads.append((load_dir, kw))
         return (load_dir if self.load_ok else None), {}
 
+    def zero_optimization_stage(self) -> int:  # what credo.distributed.engines.as_train_engine asks a DeepSpeed engine
+        return 0
+
 
 def _save(engine, root, step, **kw):
     return ck.save_checkpoint(engine, root, step, meta=kw.pop("meta", {"data_position": 3}),

@@ -131,6 +131,7 @@ def warm_cli():
     assert _credo_check(["check", str(Path(__file__).resolve().parents[2] / "recipes/quickstart.yaml")])[0] == 0
 
 
+@pytest.mark.heavy  # 294 s in a CI run at load (each example a whole credo check); the load-level fuzz tests stay in CI
 @pytest.mark.timeout(HANG_S)
 @settings(max_examples=max(EXAMPLES // 3, 10), **_SETTINGS)
 @given(DOCUMENTS, st.lists(OVERRIDE, max_size=3))
@@ -140,7 +141,7 @@ def test_credo_check_exits_0_or_2_with_one_line_and_no_traceback(warm_cli, tmp_p
     code, err = _credo_check(["check", str(path), *overrides])
     assert code in (0, 2), (code, err)
     assert "Traceback" not in err
-    lines = err.strip().splitlines()
+    lines = [x for x in err.strip().splitlines() if "deprecated" not in x]  # a deprecated key's warning may precede
     if code == 2 and "usage:" not in err:  # argparse's usage errors are its own two lines
         assert len(lines) == 1 and lines[0].startswith("credo: config error:"), err
 
