@@ -24,7 +24,7 @@ A capability is a short string. The ones credo's parts use:
 declared capability is really there). Sources declare theirs in their `StageEntry` (`credo.family`), schedules in
 their `Schedule` (`credo.schedules`). A true incompatibility that no capability expresses is one `Refusal` row:
 the core's are in `CORE_REFUSALS`, a family's in its `Family.refusals`, and the plan checks them all in one place
-(`check_refusals`), so `credo check --capabilities` can print the whole table.
+(`check_refusals`).
 
 This module imports nothing heavy (it is read by `credo check` and by the recipe loader's callers).
 """
