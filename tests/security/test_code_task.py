@@ -64,7 +64,8 @@ def test_printed_forgeries_do_not_score():
 
 def test_hostile_responses_fail_alone_with_their_reason_counted():
     p = CodeTask(train_size=100, eval_size=1, seed=0, timeout_s=0.5).train(0)
-    responses = [p.answer, "[0 for _ in iter(int, 1)]", "len(bytearray(10 ** 10))",
+    # an endless loop that allocates nothing (a growing list could meet the memory limit before the wall clock)
+    responses = [p.answer, "next(_ for _ in iter(int, 1) if _)", "len(bytearray(10 ** 10))",
                  "__import__('os').kill(__import__('os').getpid(), 9)", "1 +", p.answer]
     group = sandbox_reward(responses, [p] * len(responses))
     rewards = group.finish(len(responses))
@@ -85,7 +86,7 @@ class _Tok:
 
 def test_function_reward_logs_the_reasons_under_their_own_names():
     p = CodeTask(train_size=100, eval_size=1, seed=0, timeout_s=0.5).train(1)
-    texts = [p.answer, p.answer + ".", "[0 for _ in iter(int, 1)]", "1 +"]
+    texts = [p.answer, p.answer + ".", "next(_ for _ in iter(int, 1) if _)", "1 +"]
     worker = RewardWorker(sandbox_reward, timeout_s=30, workers=2, max_failure_frac=1.0)
     batch = Batch(samples=[Sample(prompt_ids=[9], response_ids=[i], response_mask=[1], rollout_log_probs=[0.0],
                                   finished=True) for i in range(4)],
