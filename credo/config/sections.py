@@ -4,7 +4,8 @@ Each field carries a one-line doc right under it and its valid range beside it (
 A family's own section (critic:, mipu:, env:, judge:, ...) lives in its folder under credo/families/ and
 joins the recipe through the family table (`credo.family`); `credo.config.recipe_class` assembles them.
 The whole core schema (every section, field, doc and range) is read in one place, as cleanrl's `Args`; it
-holds no logic. It runs past 400 lines because every field has its one-line doc under it: splitting the sections
+holds no logic but `Recipe.__post_init__`, which reads the deprecated optim.zero_stage as engine.zero_stage for one
+release. It runs past 400 lines because every field has its one-line doc under it: splitting the sections
 over several files would only scatter the schema a reader looks up.
 """
 

@@ -16,6 +16,8 @@ With `transport='gloo'` or `'nccl'` a full push is instead a broadcast in a proc
 workers (credo.distributed.ray.collective), formed again whenever the pool's members change. A worker that joins
 or replaces a lost one gets its first weights through the object store, then joins the group at the next push.
 The wire dtype is the rollout dtype (`dtype`), or the trainer's with FP8 weights (they are quantised from it).
+It is one line over 400: dispatch, fault handling and the three push paths share the pool's state, and a split
+would pass that state between modules.
 """
 
 from __future__ import annotations
