@@ -101,6 +101,8 @@ class Requirement:
     of: str
     provided: frozenset
     why: str = ""
+    part: str = ""
+    """Which part `of` is: 'backend', 'source' or 'engine'."""
 
     def met(self) -> bool:
         return self.capability in self.provided

@@ -134,8 +134,7 @@ class RunPlan:
     def needs_backend(self, capability: str) -> bool:
         """Whether any part of the plan needs `capability` of the rollout backend (the vLLM engine is then built
         with it, e.g. prompt embeddings)."""
-        return any(q.capability == capability and q.of.startswith(("'rollout.backend'", "'cluster.engine'"))
-                   for q in self.requirements)
+        return any(q.capability == capability and q.part == "backend" for q in self.requirements)
 
 
 def resolve_plan(r) -> RunPlan:
@@ -181,20 +180,23 @@ def _requirements(r, sched: SchedulePlan, stages: dict, probes: tuple, backend: 
     source = stages["rollout"]
     engine_key = (f"'engine.zero_stage' = {r.engine.zero_stage} (engine deepspeed)" if r.engine.backend == "deepspeed"
                   else f"'engine.backend' = '{r.engine.backend}'")
-    out = [Requirement(sched.who(), c, source.who(), provided["source"], "a schedule needs it of the rollout source")
-           for c in sorted(sched.spec.source_needs)]
-    out += [Requirement(sched.who(), c, backend_key, provided["backend"]) for c in sorted(sched.spec.backend_needs)]
-    out += [Requirement(sched.who(), c, engine_key, provided["engine"]) for c in sorted(sched.spec.engine_needs)]
+    out = [Requirement(sched.who(), c, source.who(), provided["source"], "a schedule needs it of the rollout source",
+                       "source") for c in sorted(sched.spec.source_needs)]
+    out += [Requirement(sched.who(), c, backend_key, provided["backend"], part="backend")
+            for c in sorted(sched.spec.backend_needs)]
+    out += [Requirement(sched.who(), c, engine_key, provided["engine"], part="engine")
+            for c in sorted(sched.spec.engine_needs)]
     ro = r.rollout
     copies = [(backend_key, backend != "hf"), (f"'rollout.dtype' = '{ro.dtype}'", ro.dtype is not None),
               ("'rollout.fp8_weights' = true", ro.fp8_weights)]
     out += [Requirement(who, MODULE_WEIGHT_PUSH, engine_key, provided["engine"],
-                        "the rollout engine reads the policy's weights from the trainer's module")
+                        "the rollout engine reads the policy's weights from the trainer's module", "engine")
             for who, on in copies if on][:1]
     if r.model.lora.r:
-        out.append(Requirement(f"'model.lora.r' = {r.model.lora.r}", LORA, engine_key, provided["engine"]))
+        out.append(Requirement(f"'model.lora.r' = {r.model.lora.r}", LORA, engine_key, provided["engine"], part="engine"))
     for stage in (*stages.values(), *probes):
-        out += [Requirement(stage.who(), c, backend_key, provided["backend"]) for c in sorted(stage.backend_needs)]
+        out += [Requirement(stage.who(), c, backend_key, provided["backend"], part="backend")
+                for c in sorted(stage.backend_needs)]
     return out
 
 
