@@ -142,6 +142,8 @@ def main() -> None:
     p.add_argument("--out", default=None, help="write every cell's outcome as JSON here")
     p.add_argument("--runs", default="/tmp/credo-combinations", help="run folders of the trained cells")
     p.add_argument("--only", nargs="*", default=None, help="recipes (default: all)")
+    p.add_argument("--resume", action="store_true",
+                   help="a cell whose run folder already holds run.steps lines of metrics.jsonl is not trained again")
     args = p.parse_args()
     rows = []
     for cell in cells():
@@ -164,14 +166,32 @@ def main() -> None:
         print(f"training a pairwise covering set of {len(chosen)} accepted cells", flush=True)
         for i, cell in enumerate(chosen):
             out = Path(args.runs) / f"{i:03d}-{'-'.join(map(str, astuple(cell)))}"
-            rc, secs, tail = train_cell(cell, out)
             row = next(r for r in rows if tuple(r[k] for k in ("recipe", "schedule", "backend", "engine", "packing"))
                        == astuple(cell))
+            if args.resume and trained_steps(out) >= 2:
+                row.update(trained=True, rc=0, seconds=None, tail="", resumed=True)
+                print(f"done        {' '.join(map(str, astuple(cell)))} (an earlier run)", flush=True)
+                continue
+            rc, secs, tail = train_cell(cell, out)
             row.update(trained=rc == 0, rc=rc, seconds=round(secs, 1), tail=tail if rc else "")
             print(f"{'ok  ' if rc == 0 else 'FAIL'} {secs:6.0f} s  {' '.join(map(str, astuple(cell)))}"
                   f"{'' if rc == 0 else chr(10) + tail}", flush=True)
+            if args.out:  # after every cell, so a crash of the sweep loses no cell already trained
+                write(args.out, rows)
     if args.out:
-        Path(args.out).write_text(json.dumps({"cells": rows}, indent=1) + "\n")
+        write(args.out, rows)
+
+
+def trained_steps(out: Path) -> int:
+    """How many steps a cell's earlier run logged (0 if none)."""
+    f = out / "metrics.jsonl"
+    return sum(1 for line in f.read_text().splitlines() if line.strip()) if f.exists() else 0
+
+
+def write(path: str, rows: list[dict]) -> None:
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps({"cells": rows}, indent=1) + "\n")
+    tmp.replace(path)
 
 
 if __name__ == "__main__":
