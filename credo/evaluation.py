@@ -103,13 +103,10 @@ def evaluate_model(model: str | Path, recipe: Recipe, *, samples: int | None = N
         if r.rollout.backend == "hf" or r.rollout.fp8_weights:
             policy = load_causal_lm(r.model.path, r.model.dtype).to(device())
             check_vocab(policy, tokenizer, r.model.path)
-        ro = r.rollout
-        ctx = StageContext(rank=0, world=1, seed=r.run.seed, tokenizer=tokenizer, task=task,
+        ctx = StageContext(rank=0, world=1, recipe=r, tokenizer=tokenizer, task=task,
                            backend=make_backend(plan, SimpleNamespace(module=policy), tokenizer, r.model.path),
-                           rollout=dict(prompts_per_step=ro.prompts_per_step, group_size=ro.group_size,
-                                        max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p),
                            render=prompt_renderer(tokenizer, r.task.system_prompt, r.task.chat_template),
-                           task_config=r.task, policy_path=r.model.path, dtype=r.model.dtype, recipe=r)
+                           policy_path=r.model.path)
         source = build_source(plan, ctx)
         stack.callback(source.close)
         evaluator = make_evaluator(plan, ctx, SimpleNamespace(source=source, reward_fn=default_reward_fn(plan, task)))

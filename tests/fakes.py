@@ -60,3 +60,12 @@ class ScriptedBackend:
 
     def close(self) -> None:
         pass
+
+
+def recipe_with(**sections):
+    """A recipe with these sections' fields set (`run={"seed": 5}, rollout={"group_size": 2}`), loaded strictly: what
+    a test hands `StageContext(recipe=...)` for the run-wide settings a stage reads (seed, sampling, dtype, ...)."""
+    from credo.config import load_recipe
+
+    run = {"name": "test", **sections.get("run", {})}  # run.name is the one key a recipe must set
+    return load_recipe({**sections, "run": run})

@@ -49,17 +49,14 @@ from credo.tasks.render import prompt_renderer
 from credo.train.advantage import OutcomeAdvantage
 from credo.train.cluster import open_cluster
 from credo.train.evaluate import Evaluator
-from credo.schedules.fixed_lag import FixedLagSource
 from credo.train.objective import Objective
 from credo.train.registry import StageContext, build_stage
 from credo.train.reward import FunctionReward
 from credo.train.rollout import PromptRollout
 from credo.train.scoring import PolicyScorer
-from credo.schedules.tail_batching import TailBatchingRollout
 from credo.train.setup import (check_context, fault_nan_steps, family_warmups, make_backend, make_run_dir,
                                prepare_policy, reward_function)
 from credo.train.staleness import staleness_lr_factor
-from credo.config.truncation import truncation_kwargs
 from credo.train.state import RESUME_FIXED_KEYS, TrainState
 from credo.train.update import Updater, grad_accum_steps
 
@@ -144,11 +141,9 @@ def build(plan: RunPlan | Recipe) -> Components:
                          grad_accum=grad_accum, bf16=r.model.dtype == "bfloat16", lr_schedule=o.lr_schedule,
                          total_steps=r.run.steps * a.ppo_epochs * a.mini_batches, min_lr_ratio=o.min_lr_ratio,
                          cpu_offload=r.engine.cpu_offload, reshard_after_forward=r.engine.reshard_after_forward)
-    sampling = dict(prompts_per_step=ro.prompts_per_step, group_size=ro.group_size, max_new_tokens=ro.max_new_tokens,
-                    temperature=ro.temperature, top_p=ro.top_p, **truncation_kwargs(ro))
     cluster = open_cluster(r)  # None with the local engine
     try:
-        return _bind(plan, rank, world, run_dir, policy_path, sft_key, tokenizer, task, engine, render, ref, sampling,
+        return _bind(plan, rank, world, run_dir, policy_path, sft_key, tokenizer, task, engine, render, ref,
                      grad_accum, cluster)
     except BaseException:
         if cluster is not None:
@@ -156,18 +151,14 @@ def build(plan: RunPlan | Recipe) -> Components:
         raise
 
 
-def _bind(plan: RunPlan, rank, world, run_dir, policy_path, sft_key, tokenizer, task, engine, render, ref, sampling,
+def _bind(plan: RunPlan, rank, world, run_dir, policy_path, sft_key, tokenizer, task, engine, render, ref,
           grad_accum, cluster) -> Components:
     """The stages, the trainer state, the hooks and the evaluator, bound once the engines exist."""
     r = plan.recipe
     a, o = r.algo, r.optim
-    ctx = StageContext(rank=rank, world=world, seed=r.run.seed, tokenizer=tokenizer, task=task, recipe=r,
-                       backend=make_backend(plan, engine, tokenizer, policy_path, cluster), engine=engine, rollout=sampling,
-                       render=render, task_config=r.task, policy_path=policy_path, dtype=r.model.dtype,
-                       zero_stage=o.zero_stage, advantage_kwargs=dict(a.advantage_kwargs), ref_model=ref,
-                       eval_samples=r.run.eval_samples,
-                       reward_isolation=dict(timeout_s=r.reward.timeout_s, workers=r.reward.workers,
-                                             max_failure_frac=r.reward.max_failure_frac), cluster=cluster)
+    ctx = StageContext(rank=rank, world=world, recipe=r, tokenizer=tokenizer, task=task, engine=engine, render=render,
+                       backend=make_backend(plan, engine, tokenizer, policy_path, cluster), policy_path=policy_path,
+                       ref_model=ref, cluster=cluster)
     parts, ctx = build_stages(plan, ctx, grad_accum)
     config = recipe_to_dict(r)
     stateful = {name: stage for name, stage in (("source", parts.source), ("advantage", parts.advantage),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from credo.errors import ConfigError
@@ -45,39 +45,29 @@ def register_stage(kind: str, name: str):
 
 @dataclass(frozen=True)
 class StageContext:
-    """What a stage factory may use: the run's runtime, frozen. The builder makes a new one (`dataclasses.replace`)
-    as it goes (with the source, then the scorer) and for each factory call (with that call's `default` and
-    `section`), so no factory sees another's per-call values and none can change what the next one gets."""
+    """What a stage factory may use: the run's runtime, frozen, and the recipe it runs. The builder makes a new one
+    (`dataclasses.replace`) as it goes (with the source, then the scorer) and for each factory call (with that call's
+    `default` and `section`), so no factory sees another's per-call values and none can change what the next one gets.
 
-    rank: int
-    world: int
-    seed: int
+    Run-wide settings (the seed, the sampling settings, model.dtype, ...) are properties read from `recipe`, here and
+    nowhere else, not fields: a context cannot hold a value that disagrees with the recipe it runs."""
+
+    rank: int = 0
+    world: int = 1
+    recipe: Any = None
+    """The whole recipe, read-only (None: the default recipe). A family stage or hook reads its own section through
+    `section`; this is for one that also reads another family's section (a source that plays the environment another
+    family's section describes) and for the run-wide properties below."""
     tokenizer: Any = None
     task: Any = None
     backend: Any = None
-    """The rollout engine (hf or vllm): `generate(prompts, max_new_tokens=, temperature=, top_p=, seeds=)`."""
+    """The rollout engine (hf, vllm or the Ray pool): `generate(prompts, max_new_tokens=, temperature=, top_p=, seeds=)`."""
     engine: Any = None
-    """The policy's DeepSpeed engine (`engine.module` is the model)."""
-    rollout: dict = field(default_factory=dict)
-    """The recipe's sampling settings: prompts_per_step, group_size, max_new_tokens, temperature, top_p."""
+    """The policy's training engine (`engine.module` is the model)."""
     render: Any = None
     """`render(problem) -> str`: the recipe's prompt rendering (chat template, system prompt), as the default stages use."""
-    default: Any = None
-    """The built-in stage of the kind being built (a plug-in may wrap it); None where there is none."""
-    section: Any = None
-    """The recipe section of the family whose stage is being built (e.g. `env:` for `multiturn`); None otherwise."""
-    task_config: Any = None
-    """The recipe's `task:` section (what a judge warm-up builds its judging task from)."""
-    reward_isolation: dict = field(default_factory=dict)
-    """reward.timeout_s, reward.workers and reward.max_failure_frac."""
     policy_path: str | None = None
     """The folder the policy was loaded from (the warm-up's output, or model.path)."""
-    dtype: str = "float32"
-    """model.dtype."""
-    zero_stage: int = 0
-    """optim.zero_stage (a stage with engines of its own uses the same)."""
-    advantage_kwargs: dict = field(default_factory=dict)
-    """algo.advantage_kwargs (GAE's gamma and lam for the critic stage)."""
     ref_model: Any = None
     """The frozen reference policy (model.ref_model), or None."""
     scorer: Any = None
@@ -87,11 +77,62 @@ class StageContext:
     cluster: Any = None
     """The run's Ray parts (`credo.train.cluster.Cluster`: `track`, `check_role`, `cfg`) with cluster.engine: ray;
     None with the local engine. A family that moves work onto Ray workers builds them through it."""
-    recipe: Any = None
-    """The whole recipe, read-only: for a family stage or hook that also reads another family's section (a source
-    that plays the environment another family's section describes)."""
-    eval_samples: int = 1
-    """run.eval_samples: an evaluator's draws per held-out problem."""
+    default: Any = None
+    """Per call: the built-in stage of the kind being built (a plug-in may wrap it); None where there is none."""
+    section: Any = None
+    """Per call: the recipe section of the family whose stage is being built (e.g. `env:` for `multiturn`)."""
+
+    def __post_init__(self):
+        if self.recipe is None:
+            from credo.config import Recipe
+
+            object.__setattr__(self, "recipe", Recipe())
+
+    @property
+    def seed(self) -> int:
+        """run.seed."""
+        return self.recipe.run.seed
+
+    @property
+    def rollout(self) -> dict:
+        """The sampling settings every rollout source takes: prompts_per_step, group_size, max_new_tokens,
+        temperature, top_p, and the truncation keys that are set (top_k, min_p, kept_set_replay)."""
+        from credo.config.truncation import truncation_kwargs
+
+        ro = self.recipe.rollout
+        return dict(prompts_per_step=ro.prompts_per_step, group_size=ro.group_size, max_new_tokens=ro.max_new_tokens,
+                    temperature=ro.temperature, top_p=ro.top_p, **truncation_kwargs(ro))
+
+    @property
+    def task_config(self) -> Any:
+        """The recipe's `task:` section (what a judge warm-up builds its judging task from)."""
+        return self.recipe.task
+
+    @property
+    def reward_isolation(self) -> dict:
+        """reward.timeout_s, reward.workers and reward.max_failure_frac."""
+        rw = self.recipe.reward
+        return dict(timeout_s=rw.timeout_s, workers=rw.workers, max_failure_frac=rw.max_failure_frac)
+
+    @property
+    def dtype(self) -> str:
+        """model.dtype."""
+        return self.recipe.model.dtype
+
+    @property
+    def zero_stage(self) -> int:
+        """The ZeRO stage of the policy's engine (a stage with engines of its own uses the same)."""
+        return self.recipe.optim.zero_stage
+
+    @property
+    def advantage_kwargs(self) -> dict:
+        """algo.advantage_kwargs (GAE's gamma and lam for the critic stage)."""
+        return dict(self.recipe.algo.advantage_kwargs)
+
+    @property
+    def eval_samples(self) -> int:
+        """run.eval_samples: an evaluator's draws per held-out problem."""
+        return self.recipe.run.eval_samples
 
 
 @dataclass(frozen=True)

@@ -187,9 +187,7 @@ def test_critic_stage_builds_one_engine_per_critic_with_its_own_head_seed(monkey
     r.rollout.prompts_per_step, r.rollout.group_size = 4, 4
 
     def ctx():  # what the builder hands the stage
-        return StageContext(rank=0, world=1, seed=r.run.seed, tokenizer="tok", policy_path="/policy", dtype=r.model.dtype,
-                            zero_stage=r.optim.zero_stage, section=r.critic,
-                            rollout=dict(prompts_per_step=4, group_size=4))
+        return StageContext(rank=0, world=1, recipe=r, tokenizer="tok", policy_path="/policy", section=r.critic)
 
     stage = critic_stage(ctx())
     assert len(stage.engines) == 2

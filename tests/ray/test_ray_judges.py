@@ -20,6 +20,7 @@ from credo.tasks import make_task
 from credo.train.batch import Batch
 from credo.train.registry import StageContext
 from tests.ray.common import start_local_ray
+from tests.fakes import recipe_with
 
 pytest.importorskip("ray")
 
@@ -41,9 +42,11 @@ def context(tmp_path, cluster=None) -> StageContext:
                         temperature=0.0, warmup_steps=120, warmup_batch_size=64, warmup_lr=3e-3,
                         warmup_kwargs={"wrong_frac": 0.5})
     tok = load_tokenizer(str(resolve_model_path("tiny", TINY)))
-    return StageContext(rank=0, world=1, seed=3, tokenizer=tok, task=make_task(TASK), task_config=TASK,
-                        rollout={"group_size": 2, "max_new_tokens": 4}, section=judge, cluster=cluster,
-                        reward_isolation={"timeout_s": 600.0, "workers": 1, "max_failure_frac": 1.0})
+    recipe = recipe_with(run={"seed": 3}, rollout={"group_size": 2, "max_new_tokens": 4},
+                         reward={"timeout_s": 600.0, "workers": 1, "max_failure_frac": 1.0})
+    recipe.task = TASK  # the judging task's config, as the builder's recipe holds it
+    return StageContext(rank=0, world=1, recipe=recipe, tokenizer=tok, task=make_task(TASK), section=judge,
+                        cluster=cluster)
 
 
 def batch_of(ctx: StageContext, n: int = 32) -> Batch:

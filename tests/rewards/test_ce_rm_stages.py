@@ -15,7 +15,7 @@ from credo.families.judges.ce_rm import (CHOSEN, CRITERIA, REJECTED, CERMReward,
                                ce_rm_reward, two_stage_source)
 from credo.train.registry import StageContext, resolve
 from credo.train.rollout import step_problem_indices, step_seed
-from tests.fakes import CharTok
+from tests.fakes import CharTok, recipe_with
 
 
 class Backend:
@@ -170,9 +170,10 @@ def test_rewards_with_more_criteria_than_evaluations():
 
 
 def ctx_for(group_size=20, **kw):
-    return StageContext(rank=kw.pop("rank", 0), world=kw.pop("world", 1), seed=kw.pop("seed", 0), tokenizer=CharTok(),
-                        task=kw.pop("task", Instances()), backend=kw.pop("backend", Backend()), default=kw.pop("default", None),
-                        rollout={"prompts_per_step": 2, "group_size": group_size, "temperature": 0.7, "top_p": 0.95})
+    recipe = recipe_with(run={"seed": kw.pop("seed", 0)},
+                         rollout={"prompts_per_step": 2, "group_size": group_size, "temperature": 0.7, "top_p": 0.95})
+    return StageContext(rank=kw.pop("rank", 0), world=kw.pop("world", 1), recipe=recipe, tokenizer=CharTok(),
+                        task=kw.pop("task", Instances()), backend=kw.pop("backend", Backend()), default=kw.pop("default", None))
 
 
 def test_two_stage_source_errors_name_the_key():

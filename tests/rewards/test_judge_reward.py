@@ -16,7 +16,7 @@ from credo.rewards.worker import RewardFunctionError
 from credo.train.batch import Batch
 from credo.families.judges.reward import JudgeReward, judge_requests, judge_rewards
 from tests.e2e.common import REPO
-from tests.fakes import CharTok, ScriptedBackend
+from tests.fakes import CharTok, ScriptedBackend, recipe_with
 
 
 def make_batch(questions, responses, G):
@@ -167,10 +167,10 @@ def test_a_judge_context_too_short_is_an_error_at_start():
     task = ArithmeticTask(50, 5, 0, max_operand=9)
     tok = build_char_tokenizer()
     template = "{question}{response}?"
-    ok = StageContext(rank=0, world=1, seed=0, task=task, rollout={"max_new_tokens": 8},
+    ok = StageContext(rank=0, world=1, recipe=recipe_with(rollout={"max_new_tokens": 8}), task=task,
                       section=JudgeConfig(path="tiny", max_new_tokens=40, template=template))
     check_judge_context(tok, path, ok, template)  # "9+9=" 4 + "?" 1 + 8 + 40 = 53 <= 64
-    bad = StageContext(rank=0, world=1, seed=0, task=task, rollout={"max_new_tokens": 8},
+    bad = StageContext(rank=0, world=1, recipe=recipe_with(rollout={"max_new_tokens": 8}), task=task,
                        section=JudgeConfig(path="tiny", max_new_tokens=60, template=template))
     with pytest.raises(ConfigError, match="judge.max_new_tokens=60 = 73 > the judge's context of 64"):
         check_judge_context(tok, path, bad, template)
@@ -222,7 +222,7 @@ def test_judge_warm_up_trains_on_the_judging_task_and_logs_as_judge(monkeypatch,
     import logging
 
     import credo.sft
-    from credo.config import JudgeConfig, TaskConfig
+    from credo.config import JudgeConfig
     from credo.families.judges.tasks import ArithmeticJudgeTask
     from credo.families.judges.reward import warm_up_judge
     from credo.train.registry import StageContext
@@ -236,9 +236,9 @@ def test_judge_warm_up_trains_on_the_judging_task_and_logs_as_judge(monkeypatch,
 
     monkeypatch.setattr(credo.sft, "run_sft", fake_sft)
     j = JudgeConfig(path="tiny", warmup_steps=3, warmup_lr=3e-4, warmup_batch_size=6, warmup_seed=11)
-    ctx = StageContext(rank=0, world=1, seed=0, section=j,
-                       task_config=TaskConfig(name="arithmetic", train_size=40, eval_size=4,
-                                              kwargs={"max_operand": 9, "ops": "+", "fixed_width": True}))
+    ctx = StageContext(rank=0, world=1, section=j,
+                       recipe=recipe_with(task=dict(name="arithmetic", train_size=40, eval_size=4,
+                                                    kwargs={"max_operand": 9, "ops": "+", "fixed_width": True})))
     with caplog.at_level(logging.INFO, logger="credo"):
         assert warm_up_judge(ctx, "/base") == "/warm/judge"
     assert seen["base"] == "/base" and seen["r"].task.name == "judge_arithmetic"
@@ -262,9 +262,10 @@ def test_judge_stage_builds_the_judge_with_the_reward_timeout(monkeypatch):
     monkeypatch.setattr(credo.models, "load_tokenizer", lambda path: CharTok())
     monkeypatch.setattr(jr, "check_judge_context", lambda *a: None)
     monkeypatch.setattr(jr, "load_judge", lambda ctx, path: (backend, CharTok(), path))
-    ctx = StageContext(rank=0, world=1, seed=5, tokenizer=CharTok(), rollout={"group_size": 2},
-                       section=JudgeConfig(path="tiny", max_new_tokens=6, temperature=0.3),
-                       reward_isolation={"timeout_s": 2.5, "workers": 1, "max_failure_frac": 0.5})
+    ctx = StageContext(rank=0, world=1, tokenizer=CharTok(),
+                       recipe=recipe_with(run={"seed": 5}, rollout={"group_size": 2},
+                                          reward={"timeout_s": 2.5, "workers": 1, "max_failure_frac": 0.5}),
+                       section=JudgeConfig(path="tiny", max_new_tokens=6, temperature=0.3))
     judge = jr.judge_stage(ctx)
     try:
         assert judge.worker.timeout_s == 2.5 and judge.backend is backend and judge.G == 2

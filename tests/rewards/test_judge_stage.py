@@ -21,7 +21,7 @@ from credo.train.batch import Batch
 from credo.families.judges.reward import (JudgeReward, check_judge_context, judge_requests, judge_rewards,
                                       judge_warmup_recipe, load_judge, question_text)
 from credo.train.registry import StageContext, resolve
-from tests.fakes import CharTok
+from tests.fakes import CharTok, recipe_with
 
 
 class Backend:
@@ -245,7 +245,7 @@ def tiny_path():
 
 
 def ctx_for(task, mode="pointwise", **judge_kw):
-    return StageContext(rank=0, world=1, seed=0, task=task, rollout={"max_new_tokens": 8},
+    return StageContext(rank=0, world=1, recipe=recipe_with(rollout={"max_new_tokens": 8}), task=task,
                         section=JudgeConfig(path="tiny", mode=mode, **judge_kw))
 
 
@@ -320,8 +320,9 @@ def test_warm_up_judge_builds_the_named_task(monkeypatch, caplog):
         return "/warm", None
 
     monkeypatch.setattr(credo.sft, "run_sft", fake_sft)
-    ctx = StageContext(rank=0, world=1, seed=0, section=JudgeConfig(path="tiny", warmup_steps=1),
-                       task_config=TaskConfig(name="arithmetic", train_size=20, eval_size=2, kwargs={"max_operand": 9}))
+    ctx = StageContext(rank=0, world=1, section=JudgeConfig(path="tiny", warmup_steps=1),
+                       recipe=recipe_with(task=dict(name="arithmetic", train_size=20, eval_size=2,
+                                                    kwargs={"max_operand": 9})))
     with caplog.at_level(logging.INFO, logger="credo"):
         assert jr.warm_up_judge(ctx, "/b", "ce_rm_arithmetic") == "/warm"
     assert seen == {"name": "ce_rm_arithmetic", "task": "CriteriaJudgeTask", "base": "/b"}
@@ -329,7 +330,7 @@ def test_warm_up_judge_builds_the_named_task(monkeypatch, caplog):
 
 
 def test_load_judge_serves_a_frozen_tiny_model_with_hf(tiny_path):
-    ctx = StageContext(rank=0, world=1, seed=0, section=JudgeConfig(path="tiny", tiny=TINY))
+    ctx = StageContext(rank=0, world=1, section=JudgeConfig(path="tiny", tiny=TINY))
     backend, tok, path = load_judge(ctx, tiny_path)
     assert isinstance(backend, HFBackend) and path == tiny_path and tok.eos_token_id is not None
     assert not backend.model.training and not any(p.requires_grad for p in backend.model.parameters())
@@ -343,8 +344,9 @@ def test_load_judge_warms_up_first_when_asked(monkeypatch, tiny_path):
         return tiny_path, None  # the "warmed" judge
 
     monkeypatch.setattr(credo.sft, "run_sft", fake_sft)
-    ctx = StageContext(rank=0, world=1, seed=0, section=JudgeConfig(path="tiny", tiny=TINY, warmup_steps=2),
-                       task_config=TaskConfig(name="arithmetic", train_size=20, eval_size=2, kwargs={"max_operand": 9}))
+    ctx = StageContext(rank=0, world=1, section=JudgeConfig(path="tiny", tiny=TINY, warmup_steps=2),
+                       recipe=recipe_with(task=dict(name="arithmetic", train_size=20, eval_size=2,
+                                                    kwargs={"max_operand": 9})))
     _, _, path = load_judge(ctx, "/base")
     assert path == tiny_path and seen == {"base": "/base", "name": "judge_arithmetic"}
 
@@ -355,11 +357,11 @@ def test_the_stage_is_registered_and_builds_from_the_judge_section(caplog):
     assert resolve("reward", "judge", "stages.reward", builtin_families()).factory is jr.judge_stage
     big = TinyModelConfig(num_layers=1, hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=64,
                           max_position_embeddings=1024)
-    ctx = StageContext(rank=0, world=1, seed=6, tokenizer=CharTok(), task=ArithmeticTask(20, 2, 0, max_operand=9),
-                       rollout={"group_size": 2, "max_new_tokens": 4},
+    ctx = StageContext(rank=0, world=1, tokenizer=CharTok(), task=ArithmeticTask(20, 2, 0, max_operand=9),
+                       recipe=recipe_with(run={"seed": 6}, rollout={"group_size": 2, "max_new_tokens": 4},
+                                          reward={"timeout_s": 30.0, "workers": 1, "max_failure_frac": 0.5}),
                        section=JudgeConfig(path="tiny", tiny=big, mode="pairwise", max_new_tokens=3, temperature=0.4,
-                                         score_range=[1, 7], opponents=1, max_consecutive_failures=5),
-                       reward_isolation={"timeout_s": 30.0, "workers": 1, "max_failure_frac": 0.5})
+                                         score_range=[1, 7], opponents=1, max_consecutive_failures=5))
     j = jr.judge_stage(ctx)
     try:
         assert j.template == PAIRWISE_TEMPLATE == DEFAULTS["pairwise"] and j.mode == "pairwise"
@@ -378,9 +380,9 @@ def test_the_stage_is_registered_and_builds_from_the_judge_section(caplog):
 def test_the_stage_defaults_to_the_pointwise_template_and_checks_the_context_first():
     small = TinyModelConfig(num_layers=1, hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=64,
                             max_position_embeddings=128)
-    ctx = StageContext(rank=0, world=1, seed=0, tokenizer=CharTok(), task=ArithmeticTask(20, 2, 0, max_operand=9),
-                       rollout={"group_size": 2, "max_new_tokens": 4}, section=JudgeConfig(path="tiny", tiny=small),
-                       reward_isolation={"timeout_s": 1.0})
+    ctx = StageContext(rank=0, world=1, tokenizer=CharTok(), task=ArithmeticTask(20, 2, 0, max_operand=9),
+                       recipe=recipe_with(rollout={"group_size": 2, "max_new_tokens": 4}, reward={"timeout_s": 1.0}),
+                       section=JudgeConfig(path="tiny", tiny=small))
     # the full pointwise template alone is longer than 128 tokens
     n = len(POINTWISE_TEMPLATE.replace("{lo}", "0").replace("{hi}", "10").replace("{question}", "9+9=")
             .replace("{response}", ""))
@@ -405,7 +407,7 @@ def test_load_judge_rejects_a_tokenizer_larger_than_the_judges_vocabulary(tiny_p
     tok = AutoTokenizer.from_pretrained(tiny_path)
     tok.add_tokens([f"<extra{i}>" for i in range(300)])
     tok.save_pretrained(tmp_path / "judge")
-    ctx = StageContext(rank=0, world=1, seed=0, section=JudgeConfig(path="tiny", tiny=TINY))
+    ctx = StageContext(rank=0, world=1, section=JudgeConfig(path="tiny", tiny=TINY))
     with pytest.raises(ConfigError, match=rf"^vocab mismatch at '{tmp_path / 'judge'}': tokenizer has "):
         load_judge(ctx, str(tmp_path / "judge"))
 

@@ -16,7 +16,7 @@ from credo.tasks import Problem
 from credo.train.batch import Batch
 from credo.train.registry import StageContext, resolve
 from credo.families.judges.rm_nlhf import MetaRM, RMNLHFReward, rm_nlhf_rewards, rm_nlhf_stage, text_features
-from tests.fakes import CharTok
+from tests.fakes import CharTok, recipe_with
 
 
 def naive_features(text, dim=256, n=3):
@@ -223,7 +223,7 @@ def test_metrics_are_nan_without_their_samples():
 # ---- the factory ----
 
 def ctx(seed=0):
-    return StageContext(rank=0, world=1, seed=seed, tokenizer=CharTok(), default=Outcome([1.0], [True]))
+    return StageContext(rank=0, world=1, recipe=recipe_with(run={"seed": seed}), tokenizer=CharTok(), default=Outcome([1.0], [True]))
 
 
 def test_the_stage_defaults(caplog):

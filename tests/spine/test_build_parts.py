@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from credo.config import ConfigError, Recipe, recipe_class
+from tests.fakes import recipe_with
 
 
 def test_default_run_dir_is_runs_name_timestamp(tmp_path, monkeypatch):
@@ -78,8 +79,8 @@ def test_mipu_gate_takes_the_recipes_threshold_schedule():
     r = recipe_class()()
     r.mipu.enabled, r.mipu.val_prompts, r.mipu.c_start, r.mipu.c_end, r.mipu.anneal_steps = True, 2, 0.3, 0.1, 7
     parts = types.SimpleNamespace(state=None, source=None, reward=None, scorer=None)
-    ctx = StageContext(rank=0, world=1, seed=0, task=Task(), section=r.mipu,
-                       rollout=dict(max_new_tokens=4, temperature=1.0, top_p=1.0))
+    ctx = StageContext(rank=0, world=1, recipe=recipe_with(rollout=dict(max_new_tokens=4, temperature=1.0, top_p=1.0)),
+                       task=Task(), section=r.mipu)
     (gate,) = hooks(ctx, parts)
     assert (gate.c_start, gate.c_end, gate.anneal_steps) == (0.3, 0.1, 7)
     assert gate.val_problems == [8, 9]

@@ -343,7 +343,7 @@ def test_run_dir_that_cannot_be_made_is_a_config_error(tmp_path):
 def test_stage_calls_the_named_factory_with_the_context_and_its_settings():
     from credo.train.registry import StageContext, build_stage, resolve, settings_of
 
-    ctx = StageContext(rank=0, world=1, seed=0, default="the default")
+    ctx = StageContext(rank=0, world=1, default="the default")
     assert resolve("reward", "default", "stages.reward") is None  # the builder keeps ctx.default
     got = resolve("rollout", "tests.spine.test_stage_registry:factory", "stages.rollout")
     assert build_stage(got, ctx, settings_of(got, {"scale": 2.0}, "stages.rollout_kwargs")) == ("built", ctx, 2.0, "a")
@@ -514,10 +514,8 @@ def _gate(r, rank=1, world=3):
     from credo.train.registry import StageContext
 
     p = _Parts()
-    ro = r.rollout
-    ctx = StageContext(rank=rank, world=world, seed=r.run.seed, tokenizer=p.tokenizer, task=_Task(), backend=p.backend,
-                       engine=p.engine, render=p.render, section=FAMILY.settings(r),
-                       rollout=dict(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p))
+    ctx = StageContext(rank=rank, world=world, recipe=r, tokenizer=p.tokenizer, task=_Task(), backend=p.backend,
+                       engine=p.engine, render=p.render, section=FAMILY.settings(r))
     (gate,) = hooks(ctx, p)
     return p, gate
 
@@ -659,10 +657,8 @@ def test_critic_stage_builds_one_engine_per_critic_with_the_critic_settings(tmp_
     scorer, engine, ref = object(), object(), object()
 
     def ctx(world):  # what the builder hands the critic family's stage
-        return StageContext(rank=0, world=world, seed=r.run.seed, tokenizer=tok, engine=engine, scorer=scorer,
-                            ref_model=ref, policy_path=path, dtype=r.model.dtype, zero_stage=r.optim.zero_stage,
-                            advantage_kwargs=dict(r.algo.advantage_kwargs), section=r.critic,
-                            rollout=dict(prompts_per_step=r.rollout.prompts_per_step, group_size=r.rollout.group_size))
+        return StageContext(rank=0, world=world, recipe=r, tokenizer=tok, engine=engine, scorer=scorer,
+                            ref_model=ref, policy_path=path, section=r.critic)
 
     stage = critic_stage(ctx(2))
     assert type(stage) is CriticAdvantage and len(stage.engines) == 2

@@ -64,17 +64,33 @@ def test_register_stage_names_the_known_kinds():
         register_stage("critic", "x")
 
 
-def test_stage_context_defaults():
-    a, b = StageContext(rank=1, world=2, seed=3), StageContext(rank=0, world=1, seed=0)
-    assert (a.rank, a.world, a.seed) == (1, 2, 3)
-    for name in ("tokenizer", "task", "backend", "engine", "render", "default", "section", "task_config",
-                 "policy_path", "ref_model", "scorer", "source"):
+def test_stage_context_reads_run_settings_from_its_recipe_and_is_frozen():
+    from dataclasses import FrozenInstanceError
+
+    from tests.fakes import recipe_with
+
+    a = StageContext(rank=1, world=2)
+    assert (a.rank, a.world, a.seed) == (1, 2, 0)  # the default recipe's run.seed
+    for name in ("tokenizer", "task", "backend", "engine", "render", "default", "section", "policy_path", "ref_model",
+                 "scorer", "source", "cluster"):
         assert getattr(a, name) is None, name
-    assert (a.dtype, a.zero_stage) == ("float32", 0)
-    assert a.rollout == {} and a.reward_isolation == {} and a.advantage_kwargs == {}
-    a.rollout["x"] = 1
-    a.reward_isolation["y"] = 2
-    assert b.rollout == {} and b.reward_isolation == {}  # each context has its own dicts
+    r = recipe_with(**{"run": {"seed": 7, "eval_samples": 3, "eval_temperature": 1.0}, "model": {"dtype": "bfloat16"},
+                     "rollout": {"group_size": 3, "top_k": 5, "max_new_tokens": 9},
+                     "reward": {"timeout_s": 2.5}, "algo": {"advantage_kwargs": {"gamma": 0.9}}})
+    b = StageContext(recipe=r)
+    assert (b.seed, b.dtype, b.eval_samples, b.task_config) == (7, "bfloat16", 3, r.task)
+    assert b.rollout == dict(prompts_per_step=r.rollout.prompts_per_step, group_size=3, max_new_tokens=9,
+                             temperature=r.rollout.temperature, top_p=r.rollout.top_p, top_k=5)
+    assert b.reward_isolation == dict(timeout_s=2.5, workers=r.reward.workers,
+                                      max_failure_frac=r.reward.max_failure_frac)
+    assert b.advantage_kwargs == {"gamma": 0.9} and b.zero_stage == r.optim.zero_stage
+    b.rollout["group_size"] = 99  # a stage that edits what it was handed changes nothing the next one reads
+    b.advantage_kwargs["gamma"] = 0.0
+    assert b.rollout["group_size"] == 3 and b.advantage_kwargs == {"gamma": 0.9}
+    with pytest.raises(FrozenInstanceError):
+        b.seed = 3
+    with pytest.raises(FrozenInstanceError):
+        b.tokenizer = "another"
 
 
 def test_resolve_default_is_the_builders_built_in():

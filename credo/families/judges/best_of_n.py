@@ -190,8 +190,7 @@ def run_best_of_n(recipe, ns: list[int], *, log=print) -> dict:
         raise ConfigError(f"config key 'task.name' = '{recipe.task.name}': best-of-N needs a task with a verifier")
     S, r, j = max(ns), recipe, recipe.judge
     lo, hi = j.score_range
-    ctx = StageContext(rank=0, world=1, seed=r.run.seed, task=task, section=j, task_config=r.task,
-                       rollout=dict(max_new_tokens=r.rollout.max_new_tokens))
+    ctx = StageContext(rank=0, world=1, recipe=r, task=task, section=j)
     judge_base = resolve_model_path(j.path, j.tiny)
     check_judge_context(load_tokenizer(judge_base), judge_base, ctx, template)  # before any warm-up
     t0 = time.time()
