@@ -51,11 +51,12 @@ LORA = "lora"
 BACKENDS: dict[str, frozenset[str]] = {
     "hf": frozenset({RACE, PROMPT_EMBEDS, WEIGHT_PUSH, LOCAL_REPLICAS}),
     "vllm": frozenset({RACE, PROMPT_EMBEDS, PER_SAMPLE_SEEDS, WEIGHT_PUSH}),
-    "ray": frozenset({PER_SAMPLE_SEEDS, WEIGHT_PUSH}),
+    "ray": frozenset({RACE, PROMPT_EMBEDS, PER_SAMPLE_SEEDS, WEIGHT_PUSH}),
 }
 """Rollout backend (`rollout.backend`, or 'ray' for the Ray pool of cluster.engine: ray) -> what it provides.
-The Ray pool's workers hold an hf or vLLM backend each, but the pool itself neither races requests nor carries
-prompt embeddings to its workers (yet): a plan that needs either is refused, naming cluster.engine."""
+The Ray pool's workers hold an hf or vLLM backend each; the pool runs a race whole on one worker and sends each
+shard's prompt embeddings with it (`credo.distributed.ray.rollout`). It has no local replicas (the overlap
+schedule's), so a plan that needs them is refused, naming cluster.engine."""
 
 DEFAULT_SOURCE = frozenset({PROMPT_DRAW, BATCH_STATE})
 """What the default rollout source (the task's single-turn prompts, `credo.train.rollout.PromptRollout`) provides."""

@@ -4,7 +4,7 @@ longest responses.
 `stages.schedule: tail_batching`, with `stages.schedule_kwargs` {prompt_ratio, max_responses, chunk_tokens}
 (`TailBatchingSettings`; the deprecated `rollout.tail_batching: {...}` still maps here). It needs a source that
 draws single-turn prompts itself (capability `prompt_draw`: the default source) and a backend that can race
-(`race`: hf and vLLM; not the Ray pool). A step trains on P0 prompts x R0 responses (`rollout.prompts_per_step` x
+(`race`: hf, vLLM and the Ray pool, which runs the race on one worker). A step trains on P0 prompts x R0 responses (`rollout.prompts_per_step` x
 `rollout.group_size`).
 
 - **Short round** (the default): launch ceil(eta_P * P0) new prompts with R' > R0 responses each

@@ -40,8 +40,9 @@ class Cluster:
 
         check_placement(self.cfg, ray.nodes(), (role,))
 
-    def rollout_backend(self, r: Recipe, engine, policy_path: str):
-        """The policy's rollout workers, seeded with the trainer's weights (version 0) before the first step."""
+    def rollout_backend(self, r: Recipe, engine, policy_path: str, prompt_embeds: bool = False):
+        """The policy's rollout workers, seeded with the trainer's weights (version 0) before the first step;
+        `prompt_embeds`: the plan needs them (a source with soft prefixes)."""
         from credo.distributed.ray.rollout import RayRolloutBackend
 
         ro = r.rollout
@@ -56,7 +57,8 @@ class Cluster:
         t0 = time.perf_counter()
         backend = RayRolloutBackend.from_cluster(self.cfg, policy_path, engine=ro.backend, model_dtype=r.model.dtype,
                                                  dtype=ro.dtype, fp8_weights=ro.fp8_weights, max_batch=ro.hf_max_batch,
-                                                 initial_model=engine.module, vllm_kwargs=vllm)
+                                                 initial_model=engine.module, vllm_kwargs=vllm,
+                                                 prompt_embeds=prompt_embeds)
         self.rollout_start_s = time.perf_counter() - t0
         return self.track(backend)
 

@@ -147,13 +147,13 @@ def make_backend(plan, engine, tokenizer, policy_path: str, cluster=None):
 
     r = plan.recipe
     ro = r.rollout
+    embeds = plan.needs_backend(PROMPT_EMBEDS)  # a source with soft prefixes (palette) sends prompt embeddings
     if cluster is not None:
-        return cluster.rollout_backend(r, engine, policy_path)
+        return cluster.rollout_backend(r, engine, policy_path, prompt_embeds=embeds)
     if ro.backend == "hf":
         return HFBackend(engine.module, tokenizer, max_batch=ro.hf_max_batch, dtype=ro.dtype, fp8_weights=ro.fp8_weights)
     from credo.distributed.vllm_backend import VLLMBackend
 
-    embeds = plan.needs_backend(PROMPT_EMBEDS)  # a source with soft prefixes (palette) sends prompt embeddings
     eager = ro.vllm_enforce_eager
     backend = VLLMBackend(policy_path, dtype=ro.dtype or r.model.dtype, seed=r.run.seed,
                           kv_cache_gib=ro.vllm_kv_cache_gib, gpu_memory_utilization=ro.vllm_gpu_memory_utilization,

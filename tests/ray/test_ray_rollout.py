@@ -179,3 +179,30 @@ def test_the_pool_passes_truncation_and_returns_the_recorded_kept_sets(ray_local
     for g, w in zip(got, want):
         torch.testing.assert_close(torch.tensor(g.kept_thresholds), torch.tensor(w.kept_thresholds), atol=1e-5,
                                    rtol=0)
+
+
+def test_the_pool_races_and_carries_soft_prompts_as_the_in_process_backend_does(ray_local, policy):
+    """Tail batching's race runs whole on one worker, and soft prefixes travel with their shard: the pool returns
+    what the in-process backend returns for the same weights (the race: the same winners, finish steps and cost)."""
+    from credo.distributed.ray.rollout import RayRolloutBackend
+
+    path, model, tok = policy
+    prompts, seeds = encode(tok, TEXTS * 2), list(range(3000, 3016))
+    groups = [i // 2 for i in range(len(prompts))]
+    race = dict(need=2, groups_needed=1, max_new_tokens=64, temperature=0.9, top_p=0.95, chunk_tokens=1)
+    want_race = HFBackend(model, tok, per_sample_seeds=True).generate_race(prompts, groups, seeds=seeds, **race)
+    d = model.get_input_embeddings().embedding_dim
+    prefix = torch.randn(len(prompts), 3, d, generator=torch.Generator().manual_seed(0)) * 0.5
+    want_soft = HFBackend(model, tok, per_sample_seeds=True).generate(prompts, seeds=seeds, prefix_embeds=prefix, **KW)
+    assert token_ids(want_soft) != token_ids(reference(model, tok, prompts, seeds))  # the prefix changes the draws
+    backend = RayRolloutBackend(path, workers=2, resources={"CPU": 0.5}, initial_model=model)
+    try:
+        got_soft = backend.generate(prompts, seeds=seeds, prefix_embeds=prefix, **KW)
+        got_race = backend.generate_race(prompts, groups, seeds=seeds, **race)
+    finally:
+        backend.close()
+    assert token_ids(got_soft) == token_ids(want_soft)
+    assert got_race.finish_steps == want_race.finish_steps and got_race.decoded_tokens == want_race.decoded_tokens
+    assert [s is None for s in got_race.samples] == [s is None for s in want_race.samples]
+    assert any(s is None for s in want_race.samples)  # the race did stop requests early
+    assert token_ids([s for s in got_race.samples if s]) == token_ids([s for s in want_race.samples if s])

@@ -16,8 +16,11 @@ With `transport='gloo'` or `'nccl'` a full push is instead a broadcast in a proc
 workers (credo.distributed.ray.collective), formed again whenever the pool's members change. A worker that joins
 or replaces a lost one gets its first weights through the object store, then joins the group at the next push.
 The wire dtype is the rollout dtype (`dtype`), or the trainer's with FP8 weights (they are quantised from it).
-It is one line over 400: dispatch, fault handling and the three push paths share the pool's state, and a split
-would pass that state between modules.
+`generate_race` (tail batching's short round) runs the whole race on one worker: which requests are aborted depends
+on when every group finishes, so one engine must see them all; a lost or hung worker's race is run again elsewhere
+with the same seeds. `prefix_embeds` (soft prompts) travel with their shard.
+The module is over 400 lines: dispatch, fault handling, the race and the three push paths share the pool's state,
+and a split would pass that state between modules.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class RayRolloutBackend:
         elastic: (min, max) workers while they join and leave; None = a fixed pool.
         shards_per_worker: shards of a call per worker (more: finer load balance and less work redone on a loss).
         initial_model: push these weights at start (version 0) instead of trusting the folder's to be the trainer's.
+        prompt_embeds: vllm workers: start their engines taking prompt embeddings (soft prefixes); hf workers take
+            them without it.
     """
 
     provides = BACKENDS["ray"]
@@ -61,7 +66,7 @@ class RayRolloutBackend:
                  per_sample_seeds: bool = True, threads: int = 1, sync: str = "full", role: str = "rollout",
                  max_restarts: int = 3, startup_timeout_s: float = 300.0, call_timeout_s: float = 600.0,
                  elastic: tuple[int, int] | None = None, shards_per_worker: int = 1, initial_model=None,
-                 vllm_kwargs: dict | None = None, transport: str = "object_store"):
+                 vllm_kwargs: dict | None = None, transport: str = "object_store", prompt_embeds: bool = False):
         if sync not in ("full", "delta"):
             raise ValueError(f"sync is {sync!r}, expected 'full' or 'delta'")
         if transport not in ("object_store", "gloo", "nccl"):
@@ -84,7 +89,7 @@ class RayRolloutBackend:
         self.wire_dtype = DTYPES[model_dtype if fp8_weights or dtype is None else dtype]
         self.group = WorkerGroup(role, RolloutWorker, args=(str(model_path),), kwargs=dict(
             engine=engine, model_dtype=model_dtype, dtype=dtype, fp8_weights=fp8_weights, max_batch=max_batch,
-            per_sample_seeds=per_sample_seeds, threads=threads, vllm_kwargs=vllm_kwargs),
+            per_sample_seeds=per_sample_seeds, threads=threads, vllm_kwargs=vllm_kwargs, prompt_embeds=prompt_embeds),
             resources=resources or {"CPU": 1}, max_restarts=max_restarts, startup_timeout_s=startup_timeout_s)
         self._lock = threading.RLock()
         self.active: list[int] = []
@@ -118,11 +123,16 @@ class RayRolloutBackend:
 
     # ------------------------------------------------------------------------------------ generate
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float,
-                 seeds: list[int] | None, top_k: int = 0, min_p: float = 0.0, kept_set: bool = False) -> list[Sample]:
+                 seeds: list[int] | None, top_k: int = 0, min_p: float = 0.0, kept_set: bool = False,
+                 prefix_embeds: torch.Tensor | None = None) -> list[Sample]:
         """Sample one response per prompt on the pool; Samples in the caller's order. `seeds=None` decodes greedily.
-        `top_k`, `min_p`, `kept_set`: passed to each worker's engine (`HFBackend.generate`), only when set."""
+        `top_k`, `min_p`, `kept_set`: passed to each worker's engine (`HFBackend.generate`), only when set.
+        `prefix_embeds` [N, k, d]: prompt i's soft prefix, sent with i's shard."""
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"seeds has length {len(seeds)}, expected {len(prompts)} like prompts")
+        if prefix_embeds is not None and (prefix_embeds.dim() != 3 or prefix_embeds.shape[0] != len(prompts)):
+            raise ValueError(f"prefix_embeds has shape {list(prefix_embeds.shape)}, expected [{len(prompts)}, k, d] "
+                             "(one row of k embeddings per prompt)")
         if not prompts:
             return []
         self.group.check()
@@ -137,15 +147,58 @@ class RayRolloutBackend:
         pending = deque(range(bounds[i], bounds[i + 1]) for i in range(n_shards))
         out: list[Sample | None] = [None] * len(prompts)
         inflight: dict = {}  # ref -> (slot, handle, shard, dispatched at)
+        embeds = None if prefix_embeds is None else prefix_embeds.detach().cpu()
         try:
             while pending or inflight:
-                self._dispatch(pending, inflight, prompts, seeds, kwargs)
+                self._dispatch(pending, inflight, prompts, seeds, kwargs, embeds)
                 self._collect(pending, inflight, out)
         finally:
             self.running.clear()
         return out  # type: ignore[return-value]
 
-    def _dispatch(self, pending: deque, inflight: dict, prompts, seeds, kwargs) -> None:
+    def generate_race(self, prompts: list[list[int]], groups: list[int], *, need: int, groups_needed: int,
+                      max_new_tokens: int, temperature: float, top_p: float, seeds: list[int] | None,
+                      chunk_tokens: int = 8):
+        """Tail batching's short round (`credo.distributed.race`), run whole on one worker's backend (see the module
+        docstring): a `RaceResult`. A worker that dies or hangs is replaced and the race runs again on another with
+        the same seeds, so its result does not change."""
+        import ray
+
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"seeds has length {len(seeds)}, expected {len(prompts)} like prompts")
+        if len(groups) != len(prompts):
+            raise ValueError(f"groups has length {len(groups)}, expected {len(prompts)} like prompts")
+        self.group.check()
+        kwargs = dict(need=need, groups_needed=groups_needed, max_new_tokens=max_new_tokens, temperature=temperature,
+                      top_p=top_p, chunk_tokens=chunk_tokens)
+        while True:
+            with self._lock:
+                ready = [s for s in self.active if s not in self.leaving and s in self.group.handles]
+            if not ready:
+                raise ClusterWorkerError(f"role '{self.role}': no worker left to run the race")
+            slot = ready[0]
+            handle = self.group.handles[slot]
+            t0 = time.monotonic()
+            ref = handle.generate_race.remote(prompts, groups, seeds, kwargs)
+            self.running.add(slot)
+            try:
+                done, _ = ray.wait([ref], num_returns=1, timeout=self.call_timeout_s)
+                result = ray.get(ref) if done else None
+            except loss_errors() as e:
+                result, cause = None, e
+            except Exception as e:  # the backend itself raised: as a local backend would, it stops the step
+                raise user_error(e) from None
+            else:
+                cause = f"a call ran past cluster.call_timeout_s = {self.call_timeout_s} s"
+            finally:
+                self.running.discard(slot)
+            if result is not None:
+                self.group.stats.busy(time.monotonic() - t0)
+                return result
+            self.redone_shards += 1
+            self._lost(slot, handle, cause)
+
+    def _dispatch(self, pending: deque, inflight: dict, prompts, seeds, kwargs, embeds=None) -> None:
         with self._lock:
             busy = {slot for slot, *_ in inflight.values()}
             idle = [s for s in self.active if s not in busy and s not in self.leaving]
@@ -159,8 +212,9 @@ class RayRolloutBackend:
             if handle is None:  # left between the two looks
                 continue
             shard = pending.popleft()
+            kw = kwargs if embeds is None else {**kwargs, "prefix_embeds": embeds[shard.start:shard.stop]}
             ref = handle.generate.remote([prompts[i] for i in shard], None if seeds is None else [seeds[i] for i in shard],
-                                         kwargs)
+                                         kw)
             inflight[ref] = (slot, handle, shard, time.monotonic())
             self.running.add(slot)
 

@@ -31,11 +31,13 @@ class RolloutWorker:
         fp8_weights, max_batch, per_sample_seeds: as `HFBackend` (fp8_weights also for vllm).
         threads: torch intra-op threads in this worker.
         vllm_kwargs: passed on to `VLLMBackend`.
+        prompt_embeds: vllm: the engine takes prompt embeddings (soft prefixes, computed with the host's live input
+            embeddings); hf takes them without it.
     """
 
     def __init__(self, model_path: str, *, engine: str = "hf", model_dtype: str = "float32", dtype: str | None = None,
                  fp8_weights: bool = False, max_batch: int = 0, per_sample_seeds: bool = True, threads: int = 1,
-                 vllm_kwargs: dict | None = None):
+                 vllm_kwargs: dict | None = None, prompt_embeds: bool = False):
         from credo.models import load_causal_lm, load_tokenizer
 
         torch.set_num_threads(threads)
@@ -54,6 +56,7 @@ class RolloutWorker:
             from credo.distributed.vllm_backend import VLLMBackend
 
             self.backend = VLLMBackend(model_path, dtype=dtype or model_dtype, fp8_weights=fp8_weights,
+                                       input_embeddings=self.host.get_input_embeddings() if prompt_embeds else None,
                                        **(vllm_kwargs or {}))
             if fp8_weights:  # the engine loaded full-precision weights: quantise them, as the local builder does
                 self.backend.sync_weights(self.host, 0)
@@ -73,6 +76,10 @@ class RolloutWorker:
 
     def generate(self, prompts: list[list[int]], seeds: list[int] | None, kwargs: dict) -> list[Sample]:
         return self.backend.generate(prompts, seeds=seeds, **kwargs)
+
+    def generate_race(self, prompts: list[list[int]], groups: list[int], seeds: list[int] | None, kwargs: dict):
+        """Tail batching's race (`credo.distributed.race`) on this worker's backend: a `RaceResult`."""
+        return self.backend.generate_race(prompts, groups, seeds=seeds, **kwargs)
 
     def load(self, payload: tuple, version: int) -> None:
         """Apply a weight push: ('full', state) or ('delta', Delta); later samples carry `version`."""
