@@ -87,6 +87,11 @@ class VLLMBackend:
             engine_kwargs.setdefault("gpu_memory_utilization", gpu_memory_utilization)
         else:
             engine_kwargs.setdefault("kv_cache_memory_bytes", int(kv_cache_gib * 2**30))
+            # a prefill split across engine steps makes vLLM rewind the request's sampling generator, which a CPU
+            # generator cannot do: with per-request seeds the engine died ('CPU Generator does not use offset')
+            # once a step's prompts passed the 4,096-token budget. Unsplit, such a request waits for the next engine
+            # step; a step within the budget is scheduled exactly as before.
+            engine_kwargs.setdefault("enable_chunked_prefill", False)
         if input_embeddings is not None:
             engine_kwargs["enable_prompt_embeds"] = True
         self.input_embeddings = input_embeddings

@@ -236,3 +236,18 @@ def test_race_aborts_the_rest_and_keeps_what_each_seed_samples(env):
     assert winners is not None and all(race.samples[j] is not None for _, kept in winners for j in kept)
     assert race.decoded_tokens < sum(len(s.response_ids) for s in plain)
     assert not env.backend.llm.llm_engine.has_unfinished_requests()
+
+
+def test_a_step_longer_than_the_token_budget_samples_what_its_halves_sample(env):
+    """40 seeded prompts of 201 tokens (8,040 > vLLM's 4,096 tokens per engine step): on CPU, a prefill split across
+    engine steps crashed the engine ('CPU Generator does not use offset', vLLM rewinds a seeded request's generator
+    after a partial prefill); now no prefill is split on CPU, and the step samples what its two halves sample."""
+    set_weights(env, noise_seed=5)
+    g = torch.Generator().manual_seed(1)  # distinct prompts: the prefix cache would shrink copies' prefills
+    prompts, seeds = [[1] + torch.randint(4, 98, (200,), generator=g).tolist() for _ in range(40)], list(range(7000, 7040))
+    kw = dict(max_new_tokens=4, temperature=1.0, top_p=1.0)
+    whole = env.backend.generate(prompts, seeds=seeds, **kw)
+    halves = env.backend.generate(prompts[:20], seeds=seeds[:20], **kw) + \
+        env.backend.generate(prompts[20:], seeds=seeds[20:], **kw)
+    assert [s.response_ids for s in whole] == [s.response_ids for s in halves]
+    assert len({tuple(s.response_ids) for s in whole}) > 1  # the seeds differ, so the draws do
