@@ -1,6 +1,6 @@
 """Every combination of features either trains or is refused by `credo check` (issue 51): the matrix, generated from
 the tables themselves (the family recipes, the schedules in credo/schedules/, the rollout backends, local or Ray,
-packing on or off).
+packing on or off, the training engine, truncated sampling on or off).
 
     python benchmarks/combinations.py plan                  # every cell through `credo check`'s checks: accepted or
                                                             # refused (and why); seconds a cell
@@ -33,6 +33,10 @@ RECIPES = ("quickstart", "ppo", "asyppo", "multiturn", "mipu", "attention_credit
 BACKENDS = ("hf", "vllm")
 ENGINES = ("local", "ray")
 PACKING = (False, True)
+TRAIN_ENGINES = ("deepspeed", "fsdp2")
+"""engine.backend: the training engine."""
+TRUNCATION = (False, True)
+"""Truncated sampling with kept-set replay (rollout.top_k=20, rollout.kept_set_replay=true) or not."""
 
 FAST = ["run.steps=2", "run.eval_every=0", "run.save_every=0", "run.progress=false", "run.plot=false", "sft.steps=4"]
 """Overrides of every trained cell: two steps after a 4-step warm-up (the warm-up is cached per recipe)."""
@@ -57,12 +61,16 @@ class Cell:
     backend: str
     engine: str
     packing: bool
+    train_engine: str = "deepspeed"
+    truncation: bool = False
 
     def overrides(self) -> list[str]:
         out = [] if self.schedule == "sync" else [f"stages.schedule={self.schedule}"]
         out += [] if self.backend == "hf" else [f"rollout.backend={self.backend}"]
         out += [] if self.engine == "local" else ["cluster.engine=ray", "cluster.num_cpus=2"]
         out += ["algo.packing=true"] if self.packing else []
+        out += [] if self.train_engine == "deepspeed" else [f"engine.backend={self.train_engine}"]
+        out += ["rollout.top_k=20", "rollout.kept_set_replay=true"] if self.truncation else []
         return out
 
     def path(self) -> str:
@@ -70,7 +78,8 @@ class Cell:
 
 
 def cells() -> list[Cell]:
-    return [Cell(*c) for c in itertools.product(RECIPES, schedules(), BACKENDS, ENGINES, PACKING)]
+    return [Cell(*c) for c in itertools.product(RECIPES, schedules(), BACKENDS, ENGINES, PACKING, TRAIN_ENGINES,
+                                                    TRUNCATION)]
 
 
 def plan_cell(cell: Cell, full: bool = False) -> tuple[str, str]:
@@ -114,8 +123,18 @@ def covering(accepted: list[Cell]) -> list[Cell]:
     return chosen
 
 
+FACTORS = ("recipe", "schedule", "backend", "engine", "packing", "train_engine", "truncation")
+
+
 def astuple(c: Cell) -> tuple:
-    return (c.recipe, c.schedule, c.backend, c.engine, c.packing)
+    return tuple(getattr(c, f) for f in FACTORS)
+
+
+def name(c: Cell) -> str:
+    """A cell's run folder name (the factors added later appear only when not at their first value, so a cell
+    without them keeps the name it had before)."""
+    extra = ([c.train_engine] if c.train_engine != "deepspeed" else []) + (["topk"] if c.truncation else [])
+    return "-".join(map(str, [*astuple(c)[:5], *extra]))
 
 
 def train_cell(cell: Cell, out: Path, timeout_s: float = 1800) -> tuple[int, float, str]:
@@ -151,8 +170,7 @@ def main() -> None:
             continue
         status, msg = plan_cell(cell, args.full)
         rows.append({**asdict(cell), "status": status, "message": msg})
-    accepted = [Cell(**{k: r[k] for k in ("recipe", "schedule", "backend", "engine", "packing")})
-                for r in rows if r["status"] == "accepted"]
+    accepted = [Cell(**{k: r[k] for k in FACTORS}) for r in rows if r["status"] == "accepted"]
     refused = [r for r in rows if r["status"] == "refused"]
     print(f"{len(rows)} cells: {len(accepted)} accepted, {len(refused)} refused "
           f"({sum(names_both_keys(r['message']) for r in refused)} naming both keys)", flush=True)
@@ -165,10 +183,10 @@ def main() -> None:
         chosen = covering(accepted)
         print(f"training a pairwise covering set of {len(chosen)} accepted cells", flush=True)
         for i, cell in enumerate(chosen):
-            out = Path(args.runs) / f"{i:03d}-{'-'.join(map(str, astuple(cell)))}"
-            row = next(r for r in rows if tuple(r[k] for k in ("recipe", "schedule", "backend", "engine", "packing"))
-                       == astuple(cell))
-            if args.resume and trained_steps(out) >= 2:
+            out = Path(args.runs) / f"{i:03d}-{name(cell)}"
+            row = next(r for r in rows if tuple(r[k] for k in FACTORS) == astuple(cell))
+            earlier = sorted(Path(args.runs).glob(f"[0-9][0-9][0-9]-{name(cell)}"))
+            if args.resume and any(trained_steps(e) >= 2 for e in earlier):
                 row.update(trained=True, rc=0, seconds=None, tail="", resumed=True)
                 print(f"done        {' '.join(map(str, astuple(cell)))} (an earlier run)", flush=True)
                 continue

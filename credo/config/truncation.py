@@ -23,9 +23,9 @@ def check_truncation(r) -> None:
         return
     key = new_keys[0]
     if r.stages.rollout != "default":
-        raise ConfigError(f"config key '{key}' is set but stages.rollout is '{r.stages.rollout}': only the default "
-                          "rollout source passes top_k, min_p and kept sets to the engine; expected stages.rollout: "
-                          "default")
+        raise ConfigError(f"config keys '{key}' and 'stages.rollout' = '{r.stages.rollout}' cannot be used together: "
+                          "only the default rollout source passes top_k, min_p and kept sets to the engine; expected "
+                          "stages.rollout: default")
     # with a schedule that does not pass them (tail batching's race, overlap's workers): a refusal row of the run
     # plan (credo.capabilities.CORE_REFUSALS), which reads the schedule however the recipe spells it
 

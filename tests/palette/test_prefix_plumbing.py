@@ -119,3 +119,29 @@ def test_a_prefix_of_the_wrong_shape_is_named(tiny):
     with pytest.raises(ValueError, match=r"prefix_embeds has shape \[2, 3, 5\], expected \[2, k, 32\]"):
         HFBackend(model, tok).generate(prompts, max_new_tokens=2, temperature=1.0, top_p=1.0, seeds=[1, 2],
                                        prefix_embeds=torch.zeros(2, 3, 5))
+
+
+def test_the_latent_backend_passes_truncation_on_and_reports_its_engines_order(tiny):
+    """palette with rollout.top_k / kept_set_replay: the default source asks its backend for top-k sampling with
+    kept sets; through the latent backend those reach the engine (they raised a TypeError at step 1), and kept-set
+    replay recomputes in the wrapped engine's truncation order, not the hf default."""
+    from types import SimpleNamespace
+
+    from credo.families.palette.source import LatentBackend
+    from credo.families.palette.vae import PaletteVAE
+
+    model, tok = tiny
+    torch.manual_seed(0)
+    vae = PaletteVAE(d_model=model.config.hidden_size, latent_dim=2, prefix_len=3, hidden=16)
+    latent = LatentBackend(HFBackend(model, tok), vae, prior_scale=1.0, inject_frac=1.0)
+    prompts, seeds = encode(tok, ["1+2=", "33+4=", "7=", "12+34="]) * 2, list(range(10, 18))
+    kw = dict(max_new_tokens=6, temperature=1.0, top_p=1.0, seeds=seeds)
+    got = latent.generate(prompts, top_k=2, kept_set=True, **kw)
+    want = HFBackend(model, tok).generate(prompts, prefix_embeds=latent.prefixes(latent.latents(seeds, len(prompts))),
+                                          top_k=2, kept_set=True, **kw)
+    assert [s.response_ids for s in got] == [s.response_ids for s in want]
+    assert all(s.kept_thresholds is not None for s in got)
+    assert [s.response_ids for s in latent.generate(prompts, **kw)] != [s.response_ids for s in got]
+    assert latent.kept_set_order == "hf"
+    assert LatentBackend(SimpleNamespace(kept_set_order="vllm"), vae, prior_scale=1.0,
+                         inject_frac=0.0).kept_set_order == "vllm"

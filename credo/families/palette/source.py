@@ -72,12 +72,19 @@ class LatentBackend:
         """[n, latent_dim] -> [n, k, d] on the trainer's device."""
         return self.vae.to(device()).decode(z.to(device()))
 
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seeds, prefix_embeds=None):
+    @property
+    def kept_set_order(self) -> str:
+        """The wrapped engine's truncation order (`credo.algos.kept_set`): kept-set replay recomputes with it."""
+        return getattr(self.backend, "kept_set_order", "hf")
+
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seeds, prefix_embeds=None, **truncation):
+        """The wrapped backend's `generate` with each prompt's prefix; `truncation` (top_k, min_p, kept_set) is
+        passed on as the default source sets it."""
         if prefix_embeds is not None:
             raise ValueError("LatentBackend makes the prefixes itself: prefix_embeds must be None")
         z = self.latents(seeds, len(prompts))
         samples = self.backend.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                        seeds=seeds, prefix_embeds=self.prefixes(z) if prompts else None)
+                                        seeds=seeds, prefix_embeds=self.prefixes(z) if prompts else None, **truncation)
         for s, row in zip(samples, z.tolist()):
             s.meta["latent_z"] = row
         return samples
