@@ -199,6 +199,10 @@ def test_the_pool_races_and_carries_soft_prompts_as_the_in_process_backend_does(
     try:
         got_soft = backend.generate(prompts, seeds=seeds, prefix_embeds=prefix, **KW)
         got_race = backend.generate_race(prompts, groups, seeds=seeds, **race)
+        # an error the worker's engine raises reaches the caller as itself, pointing at the worker's own log
+        with pytest.raises(ValueError, match=r"prefix_embeds has shape \[8, 3, %d\]" % (d + 1)) as raised:
+            backend.generate(prompts, seeds=seeds, prefix_embeds=torch.zeros(len(prompts), 3, d + 1), **KW)
+        assert any("worker's own log" in n and "/logs" in n for n in raised.value.__notes__)
     finally:
         backend.close()
     assert token_ids(got_soft) == token_ids(want_soft)

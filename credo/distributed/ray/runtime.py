@@ -128,8 +128,23 @@ def user_error(err: BaseException) -> BaseException:
     from ray.exceptions import RayTaskError
 
     if isinstance(err, RayTaskError) and getattr(err, "cause", None) is not None:
-        return err.cause
+        err = err.cause
+    # an engine in the worker (vLLM) often says only "see the stack trace above", which is in the worker's own log
+    if not any("worker's own log" in n for n in getattr(err, "__notes__", ())):
+        err.add_note(f"the worker's own log (its stack trace): {worker_logs()}; run.verbose=true prints it here")
     return err
+
+
+def worker_logs() -> str:
+    """Where this Ray session writes its workers' stdout and stderr."""
+    try:
+        import ray
+
+        if ray.is_initialized():  # (asking the runtime context would start a Ray)
+            return str(ray._private.worker.global_worker.node.get_logs_dir_path())
+    except Exception:  # Ray's private layout moved: the default place
+        pass
+    return "/tmp/ray/session_latest/logs"
 
 
 class RoleStats:
