@@ -137,3 +137,13 @@ def test_bad_requests_and_settings_are_refused(tiny):
     with pytest.raises(ValueError, match="max_new_tokens"):
         service.submit(GenerationRequest((1,), SamplingSettings(max_new_tokens=0), 0))
     assert not service.abort(12345)
+
+
+def test_per_row_positions_draw_the_noise_of_those_positions():
+    from credo.distributed.seeded_sampling import gumbel_noise, seed_keys
+
+    keys = seed_keys([3, 4, 5])
+    rows = gumbel_noise(keys, torch.tensor([0, 2, 7]), 40)
+    for b, pos in enumerate([0, 2, 7]):
+        assert torch.equal(rows[b], gumbel_noise(keys, pos, 40)[b])
+    assert not torch.equal(rows[1], gumbel_noise(keys, 0, 40)[1])
