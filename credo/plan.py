@@ -33,6 +33,7 @@ from credo.capabilities import (BACKENDS, CORE_REFUSALS, DEFAULT_SOURCE, ENGINES
                                 check_refusals, check_requirements)
 from credo.errors import ConfigError
 from credo.family import Family, FamilyParts, families_of
+from credo.old_log_probs import check_old_log_probs
 from credo.schedules import Schedule, schedule, schedule_of
 from credo.train.registry import DEFAULT, Resolved, resolve, settings_of
 
@@ -169,7 +170,7 @@ def resolve_plan(r) -> RunPlan:
                    schedule=sched, backend=backend, engine=engine, provided=MappingProxyType(provided),
                    requirements=tuple(requirements), reward_functions=rewards,
                    task_owner=_owner(active, "task"), evaluator_owner=_owner(active, "evaluator"),
-                   notes=tuple(notes) + tuple(async_warnings(r, sched.staleness, name)))
+                   notes=tuple(notes) + tuple(async_warnings(r, sched.staleness, name)) + tuple(check_old_log_probs(r)))
     check_requirements(requirements)
     check_refusals([*CORE_REFUSALS, *(row for a in active for row in a.family.refusals)], r, plan)
     return plan
@@ -351,7 +352,8 @@ def async_warnings(r, staleness: int, schedule_name: str = "") -> list[str]:
     """Warnings on an asynchronous schedule (staleness S > 0) whose loss ignores the behaviour policy: it then
     treats samples of a policy S versions old as if the recomputed pi_old had drawn them."""
     a = r.algo
-    if staleness == 0 or reads_behaviour_policy(a.policy_loss, a.loss_kwargs):
+    # algo.old_log_probs: rollout makes pi_old the sampler's mu: the ratio is then against the behaviour policy
+    if staleness == 0 or a.old_log_probs == "rollout" or reads_behaviour_policy(a.policy_loss, a.loss_kwargs):
         return []
     return [f"warning: stages.schedule '{schedule_name}' with max_staleness = {staleness} and algo.policy_loss "
             f"'{a.policy_loss}', which ignores the behaviour policy (its ratio is against the recomputed pi_old, not the sampler's mu); set "

@@ -220,6 +220,9 @@ class AlgoConfig:
     attention stays within it); the loss is unchanged."""
     logprob_chunk_size: int = ranged(1024, ge=1)
     """Rows per chunk in the memory-efficient log-prob/entropy recompute."""
+    old_log_probs: str = one_of("recompute", ("recompute", "rollout"))
+    """pi_old of the loss: 'recompute' (a no-grad forward of the trainer before the update) or 'rollout' (the sampler's
+    own log-probs, no forward: exact only when sampler and trainer agree, docs/old_log_probs.md)."""
 
 
 @dataclass

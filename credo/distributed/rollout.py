@@ -153,7 +153,7 @@ class HFBackend:
     def _generate_block(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
                         seed: int | None, sample_seeds: list[int] | None = None,
                         prefix_embeds: torch.Tensor | None = None, top_k: int = 0, min_p: float = 0.0,
-                        kept_set: bool = False) -> list[Sample]:
+                        kept_set: bool = False, first_positions: list[int] | None = None) -> list[Sample]:
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long, device="cpu")
@@ -169,7 +169,7 @@ class HFBackend:
             from transformers import LogitsProcessorList
 
             sampler = SeededGumbelSampler(sample_seeds, temperature, top_p, top_k=top_k, min_p=min_p,
-                                          record_kept_sets=record)
+                                          record_kept_sets=record, start_positions=first_positions)
             processors, warper = LogitsProcessorList([sampler]), sampler.kept_sets
         elif mode == "kept":
             from transformers import LogitsProcessorList
@@ -214,9 +214,12 @@ class HFBackend:
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float,
                  seeds: list[int] | None, prefix_embeds: torch.Tensor | None = None, top_k: int = 0,
-                 min_p: float = 0.0, kept_set: bool = False) -> list[Sample]:
+                 min_p: float = 0.0, kept_set: bool = False, first_positions: list[int] | None = None) -> list[Sample]:
         """Sample one response per prompt; `seeds=None` decodes greedily. `prefix_embeds` [N, k, d]: soft-prompt
         embeddings read before each (left-padded) prompt's token embeddings (see the module docstring).
+
+        `first_positions` (per-sample seeds only): per prompt, the response position its first new token takes, for a
+        prompt that is a request's prompt + partial response (`credo.distributed.hf_service`); None = 0 for all.
 
         `top_k` / `min_p` truncate as transformers' warpers do (0 = off). `kept_set=True` with a truncation samples
         through `KeptSetWarper` instead and fills each `Sample.kept_thresholds` (the tie-closed set drawn from)."""
@@ -224,6 +227,9 @@ class HFBackend:
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"seeds has length {len(seeds)}, expected {len(prompts)} like prompts")
         check_prefix_embeds(prefix_embeds, len(prompts), self.model)
+        if first_positions is not None and not (self.per_sample_seeds and seeds is not None
+                                                and len(first_positions) == len(prompts)):
+            raise ValueError("first_positions needs per_sample_seeds=True, seeds, and one position per prompt")
         if not prompts:
             return []
         # One RNG stream for the whole call, derived from all seeds: the same prompts and seeds give the
@@ -236,7 +242,9 @@ class HFBackend:
             if self.per_sample_seeds and seeds is not None:  # no RNG stream: each row's noise comes from its seed
                 samples += self._generate_block(prompts[start:start + block], max_new_tokens, temperature, top_p, None,
                                                 sample_seeds=list(seeds[start:start + block]), prefix_embeds=rows,
-                                                top_k=top_k, min_p=min_p, kept_set=kept_set)
+                                                top_k=top_k, min_p=min_p, kept_set=kept_set,
+                                                first_positions=None if first_positions is None
+                                                else list(first_positions[start:start + block]))
                 continue
             seed = None if block_seed is None else block_seed + start
             samples += self._generate_block(prompts[start:start + block], max_new_tokens, temperature, top_p, seed,

@@ -35,13 +35,15 @@ def seed_keys(seeds: list[int]) -> torch.Tensor:
     return mix32(mix32(lo) ^ hi)
 
 
-def gumbel_noise(keys: torch.Tensor, position: int, vocab_size: int) -> torch.Tensor:
+def gumbel_noise(keys: torch.Tensor, position: int | torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Standard Gumbel noise [B, V] (float32), a pure function of (key b, position, vocab id).
 
     Args:
         keys: [B] int64 keys from `seed_keys`.
+        position: the response position, one for all rows or [B] int64 (rows continuing partial responses).
     """
-    row = mix32(keys ^ mix32(torch.tensor(position + 0x9E3779B9, dtype=torch.int64) & MASK32))  # [B]
+    pos = torch.as_tensor(position, dtype=torch.int64)
+    row = mix32(keys ^ mix32((pos + 0x9E3779B9) & MASK32))  # [B]
     col = mix32(torch.arange(vocab_size, dtype=torch.int64))  # [V]
     h = mix32(row[:, None] ^ col[None, :])  # [B, V], 32 uniform bits each
     u = (h.double() + 0.5) * 2.0**-32  # in (0, 1): never exactly 0 or 1
@@ -75,7 +77,7 @@ class SeededGumbelSampler:
     """
 
     def __init__(self, seeds: list[int], temperature: float, top_p: float, *, top_k: int = 0, min_p: float = 0.0,
-                 record_kept_sets: bool = False):
+                 record_kept_sets: bool = False, start_positions: list[int] | None = None):
         if not temperature > 0:
             raise ValueError(f"temperature is {temperature}, expected > 0 for seeded sampling")
         self.keys = seed_keys(seeds)
@@ -88,6 +90,9 @@ class SeededGumbelSampler:
 
             self.kept_sets = KeptSetWarper(temperature, top_k, top_p, min_p)
         self.position = 0
+        # per row, the response position of its first token here: a request continued from its partial response
+        # draws the noise of the positions it would have reached in one call (credo.distributed.hf_service)
+        self.start = None if start_positions is None else torch.tensor(start_positions, dtype=torch.int64)
         self.last_log_probs: torch.Tensor | None = None
         self.token_log_probs: list[torch.Tensor] = []  # per position: [B] log-prob of the drawn token
 
@@ -99,7 +104,8 @@ class SeededGumbelSampler:
         else:
             logp = nucleus_mask(scores.float() / self.temperature, self.top_p).log_softmax(-1)
         self.last_log_probs = logp
-        noise = gumbel_noise(self.keys, self.position, logp.shape[-1]).to(logp.device)
+        position = self.position if self.start is None else self.start + self.position
+        noise = gumbel_noise(self.keys, position, logp.shape[-1]).to(logp.device)
         self.position += 1
         return logp + noise
 

@@ -243,7 +243,8 @@ def build_stages(plan: RunPlan, ctx: StageContext, grad_accum: int) -> tuple[Sim
     out.scorer = PolicyScorer(
         temperature=ro.temperature, chunk_size=a.logprob_chunk_size, hidden_path=o.zero_stage < 3,
         needs_old_log_probs=a.ppo_epochs * a.mini_batches > 1 or plan.staleness > 0, ref_model=ctx.ref_model,
-        probes=list(out.probes.values()), packed=a.packing, micro_batch_tokens=a.micro_batch_tokens)
+        probes=list(out.probes.values()), packed=a.packing, micro_batch_tokens=a.micro_batch_tokens,
+        old_log_probs=a.old_log_probs)
     ctx = replace(ctx, scorer=out.scorer)
     outcome = OutcomeAdvantage(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs) \
         if algos.ADVANTAGE_INPUTS.get(a.advantage) == "outcome" else None
@@ -256,7 +257,7 @@ def build_stages(plan: RunPlan, ctx: StageContext, grad_accum: int) -> tuple[Sim
                           grad_accum=grad_accum, zero_stage=o.zero_stage, world=ctx.world,
                           fault_nan_steps=fault_nan_steps(),
                           train_mode=r.model.gradient_checkpointing or r.model.lora.dropout > 0,
-                          micro_batch_tokens=a.micro_batch_tokens, packed=a.packing)
+                          micro_batch_tokens=a.micro_batch_tokens, packed=a.packing, old_log_probs=a.old_log_probs)
     return out, ctx
 
 

@@ -30,13 +30,15 @@ def gather_ragged(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([p[: int(s)] for p, s in zip(parts, sizes)]).to(x.device)
 
 
-def step_mismatch_metrics(batch: Batch, pi_old: torch.Tensor) -> dict[str, float]:
+def step_mismatch_metrics(batch: Batch, pi_old: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, float]:
     """`credo.algos.mismatch_metrics` of the step over all ranks: the sampler's log-probs against `pi_old`.
 
     Args:
         batch: the step's packed batch (`rollout_log_probs`, `loss_mask` [B, T]).
         pi_old: [B, T] the trainer's log-probs of the same tokens before the update (the recompute's, or the
             first on-policy pass's).
+        mask: [B, T] bool, the tokens compared (default `batch.loss_mask`); under `algo.old_log_probs: rollout` the
+            first mini-batch's loss tokens, the only ones the trainer scored with the weights before the update.
 
     Returns:
         The `mismatch/*` metrics; {} when the sampler gave no log-probs, NaN for each when a value is not
@@ -46,7 +48,7 @@ def step_mismatch_metrics(batch: Batch, pi_old: torch.Tensor) -> dict[str, float
     """
     if not any(s.rollout_log_probs for s in batch.samples):
         return {}
-    m = batch.loss_mask
+    m = batch.loss_mask if mask is None else mask
     trainer = gather_ragged(pi_old[m].detach().double())
     sampler = gather_ragged(batch.rollout_log_probs[m].detach().double())
     if not (torch.isfinite(trainer).all() and torch.isfinite(sampler).all()):

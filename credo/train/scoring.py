@@ -150,9 +150,11 @@ class PolicyScorer:
 
     def __init__(self, *, temperature: float, chunk_size: int, hidden_path: bool, needs_old_log_probs: bool,
                  ref_model: torch.nn.Module | None = None, probes: list[Probe] = (), packed: bool = False,
-                 micro_batch_tokens: int = 0):
+                 micro_batch_tokens: int = 0, old_log_probs: str = "recompute"):
         self.temperature, self.chunk_size, self.hidden_path = temperature, chunk_size, hidden_path
         self.needs_old_log_probs = needs_old_log_probs
+        # algo.old_log_probs: 'rollout' takes pi_old from the sampler (verl's bypass mode): no policy forward for it
+        self.old_from_rollout = old_log_probs == "rollout"
         # algo.packing / algo.micro_batch_tokens: forwards packed (or padded only to their own longest sample), and
         # the recompute split by the token budget; probes keep the padded forward of the rows they are given
         self.packed, self.micro_batch_tokens = packed, micro_batch_tokens
@@ -220,7 +222,8 @@ class PolicyScorer:
         """Fill `batch.old_log_probs` (off-policy passes), `batch.ref_log_probs` and the probes' outputs.
 
         The policy forward runs when old log-probs are needed or a probe asks for it; an on-policy
-        single pass takes pi_old inside the update instead.
+        single pass takes pi_old inside the update instead. With `algo.old_log_probs: rollout` pi_old is the
+        sampler's log-probs (`batch.rollout_log_probs`) in every case, and only probes make the forward run.
 
         Kept-set replay with a sampler that did not record its sets (vLLM: `batch.kept_rule` set, no
         `batch.kept_threshold`): the sets are first computed from this model's (pi_old's) logits, one more forward.
@@ -230,7 +233,10 @@ class PolicyScorer:
             batch.kept_threshold = kept_thresholds_of(model, batch, temperature=self.temperature,
                                                       chunk_size=self.chunk_size, hidden_path=self.hidden_path)
         kept = getattr(batch, "kept_threshold", None)
-        if self.needs_old_log_probs or self.recompute_probes:
+        recompute_old = self.needs_old_log_probs and not self.old_from_rollout
+        if self.old_from_rollout:
+            batch.old_log_probs = rollout_as_old(batch)
+        if recompute_old or self.recompute_probes:
             with contextlib.ExitStack() as hooks:
                 for probe in self.recompute_probes:
                     hooks.enter_context(probe.capture(model))
@@ -243,7 +249,7 @@ class PolicyScorer:
                                              kept_threshold=kept)
                 else:
                     lp, ent = self._whole_batch(model, batch, with_entropy=with_entropy)
-            if self.needs_old_log_probs:
+            if recompute_old:
                 batch.old_log_probs = lp
             for probe in self.recompute_probes:
                 _store_probe_outputs(probe, probe.result(batch, lp, ent), batch)
@@ -322,6 +328,21 @@ def kept_thresholds_of(model, batch: Batch, *, temperature: float, chunk_size: i
     if taus:
         out[mask] = torch.cat(taus)
     return out
+
+
+def rollout_as_old(batch: Batch) -> torch.Tensor:
+    """pi_old under `algo.old_log_probs: rollout`: the sampler's log-probs [B, T] (`batch.rollout_log_probs`).
+
+    Raises:
+        ValueError: a sample with loss tokens carries no sampler log-probs (its pi_old would be log 1 = 0).
+    """
+    trains = batch.loss_mask.any(-1).tolist()
+    missing = [i for i, s in enumerate(batch.samples) if trains[i] and not s.rollout_log_probs]
+    if missing:
+        raise ValueError(f"algo.old_log_probs = 'rollout' needs the sampler's log-probs, but sample {missing[0]} of "
+                         f"step {batch.step} ({len(missing)} in all) has none (Sample.rollout_log_probs is empty); "
+                         "the rollout source must record them, or use algo.old_log_probs: recompute")
+    return batch.rollout_log_probs
 
 
 def _rows_view(batch: Batch, rows: torch.Tensor) -> Batch:

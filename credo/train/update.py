@@ -36,8 +36,12 @@ class Updater:
 
     def __init__(self, engine, scorer: PolicyScorer, objective: Objective, *, ppo_epochs: int, mini_batches: int,
                  grad_accum: int, zero_stage: int, world: int, fault_nan_steps: frozenset[int] = frozenset(),
-                 train_mode: bool = False, micro_batch_tokens: int = 0, packed: bool = False):
+                 train_mode: bool = False, micro_batch_tokens: int = 0, packed: bool = False,
+                 old_log_probs: str = "recompute"):
         self.engine, self.scorer, self.objective = engine, scorer, objective
+        # algo.old_log_probs: rollout: pi_old is the sampler's; the mismatch metrics then read the first mini-batch's
+        # own forward, the one pass that runs the weights before the update
+        self.old_from_rollout = old_log_probs == "rollout"
         self.ppo_epochs, self.mini_batches, self.grad_accum = ppo_epochs, mini_batches, grad_accum
         self.micro_batch_tokens, self.packed = micro_batch_tokens, packed
         self.zero_stage, self.world = zero_stage, world
@@ -66,8 +70,12 @@ class Updater:
         n_micro = 0
         # pi_old for the mismatch metrics: the recompute's, or (one on-policy pass) the first pass's own log-probs
         pi_old = batch.old_log_probs if batch.old_log_probs is not None else torch.zeros_like(batch.rollout_log_probs)
+        seen = None  # old_log_probs: rollout: [B] bool, the rows whose pi_old the first mini-batch's forward gave
+        if self.old_from_rollout:
+            pi_old = torch.zeros_like(batch.rollout_log_probs)
+            seen = torch.zeros(B, dtype=torch.bool, device=batch.loss_mask.device)
         for epoch in range(self.ppo_epochs):
-            for mb in torch.arange(B, device="cpu").tensor_split(self.mini_batches):
+            for j, mb in enumerate(torch.arange(B, device="cpu").tensor_split(self.mini_batches)):
                 mb_mask = batch.loss_mask[mb]
                 gt, gs = all_reduce_sum(torch.stack([mb_mask.sum(), (mb_mask.sum(-1) > 0).sum()])).clamp_min(1)
                 bad = None
@@ -87,6 +95,9 @@ class Updater:
                         entropy_mask=None if batch.entropy_mask is None else batch.entropy_mask[micro])
                     if batch.old_log_probs is None and epoch == 0:
                         pi_old[micro] = lp.detach().to(pi_old.dtype)
+                    elif seen is not None and epoch == 0 and j == 0:
+                        pi_old[micro] = lp.detach().to(pi_old.dtype)
+                        seen[micro] = True
                     if batch.step in self.fault_nan_steps:
                         loss = loss * float("nan")
                     if not torch.isfinite(loss):
@@ -111,7 +122,7 @@ class Updater:
         out = self._metrics(sums, counts)
         out["train/grad_norm"] = engine.grad_norm(checked_norm)
         out["train/skipped_steps"] = skipped
-        out.update(step_mismatch_metrics(batch, pi_old))
+        out.update(step_mismatch_metrics(batch, pi_old, mask=None if seen is None else batch.loss_mask & seen[:, None]))
         if self.micro_batch_tokens:
             out["perf/micro_batches"] = n_micro
         return out, skipped

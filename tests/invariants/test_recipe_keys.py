@@ -22,6 +22,7 @@ optimizer), and a key that were dropped on its way there would fail this test.
 | optim.lr / weight_decay / betas / warmup_steps | 1e-2 / 0.5 / [0.8, 0.95] / 3 | here; test_objective.py      |
 | algo.micro_batch_size            | 3 (does not change the update: checked equal here) | here; DP test (4)         |
 | algo.micro_batch_tokens, algo.packing | (do not change the update) | test_packing_update.py (equal to the reference) |
+| algo.old_log_probs                | (rollout: pi_old = mu)  | test_old_log_probs.py (equal to the reference)      |
 """
 
 from __future__ import annotations
