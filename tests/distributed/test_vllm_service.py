@@ -15,7 +15,7 @@ from credo.distributed.vllm_backend import VLLMBackend  # noqa: E402
 from credo.distributed.vllm_service import VLLMGenerationService  # noqa: E402
 from credo.models import build_tiny_model  # noqa: E402
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.heavy]  # an engine of its own (~48 s); the service API is tested fast on hf
 
 SETTINGS = SamplingSettings(max_new_tokens=24, temperature=1.0)
 
