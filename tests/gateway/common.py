@@ -1,0 +1,57 @@
+"""A tiny policy that really calls a tool: the built-in char-level Qwen2, trained for ~150 Adam steps (about a
+second) to answer the first prompt of the scripted agent with one Hermes tool call, then served by a Gateway."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from credo.config import TinyModelConfig
+
+TOOLS = [{"type": "function", "function": {"name": "add"}}]
+FIRST = [{"role": "user", "content": "2+3?"}]
+TOOL_CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+MODEL = "credo-tiny"
+
+
+@contextlib.contextmanager
+def one_thread():
+    """One intra-op thread: on the shared 2-core machine two threads made each tiny step ~100x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def tool_calling_policy(cache):
+    """(model, tokenizer) of a tiny policy that answers FIRST (with TOOLS) by TOOL_CALL and EOS."""
+    from credo.gateway.chat import check_messages, render
+    from credo.models import build_tiny_model, load_causal_lm, load_tokenizer
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CREDO_CACHE", str(cache))
+        path = build_tiny_model(TinyModelConfig(num_layers=2, hidden_size=64, num_heads=2, num_kv_heads=1,
+                                                intermediate_size=128, tie_word_embeddings=False,
+                                                max_position_embeddings=1024))
+    tok, model = load_tokenizer(str(path)), load_causal_lm(str(path))
+    prompt = tok(render(tok, check_messages(FIRST), TOOLS), add_special_tokens=False)["input_ids"]
+    target = tok(TOOL_CALL + tok.eos_token, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([prompt + target])
+    labels = ids.clone()
+    labels[0, :len(prompt)] = -100
+    torch.manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
+    model.train()
+    for _ in range(600):
+        out = model(input_ids=ids, labels=labels)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if out.loss.item() < 0.003:
+            break
+    model.eval()
+    return model, tok
