@@ -12,22 +12,24 @@ tokens the model never sampled. The gateway does not re-tokenize a history it ha
   the next generation prompt; tokenized on its own; mask 0),
 
 together with the text those tokens stand for (the prompt text, then each sample decoded with its special tokens,
-then each template delta). A new call renders its messages to text T and looks for a segment whose text, at the
-end of one of its sampled turns (a *checkpoint*), is a prefix of T:
+then each template delta). A segment's *checkpoints* are its root prompt and the end of each sampled turn. A new
+call renders its messages to text T and takes the longest checkpoint of the episode's segments that T extends:
 
-1. **Continuation** (the latest checkpoint matches): the prompt sent to the model is the segment's own ids plus
+1. **Continuation** (a segment's latest checkpoint): the prompt sent to the model is the segment's own ids plus
    the tokenized rest of T, and the new sample extends the segment. The model sees exactly the tokens it sampled.
-2. **Fork** (an earlier checkpoint matches, e.g. the agent retried a call, or picked choice 2 of `n`): a new
-   segment copies the prefix up to that checkpoint and continues from there. No drift; `gateway/forks` counts it.
-3. **Drift** (no checkpoint matches, but T starts with a segment's first prompt: the same conversation, whose
-   history now reads differently from what was sampled: a template that drops earlier reasoning, a client that
-   strips whitespace or edits an answer, a stop string that cut inside a token). **Rule: split.** The segment is
-   closed as it stands (every token in it is still exactly what was sampled and seen) and a new segment starts
-   whose prompt is T tokenized as a plain server would (all mask 0). Nothing sampled before the drift point is
-   carried into the new segment with mask 1, so no token is ever trained on that the model did not sample in
-   that context. `gateway/retokenization_drift` counts it, and the new segment records where T and the old text
-   first differ (`drift_at`, a character offset of T).
-4. **New conversation** (T starts with no segment's first prompt: a sub-agent, a summarizer call): a new segment.
+2. **Fork** (an earlier checkpoint k, and T is exactly the prompt of the segment's turn k+1, i.e. a retried call,
+   or T leaves the segment before turn k+1's answer, i.e. a new branch after turn k, a different tool output):
+   a new segment copies the prefix up to checkpoint k and continues from there. Every echoed answer is as sampled,
+   so this is not drift; `gateway/forks` counts it.
+3. **Drift** (an earlier checkpoint k, and T goes past turn k+1's prompt with something else where the model's
+   sampled answer was: a template that drops earlier reasoning, a client that strips whitespace or edits an
+   answer, a stop string that cut inside a token). **Rule: split.** The segment is closed as it stands (every
+   token in it is still exactly what was sampled and seen) and a new segment starts whose prompt is T tokenized
+   as a plain server would (all mask 0). Nothing sampled before the drift point is carried into the new segment
+   with mask 1, so no token is ever trained on that the model did not sample in that context.
+   `gateway/retokenization_drift` counts it, and the new segment records where T and the old text first differ
+   (`meta["drift_at"]`, a character offset of T).
+4. **New conversation** (T extends no checkpoint: a sub-agent, a summarizer call): a new segment.
 
 Choices 2..n of a call with `n > 1` are segments of their own (forks of the pre-call state). A trajectory is one
 segment, as a `credo.distributed.rollout.Sample`: prompt = its first prompt, response = everything after, the
@@ -74,19 +76,21 @@ class Segment:
     turns: list[tuple[int, int]] = field(default_factory=list)
     """[start, end) of each sampled turn, as offsets into the response (after the root)."""
     checkpoints: list[tuple[int, int]] = field(default_factory=list)
-    """(len(text), len(ids)) after each sampled turn, in order."""
+    """(len(text), len(ids)) of the root prompt, then after each sampled turn, in order."""
+    prompt_ends: list[int] = field(default_factory=list)
+    """len(text) of the prompt each sampled turn was given (just before the turn)."""
     calls: list[int] = field(default_factory=list)
     finished: bool = False
     opened_by: str = "new"
     drift_at: int | None = None
 
     def truncated(self, k: int) -> "Segment":
-        """A copy of the segment as it stood at checkpoint k (its first k+1 sampled turns)."""
+        """A copy of the segment as it stood at checkpoint k (its root prompt and first k sampled turns)."""
         text_len, ids_len = self.checkpoints[k]
         n_resp = ids_len - len(self.root_ids)
         return Segment(self.root_text, list(self.root_ids), self.text[:text_len], self.ids[:ids_len],
-                       self.mask[:n_resp], self.log_probs[:n_resp], self.versions[:k + 1], self.turns[:k + 1],
-                       self.checkpoints[:k + 1], self.calls[:k + 1], opened_by="fork")
+                       self.mask[:n_resp], self.log_probs[:n_resp], self.versions[:k], self.turns[:k],
+                       self.checkpoints[:k + 1], self.prompt_ends[:k], self.calls[:k], opened_by="fork")
 
     def to_sample(self, episode: str, index: int) -> Sample:
         n = len(self.root_ids)
@@ -145,18 +149,19 @@ class EpisodeStore:
         if best is not None:
             _, si, k = best
             seg = self.segments[episode][si]
-            latest = k == len(seg.checkpoints) - 1
-            base = seg if latest else seg.truncated(k)
-            delta = text[len(base.text):]
-            return Plan("continuation" if latest else "fork", base.ids + self.encode(delta), base,
-                        si if latest else None)
+            if k == len(seg.checkpoints) - 1:
+                return Plan("continuation", seg.ids + self.encode(text[len(seg.text):]), seg, si)
+            next_prompt = seg.text[:seg.prompt_ends[k]]
+            if text == next_prompt or not text.startswith(next_prompt):  # a retry, or a new branch after turn k
+                base = seg.truncated(k)
+                return Plan("fork", base.ids + self.encode(text[len(base.text):]), base, None)
+            # T holds, where the model answered in turn k+1, something other than what it sampled: drift
+            ids = self.encode(text)
+            root = Segment(text, ids, text, list(ids), [], [], checkpoints=[(len(text), len(ids))], opened_by="drift",
+                           drift_at=_common_prefix(text, seg.text))
+            return Plan("drift", ids, root, None)
         ids = self.encode(text)
-        root = Segment(text, ids, text, list(ids), [], [])
-        related = [s for s in self.segments.get(episode, []) if text.startswith(s.root_text)]
-        if related:
-            root.opened_by = "drift"
-            root.drift_at = max(_common_prefix(text, s.text) for s in related)
-        return Plan("drift" if related else "new", ids, root, None)
+        return Plan("new", ids, Segment(text, ids, text, list(ids), [], [], checkpoints=[(len(text), len(ids))]), None)
 
     def record(self, episode: str, text: str, plan: Plan, choices: list[dict], version: int) -> CallRecord:
         """Store a sampled call: choice 0 extends the planned segment, choices 1.. open forks of the pre-call state.
@@ -171,7 +176,7 @@ class EpisodeStore:
         for c, choice in enumerate(choices):  # each choice extends its own copy of the pre-call state
             seg = Segment(base.root_text, list(base.root_ids), base.text, list(base.ids), list(base.mask),
                           list(base.log_probs), list(base.versions), list(base.turns), list(base.checkpoints),
-                          list(base.calls), opened_by=base.opened_by if c == 0 else "choice",
+                          list(base.prompt_ends), list(base.calls), opened_by=base.opened_by if c == 0 else "choice",
                           drift_at=base.drift_at if c == 0 else None)
             self._extend(seg, delta_text, delta_ids, choice, version, index)
             if c == 0 and plan.target is not None:
@@ -192,6 +197,7 @@ class EpisodeStore:
                 call: int) -> None:
         """Append the template's delta (mask 0) and one sampled answer (mask 1) to `seg`."""
         resp = list(choice["response_ids"])
+        seg.prompt_ends.append(len(seg.text) + len(delta_text))
         seg.text += delta_text + self.decode(resp)
         seg.ids += delta_ids + resp
         seg.mask += [0] * len(delta_ids) + [1] * len(resp)

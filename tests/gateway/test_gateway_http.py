@@ -167,3 +167,14 @@ def test_requests_without_the_key_or_with_bad_input_are_refused_and_serving_goes
     with one_thread():  # the gateway still serves
         assert c.chat.completions.create(model=MODEL, messages=FIRST, max_tokens=4).choices[0].message is not None
     assert [m.id for m in c.models.list().data] == [MODEL]
+
+
+def test_a_stop_string_cuts_the_answer_and_the_record_to_the_tokens_before_it(gateway):
+    gw, _, tok = gateway
+    with one_thread():
+        r = client(gw, "stop").chat.completions.create(model=MODEL, messages=FIRST, tools=TOOLS, stop=['"add"'],
+                                                        max_tokens=80, temperature=0)
+    [rec] = gw.store.episode_calls("stop")
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == '<tool_call>{"name": '
+    assert rec.choices[0]["response_ids"] == tok('<tool_call>{"name": ', add_special_tokens=False)["input_ids"]
+    assert len(rec.choices[0]["log_probs"]) == len(rec.choices[0]["response_ids"])
