@@ -159,5 +159,8 @@ def build_app(service: ChatService, api_key: str):
             return await run_in_threadpool(service.complete, body, episode_of(request.headers, api_key, key))
         except RequestError as e:
             return refuse(e.status, str(e), e.code, e.param)
+        except Exception as e:  # noqa: BLE001 - a backend failure is one call's 500, not the server's end
+            log.exception("gateway: sampling failed")
+            return refuse(500, f"sampling failed: {type(e).__name__}: {e}", "server_error")
 
     return app

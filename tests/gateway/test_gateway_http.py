@@ -178,3 +178,16 @@ def test_a_stop_string_cuts_the_answer_and_the_record_to_the_tokens_before_it(ga
     assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == '<tool_call>{"name": '
     assert rec.choices[0]["response_ids"] == tok('<tool_call>{"name": ', add_special_tokens=False)["input_ids"]
     assert len(rec.choices[0]["log_probs"]) == len(rec.choices[0]["response_ids"])
+
+
+def test_a_failing_backend_is_one_calls_500_and_is_counted(tmp_path):
+    from credo.gateway import Gateway
+    from tests.gateway.test_capture import bpe_tokenizer
+
+    def broken(prompts, **kw):
+        raise RuntimeError("engine died")
+
+    with Gateway(broken, bpe_tokenizer(), model_name=MODEL) as gw:
+        with pytest.raises(openai.InternalServerError, match="engine died"):
+            client(gw, "x").chat.completions.create(model=MODEL, messages=FIRST)
+        assert gw.store.counters["gateway/errors"] == 1 and gw.store.episode_calls("x") == []
