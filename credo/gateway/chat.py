@@ -128,6 +128,12 @@ def check_request(body: Any, *, max_tokens_cap: int) -> dict:
         raise RequestError(f"unsupported request key(s): {', '.join(unknown)}", param=unknown[0])
     if body.get("stream"):
         raise RequestError("'stream': true is not supported yet (the gateway answers in one response)", param="stream")
+    for key in ("frequency_penalty", "presence_penalty", "top_logprobs"):
+        if body.get(key):  # accepted only at their no-op value: sampling without them silently is a wrong answer
+            raise RequestError(f"'{key}' is not supported yet (got {body[key]!r}; only 0 or absent)", param=key)
+    if body.get("tool_choice") not in (None, "auto"):
+        raise RequestError(f"'tool_choice' {body['tool_choice']!r} is not supported yet (only 'auto')",
+                           param="tool_choice")
     tools = body.get("tools")
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise RequestError("'tools' must be a list of tool objects", param="tools")

@@ -52,12 +52,12 @@ class ChatService:
         self.store, self.max_tokens, self.max_context = store, max_tokens, max_context
         self.lock = threading.Lock()
 
-    def complete(self, body, episode: str) -> dict:
+    def complete(self, body, header_episode: str = "", key_episode: str = "") -> dict:
         req = check_request(body, max_tokens_cap=self.max_tokens)
         if req["model"] != self.model_name:
             raise RequestError(f"model {req['model']!r} is not served here (this gateway serves {self.model_name!r})",
                                status=404, code="model_not_found", param="model")
-        episode = episode or req["user"] or "default"
+        episode = header_episode or req["user"] or key_episode or "default"
         text = render(self.tokenizer, req["messages"], req["tools"])
         with self.lock:  # plan, sample, record: one call at a time, so two calls of an episode never race
             plan = self.store.plan(episode, text)
@@ -111,11 +111,8 @@ class ChatService:
         return {"token": token, "logprob": float(logprob), "bytes": list(token.encode()), "top_logprobs": []}
 
 
-def episode_of(headers, api_key: str, presented: str) -> str:
-    """The episode named by the `X-Episode-Id` header, else by the key's suffix (`<run key>:<episode>`); '' if none."""
-    header = headers.get("x-episode-id")
-    if header:
-        return header
+def episode_in_key(api_key: str, presented: str) -> str:
+    """The episode a key names (`<run key>:<episode>`); '' for the run's key itself."""
     return presented[len(api_key) + 1:] if presented.startswith(api_key + ":") else ""
 
 
@@ -156,7 +153,8 @@ def build_app(service: ChatService, api_key: str):
         except ValueError:
             return refuse(400, "the request body is not JSON", "invalid_request_error")
         try:
-            return await run_in_threadpool(service.complete, body, episode_of(request.headers, api_key, key))
+            return await run_in_threadpool(service.complete, body, request.headers.get("x-episode-id", ""),
+                                           episode_in_key(api_key, key))
         except RequestError as e:
             return refuse(e.status, str(e), e.code, e.param)
         except Exception as e:  # noqa: BLE001 - a backend failure is one call's 500, not the server's end

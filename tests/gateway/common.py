@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 
-import pytest
 import torch
 
 from credo.config import TinyModelConfig
@@ -27,23 +26,25 @@ def one_thread():
         torch.set_num_threads(n)
 
 
-def tool_calling_policy(cache):
+def tool_calling_policy():
     """(model, tokenizer) of a tiny policy that answers FIRST (with TOOLS) by TOOL_CALL and EOS."""
-    from credo.gateway.chat import check_messages, render
-    from credo.models import build_tiny_model, load_causal_lm, load_tokenizer
+    from transformers import AutoModelForCausalLM
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CREDO_CACHE", str(cache))
-        path = build_tiny_model(TinyModelConfig(num_layers=2, hidden_size=64, num_heads=2, num_kv_heads=1,
-                                                intermediate_size=128, tie_word_embeddings=False,
-                                                max_position_embeddings=1024))
-    tok, model = load_tokenizer(str(path)), load_causal_lm(str(path))
+    from credo.gateway.chat import check_messages, render
+    from credo.models import build_char_tokenizer, tiny_model_config
+
+    tok = build_char_tokenizer()  # the built-in tiny model's, in memory (build_tiny_model would also save both)
+    config = tiny_model_config(TinyModelConfig(num_layers=2, hidden_size=64, num_heads=2, num_kv_heads=1,
+                                               intermediate_size=128, tie_word_embeddings=False,
+                                               max_position_embeddings=1024), len(tok), tok)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     prompt = tok(render(tok, check_messages(FIRST), TOOLS), add_special_tokens=False)["input_ids"]
     target = tok(TOOL_CALL + tok.eos_token, add_special_tokens=False)["input_ids"]
     ids = torch.tensor([prompt + target])
     labels = ids.clone()
     labels[0, :len(prompt)] = -100
-    torch.manual_seed(0)
     opt = torch.optim.Adam(model.parameters(), lr=5e-3)
     model.train()
     for _ in range(600):

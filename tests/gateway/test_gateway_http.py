@@ -17,12 +17,12 @@ pytest.importorskip("uvicorn")
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory):
+def gateway():
     from credo.distributed.rollout import HFBackend
     from credo.gateway import Gateway, backend_sampler
 
     with one_thread():
-        model, tok = tool_calling_policy(tmp_path_factory.mktemp("gw"))
+        model, tok = tool_calling_policy()
         gw = Gateway(backend_sampler(HFBackend(model, tok)), tok, model_name=MODEL, max_tokens=96,
                      max_context=1024).start()
         try:
@@ -35,13 +35,13 @@ def client(gw, episode: str):
     return openai.OpenAI(base_url=gw.base_url, api_key=gw.episode_key(episode), max_retries=0, timeout=60)
 
 
-def run_agent(c, calls: int = 3) -> list[dict]:
+def run_agent(c, calls: int = 3, max_tokens: int = 80) -> list[dict]:
     """A scripted agent: it executes `add` when the model calls it, else asks the model to go on; it echoes every
     answer into its history as the OpenAI docs show. Returns the final message list."""
     messages = list(FIRST)
     for _ in range(calls):
         r = c.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, temperature=1.0, logprobs=True,
-                                      max_tokens=80)
+                                      max_tokens=max_tokens)
         msg = r.choices[0].message
         messages.append(msg.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
         for tc in msg.tool_calls or []:
@@ -191,3 +191,45 @@ def test_a_failing_backend_is_one_calls_500_and_is_counted(tmp_path):
         with pytest.raises(openai.InternalServerError, match="engine died"):
             client(gw, "x").chat.completions.create(model=MODEL, messages=FIRST)
         assert gw.store.counters["gateway/errors"] == 1 and gw.store.episode_calls("x") == []
+
+
+def test_episode_ids_from_header_user_and_key_and_concurrent_agents(gateway):
+    import threading
+
+    gw, _, _ = gateway
+    run_key = openai.OpenAI(base_url=gw.base_url, api_key=gw.api_key, max_retries=0)
+    short = {"model": MODEL, "messages": FIRST, "max_tokens": 2}
+    with one_thread():
+        run_key.chat.completions.create(**short, extra_headers={"X-Episode-Id": "from-header"}, user="ignored")
+        run_key.chat.completions.create(**short, user="from-user")
+        client(gw, "from-key").chat.completions.create(**short)
+        errors = []
+
+        def agent(i):
+            try:
+                run_agent(client(gw, f"conc-{i}"), calls=2, max_tokens=12)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=agent, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    for ep in ("from-header", "from-user", "from-key"):
+        assert len(gw.store.episode_calls(ep)) == 1, ep
+    assert gw.store.episode_calls("ignored") == [] and not errors
+    for i in range(3):  # interleaved agents: each episode is one exact trajectory of its own calls
+        calls = gw.store.episode_calls(f"conc-{i}")
+        [traj] = gw.store.trajectories(f"conc-{i}")
+        assert [t for t, m in zip(traj.response_ids, traj.response_mask) if m] == \
+            [t for c in calls for t in c.choices[0]["response_ids"]]
+
+
+def test_sampling_options_it_cannot_honour_are_refused_not_ignored(gateway):
+    gw, _, _ = gateway
+    c = client(gw, "opts")
+    for kwargs, name in (({"presence_penalty": 0.5}, "presence_penalty"), ({"tool_choice": "none"}, "tool_choice"),
+                         ({"stream": True}, "stream"), ({"extra_body": {"best_of": 2}}, "best_of")):
+        with pytest.raises(openai.BadRequestError, match=name):
+            c.chat.completions.create(model=MODEL, messages=FIRST, **kwargs)
