@@ -37,7 +37,10 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 SAMPLING_KEYS = {"model", "messages", "tools", "tool_choice", "n", "temperature", "top_p", "max_tokens",
                  "max_completion_tokens", "stop", "logprobs", "top_logprobs", "seed", "user", "stream",
                  "parallel_tool_calls", "frequency_penalty", "presence_penalty", "metadata", "store"}
-"""The body keys the endpoint reads or accepts; any other key is a 400 naming it (a typo is not sampled around)."""
+"""The body keys the chat endpoint reads or accepts; any other key is a 400 naming it (a typo is not sampled around)."""
+COMPLETION_KEYS = {"model", "prompt", "n", "temperature", "top_p", "max_tokens", "stop", "logprobs", "seed", "user",
+                   "stream", "echo", "suffix", "best_of", "frequency_penalty", "presence_penalty"}
+"""The same for /v1/completions."""
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
@@ -119,11 +122,11 @@ def _number(body: dict, key: str, default, lo: float, hi: float, kind=float):
     return kind(v)
 
 
-def check_request(body: Any, *, max_tokens_cap: int) -> dict:
-    """An OpenAI chat-completions body checked and normalized into the settings the gateway samples with."""
+def _sampling(body: Any, keys: set[str], max_tokens_cap: int) -> dict:
+    """The settings both endpoints share, checked: unknown keys, stream and penalties refused, numbers in range."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
-    unknown = sorted(set(body) - SAMPLING_KEYS)
+    unknown = sorted(set(body) - keys)
     if unknown:
         raise RequestError(f"unsupported request key(s): {', '.join(unknown)}", param=unknown[0])
     if body.get("stream"):
@@ -131,12 +134,6 @@ def check_request(body: Any, *, max_tokens_cap: int) -> dict:
     for key in ("frequency_penalty", "presence_penalty", "top_logprobs"):
         if body.get(key):  # accepted only at their no-op value: sampling without them silently is a wrong answer
             raise RequestError(f"'{key}' is not supported yet (got {body[key]!r}; only 0 or absent)", param=key)
-    if body.get("tool_choice") not in (None, "auto"):
-        raise RequestError(f"'tool_choice' {body['tool_choice']!r} is not supported yet (only 'auto')",
-                           param="tool_choice")
-    tools = body.get("tools")
-    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
-        raise RequestError("'tools' must be a list of tool objects", param="tools")
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else stop
     if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop)):
@@ -144,18 +141,46 @@ def check_request(body: Any, *, max_tokens_cap: int) -> dict:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     return {
         "model": body.get("model"),
-        "messages": check_messages(body.get("messages")),
-        "tools": tools or None,
         "n": _number(body, "n", 1, 1, 64, int),
         "temperature": _number(body, "temperature", 1.0, 0.0, 2.0),
         "top_p": _number(body, "top_p", 1.0, 1e-9, 1.0),
         "max_tokens": max_tokens_cap if max_tokens is None else _number(
             {"max_tokens": max_tokens}, "max_tokens", max_tokens_cap, 1, max_tokens_cap, int),
         "stop": stop or [],
-        "logprobs": bool(body.get("logprobs")),
         "seed": _number(body, "seed", None, -2**63, 2**63 - 1, int),
         "user": body.get("user") if isinstance(body.get("user"), str) else None,
     }
+
+
+def check_request(body: Any, *, max_tokens_cap: int) -> dict:
+    """An OpenAI chat-completions body checked and normalized into the settings the gateway samples with."""
+    req = _sampling(body, SAMPLING_KEYS, max_tokens_cap)
+    if body.get("tool_choice") not in (None, "auto"):
+        raise RequestError(f"'tool_choice' {body['tool_choice']!r} is not supported yet (only 'auto')",
+                           param="tool_choice")
+    tools = body.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise RequestError("'tools' must be a list of tool objects", param="tools")
+    return {**req, "messages": check_messages(body.get("messages")), "tools": tools or None,
+            "logprobs": bool(body.get("logprobs"))}
+
+
+def check_completion_request(body: Any, *, max_tokens_cap: int) -> dict:
+    """An OpenAI (legacy) completions body: `prompt` one string, `logprobs` absent or 0 (the sampled tokens' own
+    log-probs; no top alternatives), no `echo`, `suffix` or `best_of`."""
+    req = _sampling(body, COMPLETION_KEYS, max_tokens_cap)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise RequestError("'prompt' must be one non-empty string (lists and token ids are not supported yet)",
+                           param="prompt")
+    for key in ("echo", "suffix", "best_of"):
+        if body.get(key) not in (None, False) and not (key == "best_of" and body[key] == req["n"]):
+            raise RequestError(f"'{key}' is not supported yet (got {body[key]!r})", param=key)
+    logprobs = body.get("logprobs")
+    if logprobs not in (None, 0) or isinstance(logprobs, bool):
+        raise RequestError(f"'logprobs' must be absent or 0 (top alternatives are not supported yet), got {logprobs!r}",
+                           param="logprobs")
+    return {**req, "prompt": prompt, "logprobs": logprobs == 0}
 
 
 def render(tokenizer, messages: list[dict], tools: list[dict] | None) -> str:

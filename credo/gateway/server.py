@@ -2,8 +2,8 @@
 
 `POST /v1/chat/completions` renders the messages (credo.gateway.chat), builds the prompt ids by the capture rules
 (credo.gateway.capture), samples `n` answers through one `SampleFn` (credo.gateway.backend), records them under the
-episode and answers in OpenAI's format (tool calls parsed, log-probs when asked). `GET /v1/models` lists the one
-model. Every other request, and any request without the run's key, is refused with OpenAI's error body.
+episode and answers in OpenAI's format (tool calls parsed, log-probs when asked). `POST /v1/completions` does the
+same for a text prompt (no template). `GET /v1/models` lists the one model. Every other request, and any request without the run's key, is refused with OpenAI's error body.
 
 The episode of a call is, first found: the `X-Episode-Id` header, the body's `user` field, the part after
 `<run key>:` of the API key (credo hands each episode its own key, `Gateway.episode_key(id)`, so an agent that can
@@ -28,7 +28,8 @@ from starlette.concurrency import run_in_threadpool
 
 from credo.gateway.backend import SampleFn
 from credo.gateway.capture import EpisodeStore
-from credo.gateway.chat import RequestError, check_request, cut_at_stop, parse_tool_calls, render
+from credo.gateway.chat import (RequestError, check_completion_request, check_request, cut_at_stop, parse_tool_calls,
+                                render)
 
 log = logging.getLogger("credo.gateway")
 
@@ -53,18 +54,43 @@ class ChatService:
         self.lock = threading.Lock()
 
     def complete(self, body, header_episode: str = "", key_episode: str = "") -> dict:
-        req = check_request(body, max_tokens_cap=self.max_tokens)
+        """POST /v1/chat/completions."""
+        req = self._checked(check_request, body)
+        text = render(self.tokenizer, req["messages"], req["tools"])
+        episode = header_episode or req["user"] or key_episode or "default"
+        record, texts = self._sample_and_record(req, episode, text)
+        return self._response(req, record, texts, episode)
+
+    def complete_text(self, body, header_episode: str = "", key_episode: str = "") -> dict:
+        """POST /v1/completions: the prompt is the text itself (no template), captured by the same rules."""
+        req = self._checked(check_completion_request, body)
+        episode = header_episode or req["user"] or key_episode or "default"
+        record, texts = self._sample_and_record(req, episode, req["prompt"])
+        choices = []
+        for i, (choice, text) in enumerate(zip(record.choices, texts)):
+            out = {"index": i, "text": text, "finish_reason": choice["finish_reason"], "logprobs": None}
+            if req["logprobs"]:
+                tokens = [self.tokenizer.decode([t], skip_special_tokens=False) for t in choice["response_ids"]]
+                out["logprobs"] = {"tokens": tokens, "token_logprobs": [float(x) for x in choice["log_probs"]],
+                                   "top_logprobs": None, "text_offset": None}
+            choices.append(out)
+        return {**self._envelope(record, episode, "cmpl", "text_completion"), "choices": choices}
+
+    def _checked(self, check, body) -> dict:
+        req = check(body, max_tokens_cap=self.max_tokens)
         if req["model"] != self.model_name:
             raise RequestError(f"model {req['model']!r} is not served here (this gateway serves {self.model_name!r})",
                                status=404, code="model_not_found", param="model")
-        episode = header_episode or req["user"] or key_episode or "default"
-        text = render(self.tokenizer, req["messages"], req["tools"])
+        return req
+
+    def _sample_and_record(self, req: dict, episode: str, text: str):
+        """(the call's record, the text returned per choice): plan the prompt ids, sample n, cut at stop, record."""
         with self.lock:  # plan, sample, record: one call at a time, so two calls of an episode never race
             plan = self.store.plan(episode, text)
             if self.max_context is not None and len(plan.prompt_ids) + req["max_tokens"] > self.max_context:
                 raise RequestError(f"the prompt has {len(plan.prompt_ids)} tokens and max_tokens is "
                                    f"{req['max_tokens']}: more than the model's {self.max_context}",
-                                   code="context_length_exceeded", param="messages")
+                                   code="context_length_exceeded", param="messages" if "messages" in req else "prompt")
             index = len(self.store.calls.get(episode, []))
             seeds = None if req["temperature"] == 0 else call_seeds(req["seed"], episode, index, req["n"])
             samples = self.sample([plan.prompt_ids] * req["n"], max_new_tokens=req["max_tokens"],
@@ -73,7 +99,7 @@ class ChatService:
             version = min(s.policy_version for s in samples)
             record = self.store.record(episode, text, plan, [c[0] for c in choices], version)
             self.store.counters["gateway/requests"] += 1
-        return self._response(req, record, [c[1] for c in choices], episode)
+        return record, [c[1] for c in choices]
 
     def _choice(self, s, stop: list[str]) -> tuple[dict, str]:
         """(the recorded choice, the text returned) of one sample, cut at the first stop string."""
@@ -98,9 +124,12 @@ class ChatService:
                 out["logprobs"] = {"content": [self._token_logprob(t, lp) for t, lp in
                                                zip(choice["response_ids"], choice["log_probs"])]}
             choices.append(out)
+        return {**self._envelope(record, episode, "chatcmpl", "chat.completion"), "choices": choices}
+
+    def _envelope(self, record, episode: str, prefix: str, kind: str) -> dict:
         completion = sum(len(c["response_ids"]) for c in record.choices)
-        return {"id": f"chatcmpl-{secrets.token_hex(8)}", "object": "chat.completion", "created": int(time.time()),
-                "model": self.model_name, "choices": choices, "system_fingerprint": f"credo-v{record.policy_version}",
+        return {"id": f"{prefix}-{secrets.token_hex(8)}", "object": kind, "created": int(time.time()),
+                "model": self.model_name, "system_fingerprint": f"credo-v{record.policy_version}",
                 "usage": {"prompt_tokens": len(record.prompt_ids), "completion_tokens": completion,
                           "total_tokens": len(record.prompt_ids) + completion},
                 "credo": {"episode": episode, "call": record.index, "policy_version": record.policy_version,
@@ -123,7 +152,7 @@ def key_ok(api_key: str, presented: str) -> bool:
 
 
 def build_app(service: ChatService, api_key: str):
-    """The FastAPI app: /v1/chat/completions and /v1/models, both behind the key."""
+    """The FastAPI app: /v1/chat/completions, /v1/completions and /v1/models, all behind the key."""
     app = FastAPI(title="credo gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
     def refuse(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
@@ -143,8 +172,7 @@ def build_app(service: ChatService, api_key: str):
             return refuse(401, "missing or wrong API key (Authorization: Bearer <the run's key>)", "invalid_api_key")
         return {"object": "list", "data": [{"id": service.model_name, "object": "model", "owned_by": "credo"}]}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
+    async def serve(request: Request, handler):
         key = presented_key(request)
         if key is None:
             return refuse(401, "missing or wrong API key (Authorization: Bearer <the run's key>)", "invalid_api_key")
@@ -153,12 +181,20 @@ def build_app(service: ChatService, api_key: str):
         except ValueError:
             return refuse(400, "the request body is not JSON", "invalid_request_error")
         try:
-            return await run_in_threadpool(service.complete, body, request.headers.get("x-episode-id", ""),
+            return await run_in_threadpool(handler, body, request.headers.get("x-episode-id", ""),
                                            episode_in_key(api_key, key))
         except RequestError as e:
             return refuse(e.status, str(e), e.code, e.param)
         except Exception as e:  # noqa: BLE001 - a backend failure is one call's 500, not the server's end
             log.exception("gateway: sampling failed")
             return refuse(500, f"sampling failed: {type(e).__name__}: {e}", "server_error")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await serve(request, service.complete)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await serve(request, service.complete_text)
 
     return app

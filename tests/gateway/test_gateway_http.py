@@ -233,3 +233,23 @@ def test_sampling_options_it_cannot_honour_are_refused_not_ignored(gateway):
                          ({"stream": True}, "stream"), ({"extra_body": {"best_of": 2}}, "best_of")):
         with pytest.raises(openai.BadRequestError, match=name):
             c.chat.completions.create(model=MODEL, messages=FIRST, **kwargs)
+
+
+def test_text_completions_are_captured_by_the_same_rules(gateway):
+    gw, _, tok = gateway
+    c = client(gw, "text")
+    with one_thread():
+        first = c.completions.create(model=MODEL, prompt="once upon", max_tokens=6, logprobs=0, seed=3)
+        assert first.choices[0].finish_reason == "length"  # no EOS: the text returned is all that was sampled
+        prompt = "once upon" + first.choices[0].text + " then"
+        second = c.completions.create(model=MODEL, prompt=prompt, max_tokens=6, seed=4)
+        with pytest.raises(openai.BadRequestError, match="echo"):
+            c.completions.create(model=MODEL, prompt="x", echo=True)
+    calls = gw.store.episode_calls("text")
+    assert [k.kind for k in calls] == ["new", "continuation"]
+    [traj] = gw.store.trajectories("text")
+    assert traj.prompt_ids == tok("once upon", add_special_tokens=False)["input_ids"]
+    assert traj.response_ids == calls[0].choices[0]["response_ids"] + tok(" then", add_special_tokens=False)[
+        "input_ids"] + calls[1].choices[0]["response_ids"]
+    assert first.choices[0].logprobs.token_logprobs == calls[0].choices[0]["log_probs"]
+    assert second.choices[0].text == tok.decode(calls[1].choices[0]["response_ids"], skip_special_tokens=True)
