@@ -122,7 +122,8 @@ class Plan:
 
 
 class EpisodeStore:
-    """The calls and segments of every episode, and the gateway's counters. Thread-safe (one lock)."""
+    """The calls and segments of every episode, and the gateway's counters. `lock` is held by the server around
+    plan, sampling and record (credo.gateway.server), and by the readers below, so a reader never sees half a call."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
@@ -217,3 +218,11 @@ class EpisodeStore:
     def episode_calls(self, episode: str) -> list[CallRecord]:
         with self.lock:
             return list(self.calls.get(episode, []))
+
+    def take(self, episode: str) -> list[Sample]:
+        """The episode's trajectories, and forget the episode (its calls and segments): what a trainer does once an
+        episode is over, so a long run's memory does not grow with its episodes."""
+        with self.lock:
+            out = [seg.to_sample(episode, i) for i, seg in enumerate(self.segments.pop(episode, []))]
+            self.calls.pop(episode, None)
+            return out

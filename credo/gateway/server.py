@@ -19,7 +19,6 @@ import hashlib
 import hmac
 import logging
 import secrets
-import threading
 import time
 
 from fastapi import FastAPI, Request
@@ -51,7 +50,6 @@ class ChatService:
                  max_context: int | None = None):
         self.sample, self.tokenizer, self.model_name = sample, tokenizer, model_name
         self.store, self.max_tokens, self.max_context = store, max_tokens, max_context
-        self.lock = threading.Lock()
 
     def complete(self, body, header_episode: str = "", key_episode: str = "") -> dict:
         """POST /v1/chat/completions."""
@@ -85,7 +83,7 @@ class ChatService:
 
     def _sample_and_record(self, req: dict, episode: str, text: str):
         """(the call's record, the text returned per choice): plan the prompt ids, sample n, cut at stop, record."""
-        with self.lock:  # plan, sample, record: one call at a time, so two calls of an episode never race
+        with self.store.lock:  # plan, sample, record: one call at a time, so two calls of an episode never race
             plan = self.store.plan(episode, text)
             if self.max_context is not None and len(plan.prompt_ids) + req["max_tokens"] > self.max_context:
                 raise RequestError(f"the prompt has {len(plan.prompt_ids)} tokens and max_tokens is "

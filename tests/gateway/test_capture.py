@@ -160,3 +160,11 @@ def test_a_different_tool_output_after_a_sampled_turn_is_a_fork_not_drift(tok):
     assert forked.response_ids[:2] == main.response_ids[:2] and forked.meta["calls"] == [0, 2]
     assert tok.decode(forked.prompt_ids + forked.response_ids).endswith("r2<eos>\n<|im_start|>assistant\n<eos>")
     assert_only_sampled(store, "b")
+
+
+def test_take_returns_the_trajectories_and_forgets_the_episode(tok):
+    store = EpisodeStore(tok)
+    call(store, tok, "t", [{"role": "user", "content": "q"}], [[tok.eos_token_id]])
+    before = store.trajectories("t")
+    assert [s.response_ids for s in store.take("t")] == [s.response_ids for s in before] == [[tok.eos_token_id]]
+    assert store.trajectories("t") == [] and store.episode_calls("t") == []
