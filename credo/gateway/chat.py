@@ -48,7 +48,8 @@ TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 class RequestError(ValueError):
     """A request the gateway refuses: `status` is the HTTP status, `code` OpenAI's error code."""
 
-    def __init__(self, message: str, *, status: int = 400, code: str = "invalid_request_error", param: str | None = None):
+    def __init__(self, message: str, *, status: int = 400, code: str = "invalid_request_error",
+                 param: str | None = None):
         super().__init__(message)
         self.status, self.code, self.param = status, code, param
 
@@ -71,7 +72,8 @@ def _text(content: Any, where: str) -> str | None:
 
 def _tool_calls(calls: Any, where: str) -> list[dict]:
     if not isinstance(calls, list):
-        raise RequestError(f"{where}.tool_calls must be a list, got {type(calls).__name__}", param=f"{where}.tool_calls")
+        raise RequestError(f"{where}.tool_calls must be a list, got {type(calls).__name__}",
+                           param=f"{where}.tool_calls")
     out = []
     for j, tc in enumerate(calls):
         fn = tc.get("function") if isinstance(tc, dict) else None
@@ -103,7 +105,8 @@ def check_messages(messages: Any) -> list[dict]:
             msg["tool_calls"] = _tool_calls(m["tool_calls"], where)
         if role == "tool":
             if not isinstance(m.get("tool_call_id"), str):
-                raise RequestError(f"{where}: a tool message needs 'tool_call_id' (a string)", param=f"{where}.tool_call_id")
+                raise RequestError(f"{where}: a tool message needs 'tool_call_id' (a string)",
+                                   param=f"{where}.tool_call_id")
             msg["tool_call_id"] = m["tool_call_id"]
         if msg["content"] is None and not msg.get("tool_calls"):
             raise RequestError(f"{where} has no content", param=f"{where}.content")
@@ -204,7 +207,7 @@ def parse_tool_calls(text: str, call_id_prefix: str) -> tuple[str, list[dict]]:
             obj = json.loads(m.group(1))
         except json.JSONDecodeError:
             continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not isinstance(obj.get("arguments"), dict):
+        if not (isinstance(obj, dict) and isinstance(obj.get("name"), str) and isinstance(obj.get("arguments"), dict)):
             continue
         first = m.start() if first is None else first
         calls.append({"id": f"{call_id_prefix}-{len(calls)}", "type": "function",
@@ -212,7 +215,8 @@ def parse_tool_calls(text: str, call_id_prefix: str) -> tuple[str, list[dict]]:
     return (text if first is None else text[:first]), calls
 
 
-def cut_at_stop(ids: list[int], logps: list[float], stop: list[str], decode) -> tuple[list[int], list[float], str | None]:
+def cut_at_stop(ids: list[int], logps: list[float], stop: list[str],
+                decode) -> tuple[list[int], list[float], str | None]:
     """(ids, log-probs, text) of a sampled answer cut before its first stop string; text is None when no stop
     string occurs (the answer is kept whole), else the text before the stop string (what OpenAI returns).
 

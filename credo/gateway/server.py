@@ -3,7 +3,8 @@
 `POST /v1/chat/completions` renders the messages (credo.gateway.chat), builds the prompt ids by the capture rules
 (credo.gateway.capture), samples `n` answers through one `SampleFn` (credo.gateway.backend), records them under the
 episode and answers in OpenAI's format (tool calls parsed, log-probs when asked). `POST /v1/completions` does the
-same for a text prompt (no template). `GET /v1/models` lists the one model. Every other request, and any request without the run's key, is refused with OpenAI's error body.
+same for a text prompt (no template). `GET /v1/models` lists the one model. A request without the run's key, or
+one the gateway cannot serve, is refused with OpenAI's error body (credo.gateway.chat names the key at fault).
 
 The episode of a call is, first found: the `X-Episode-Id` header, the body's `user` field, the part after
 `<run key>:` of the API key (credo hands each episode its own key, `Gateway.episode_key(id)`, so an agent that can
