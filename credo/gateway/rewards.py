@@ -1,0 +1,37 @@
+"""An episode's reward on its gateway trajectories, in the fields credo's multi-turn credit reads.
+
+The multi-turn family's `turn_credit` stage (GRPO on episode returns, ReBN, IPA with the model's turns as chunks)
+reads, per sample, `meta["turn_rewards"]` (one reward per run of mask 1 of the response, i.e. per sampled turn) and
+`meta["failed"]`, and the episode return is their sum. `attach_episode_reward` writes them on the trajectories the
+gateway assembled (`EpisodeStore.take`), so they go through the same credit functions as the multi-turn source's.
+
+The rule, per trajectory (segment): the episode's outcome reward is on its last turn, and a per-call reward
+(`call_rewards[i]`, e.g. reported by a future callback) on the turn that call sampled, in every segment that holds
+that turn. An episode split by drift thus gives each segment the outcome at its end: with gamma = 1 every turn's
+return is the same as in the unsplit episode; with gamma < 1 the turns of an earlier segment are discounted to its
+own end, not to the episode's.
+"""
+
+from __future__ import annotations
+
+from credo.distributed.rollout import Sample
+
+
+def attach_episode_reward(trajectories: list[Sample], reward: float, *, call_rewards: dict[int, float] | None = None,
+                          failed: bool = False) -> list[Sample]:
+    """Set `meta["turn_rewards"]` and `meta["failed"]` on each trajectory, in place; returns them."""
+    call_rewards = call_rewards or {}
+    for s in trajectories:
+        if "calls" not in s.meta or "turns" not in s.meta:
+            raise ValueError("attach_episode_reward takes the gateway's trajectories (EpisodeStore.take / trajectories):"
+                             f" this sample's meta has no 'calls' and 'turns' (keys: {sorted(s.meta)})")
+        calls = s.meta["calls"]
+        if len(calls) != len(s.meta["turns"]):
+            raise ValueError(f"trajectory {s.meta.get('segment')} of episode {s.meta.get('episode')!r} has "
+                             f"{len(s.meta['turns'])} turns but {len(calls)} calls")
+        turn_rewards = [float(call_rewards.get(c, 0.0)) for c in calls]
+        if turn_rewards:
+            turn_rewards[-1] += float(reward)
+        s.meta["turn_rewards"] = turn_rewards
+        s.meta["failed"] = bool(failed)
+    return trajectories
