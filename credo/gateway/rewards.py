@@ -7,7 +7,8 @@ gateway assembled (`EpisodeStore.take`), so they go through the same credit func
 
 The rule, per trajectory (segment): the episode's outcome reward is on its last turn, and a per-call reward
 (`call_rewards[i]`, e.g. reported by a future callback) on the turn that call sampled, in every segment that holds
-that turn. An episode split by drift thus gives each segment the outcome at its end: with gamma = 1 every turn's
+that turn (two calls with no token between them, e.g. a `/v1/completions` prompt that adds nothing to the last
+answer, are one run of mask 1, so one chunk, and their rewards are summed). An episode split by drift thus gives each segment the outcome at its end: with gamma = 1 every turn's
 return is the same as in the unsplit episode; with gamma < 1 the turns of an earlier segment are discounted to its
 own end, not to the episode's.
 """
@@ -29,7 +30,13 @@ def attach_episode_reward(trajectories: list[Sample], reward: float, *, call_rew
         if len(calls) != len(s.meta["turns"]):
             raise ValueError(f"trajectory {s.meta.get('segment')} of episode {s.meta.get('episode')!r} has "
                              f"{len(s.meta['turns'])} turns but {len(calls)} calls")
-        turn_rewards = [float(call_rewards.get(c, 0.0)) for c in calls]
+        turn_rewards: list[float] = []
+        for k, (c, (start, _)) in enumerate(zip(calls, s.meta["turns"])):
+            r = float(call_rewards.get(c, 0.0))
+            if k and start == s.meta["turns"][k - 1][1]:  # nothing between two calls' tokens: one run of mask 1,
+                turn_rewards[-1] += r                     # one chunk for the credit, so one reward
+            else:
+                turn_rewards.append(r)
         if turn_rewards:
             turn_rewards[-1] += float(reward)
         s.meta["turn_rewards"] = turn_rewards

@@ -100,3 +100,21 @@ def test_grpo_and_a_drift_split_episode_give_each_segment_the_outcome():
     assert got == pytest.approx(want, rel=1e-4)
     with pytest.raises(ValueError, match="gateway's trajectories"):
         attach_episode_reward([split[0].__class__([1], [2], [1], [0.0], True)], 1.0)
+
+
+def test_calls_with_nothing_between_them_are_one_chunk_with_one_reward():
+    from credo.credit.chunks import chunk_ids, num_chunks
+
+    tok = bpe_tokenizer()
+    store = EpisodeStore(tok)
+    text = "go"
+    for i, piece in enumerate(["ab", "c", "d"]):  # a text-completions agent that appends the answer and, once, more
+        ids = tok(piece, add_special_tokens=False)["input_ids"]
+        plan = store.plan("t", text)
+        store.record("t", text, plan, [{"response_ids": ids, "log_probs": [0.0] * len(ids),
+                                        "finish_reason": "length"}], 0)
+        text += piece + (" obs" if i == 1 else "")
+    [traj] = attach_episode_reward(store.take("t"), 1.0, call_rewards={0: 0.5, 1: 0.25, 2: 0.125})
+    assert traj.meta["turns"][0][1] == traj.meta["turns"][1][0]  # calls 0 and 1 touch
+    assert traj.meta["turn_rewards"] == [0.75, 1.125]
+    assert int(num_chunks(chunk_ids(torch.tensor([traj.response_mask], dtype=torch.bool)))[0]) == 2
