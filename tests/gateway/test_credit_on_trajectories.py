@@ -118,3 +118,16 @@ def test_calls_with_nothing_between_them_are_one_chunk_with_one_reward():
     assert traj.meta["turns"][0][1] == traj.meta["turns"][1][0]  # calls 0 and 1 touch
     assert traj.meta["turn_rewards"] == [0.75, 1.125]
     assert int(num_chunks(chunk_ids(torch.tensor([traj.response_mask], dtype=torch.bool)))[0]) == 2
+
+
+def test_an_empty_answer_is_no_chunk_and_its_reward_moves_on():
+    tok = bpe_tokenizer()
+    store = EpisodeStore(tok)
+    hist = [{"role": "user", "content": "q"}]
+    for i, ids in enumerate([tok("x", add_special_tokens=False)["input_ids"], [], [tok.eos_token_id]]):
+        call(store, tok, "e", hist, [ids])
+        hist += [{"role": "assistant", "content": tok.decode(ids, skip_special_tokens=True)},
+                 {"role": "user", "content": f"o{i}"}]
+    [traj] = attach_episode_reward(store.take("e"), 1.0, call_rewards={1: 0.5})
+    assert len(traj.meta["turns"]) == 3 and traj.meta["turns"][1][0] == traj.meta["turns"][1][1]
+    assert traj.meta["turn_rewards"] == [0.0, 1.5]
