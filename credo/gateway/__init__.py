@@ -5,7 +5,8 @@
 - `credo.gateway.backend`: the one sampling function the gateway calls (swappable for the generation service);
 - `credo.gateway.server`: the FastAPI app (`/v1/chat/completions`, `/v1/models`), the key and episode ids;
 - `credo.gateway.runner`: `Gateway`, the app served by uvicorn in a thread on 127.0.0.1;
-- `credo.gateway.rewards`: an episode's reward in the fields credo's multi-turn credit reads.
+- `credo.gateway.rewards`: an episode's reward in the fields credo's multi-turn credit reads;
+- `credo.gateway.agents`: the agent contract: `run_episodes` calls an agent function once per task, isolated.
 
 Importing this package loads none of FastAPI, uvicorn or torch-heavy parts until they are used.
 """

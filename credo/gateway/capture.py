@@ -130,8 +130,11 @@ class EpisodeStore:
         self.calls: dict[str, list[CallRecord]] = {}
         self.segments: dict[str, list[Segment]] = {}
         self.counters = {"gateway/requests": 0, "gateway/retokenization_drift": 0, "gateway/forks": 0,
-                         "gateway/errors": 0}
+                         "gateway/errors": 0, "gateway/agent_failures": 0, "gateway/agent_timeouts": 0}
+        self.closed: set[str] = set()
+        """Episodes that take no more calls (their agent timed out): the server refuses them with 409."""
         self.lock = threading.Lock()
+        self._count_lock = threading.Lock()
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -218,6 +221,15 @@ class EpisodeStore:
     def episode_calls(self, episode: str) -> list[CallRecord]:
         with self.lock:
             return list(self.calls.get(episode, []))
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add to a counter (its own lock: the server's event loop counts refusals while a call samples)."""
+        with self._count_lock:
+            self.counters[name] = self.counters.get(name, 0) + n
+
+    def close(self, episode: str) -> None:
+        """Refuse the episode's further calls (an abandoned agent's), from its next call on."""
+        self.closed.add(episode)  # a set add is atomic; not under `lock`, which a call holds while it samples
 
     def take(self, episode: str) -> list[Sample]:
         """The episode's trajectories, and forget the episode (its calls and segments): what a trainer does once an

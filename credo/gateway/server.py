@@ -85,6 +85,9 @@ class ChatService:
     def _sample_and_record(self, req: dict, episode: str, text: str):
         """(the call's record, the text returned per choice): plan the prompt ids, sample n, cut at stop, record."""
         with self.store.lock:  # plan, sample, record: one call at a time, so two calls of an episode never race
+            if episode in self.store.closed:
+                raise RequestError(f"episode {episode!r} is over (its agent ran past its timeout); this call is not "
+                                   "sampled", status=409, code="episode_closed")
             plan = self.store.plan(episode, text)
             if self.max_context is not None and len(plan.prompt_ids) + req["max_tokens"] > self.max_context:
                 raise RequestError(f"the prompt has {len(plan.prompt_ids)} tokens and max_tokens is "
@@ -155,7 +158,7 @@ def build_app(service: ChatService, api_key: str):
     app = FastAPI(title="credo gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
     def refuse(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
-        service.store.counters["gateway/errors"] += 1
+        service.store.count("gateway/errors")
         log.warning("gateway refused a request (HTTP %d, %s): %s", status, code, message)
         return JSONResponse(status_code=status, content={"error": {"message": message, "type": code, "code": code,
                                                                    "param": param}})

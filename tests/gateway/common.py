@@ -56,3 +56,17 @@ def tool_calling_policy():
             break
     model.eval()
     return model, tok
+
+
+def untrained_policy():
+    """(model, tokenizer): the built-in tiny char-level Qwen2 at its random initialisation, in memory."""
+    from transformers import AutoModelForCausalLM
+
+    from credo.models import build_char_tokenizer, tiny_model_config
+
+    tok = build_char_tokenizer()
+    config = tiny_model_config(TinyModelConfig(num_layers=1, hidden_size=32, num_heads=1, num_kv_heads=1,
+                                               intermediate_size=64, max_position_embeddings=512), len(tok), tok)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval(), tok
