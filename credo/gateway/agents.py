@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -75,10 +76,20 @@ def named_rewards(value) -> dict[str, float]:
 
 
 def run_episodes(agent: Callable | str, tasks: list[dict], gateway, *, model: str, max_concurrent: int = 8,
-                 timeout_s: float = 600.0, prefix: str = "episode") -> list[EpisodeResult]:
-    """Run `agent` once per task against `gateway` (a started `credo.gateway.Gateway`); results in task order."""
+                 timeout_s: float = 600.0, prefix: str | None = None) -> list[EpisodeResult]:
+    """Run `agent` once per task against `gateway` (a started `credo.gateway.Gateway`); results in task order.
+    Episode ids are `<prefix>-<i>` (a fresh random prefix by default: an abandoned agent of an earlier call can
+    never write into a new episode)."""
     if max_concurrent < 1:
         raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
+    bad = [i for i, t in enumerate(tasks) if not isinstance(t, dict)]
+    if bad:
+        raise ValueError(f"tasks[{bad[0]}] is a {type(tasks[bad[0]]).__name__}; each task must be a dict (its row)")
+    prefix = prefix or f"episode-{secrets.token_hex(4)}"
+    used = [f"{prefix}-{i}" for i in range(len(tasks)) if f"{prefix}-{i}" in gateway.store.closed
+            or gateway.store.episode_calls(f"{prefix}-{i}")]
+    if used:
+        raise ValueError(f"episode id {used[0]!r} is already in use on this gateway; pass another prefix")
     fn = load_agent(agent) if isinstance(agent, str) else agent
     slots = threading.Semaphore(max_concurrent)
     guard = threading.Lock()
@@ -120,7 +131,7 @@ def _reap_timeouts(threads, outcome, gateway, timeout_s: float, free, final: boo
     now = time.monotonic()
     for i, (t, episode, started) in enumerate(threads):
         if t.is_alive() and "timed_out" not in outcome[i] and (final or now - started > timeout_s):
-            outcome[i]["timed_out"] = True
+            outcome[i]["timed_out"], outcome[i]["seconds"] = True, now - started
             gateway.store.close(episode)
             free(i)
 

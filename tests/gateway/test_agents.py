@@ -94,3 +94,19 @@ def test_entry_points_that_cannot_be_loaded_name_themselves():
         named_rewards({"a": float("nan")})
     with pytest.raises(ValueError, match="expected a float"):
         named_rewards(True)
+
+
+def test_bad_tasks_and_reused_episode_ids_are_refused_before_any_agent_runs():
+    from credo.gateway.agents import run_episodes
+    from credo.gateway.capture import EpisodeStore
+
+    class FakeGateway:  # run_episodes refuses before it touches anything but the store
+        store = EpisodeStore(None)
+
+    FakeGateway.store.close("p-1")
+    with pytest.raises(ValueError, match=r"tasks\[1\] is a str"):
+        run_episodes(agent, [{}, "row"], FakeGateway(), model=MODEL)
+    with pytest.raises(ValueError, match="'p-1' is already in use"):
+        run_episodes(agent, [{}, {}], FakeGateway(), model=MODEL, prefix="p")
+    with pytest.raises(ValueError, match="max_concurrent"):
+        run_episodes(agent, [{}], FakeGateway(), model=MODEL, max_concurrent=0)
