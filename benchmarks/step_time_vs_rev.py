@@ -26,9 +26,12 @@ REPO = Path(__file__).resolve().parents[1]
 def run(code_dir: Path, recipe: str, out: Path, overrides: list[str]) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(code_dir)}
     env.pop("RANK", None)
-    cmd = [sys.executable, "-m", "credo.cli", "run", str(REPO / recipe), f"run.output_dir={out}", "run.progress=false",
-           *overrides]
-    subprocess.run(cmd, cwd=code_dir, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # each side runs its own revision's recipe file (a refactor may move a key), as metrics_vs_rev does
+    cmd = [sys.executable, "-m", "credo.cli", "run", str(code_dir / recipe), f"run.output_dir={out}",
+           "run.progress=false", *overrides]
+    done = subprocess.run(cmd, cwd=code_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        raise SystemExit(f"{recipe} failed in {code_dir}:\n{done.stderr[-3000:]}")
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
