@@ -167,12 +167,34 @@ def check_model(path: str, key: str = "model.path") -> list[str]:
     if not local and not _in_hub_cache(resolved):
         where = "offline" if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false") else "not downloaded yet"
         return [f"{key} '{path}': not checked ({where})"]
+    if local:
+        check_no_remote_code(Path(resolved), key, path)
     try:
         load_tokenizer(resolved)
     except ConfigError as e:
         msg = str(e)
         raise ConfigError(msg.replace("model.path", key) if "model.path" in msg else f"config key '{key}' = '{path}': {msg}") from None
     return []
+
+
+def check_no_remote_code(folder: Path, key: str, path: str) -> None:
+    """A model folder that ships its own Python code (`auto_map` in config.json or tokenizer_config.json) is refused
+    here, before any warm-up: credo never runs a model folder's code (transformers' and vLLM's trust_remote_code
+    stays off, docs/security.md), and without this the load would fail later, inside transformers, with advice to
+    set an option credo does not have."""
+    import json
+
+    for name in ("config.json", "tokenizer_config.json"):
+        f = folder / name
+        try:
+            auto_map = json.loads(f.read_text()).get("auto_map") if f.is_file() else None
+        except (OSError, ValueError):
+            continue  # a malformed file is the loader's to report, with its own message
+        if auto_map:
+            raise ConfigError(f"config key '{key}' = '{path}': {f} maps classes to Python code shipped in the folder "
+                              f"(auto_map: {auto_map}); credo does not run a model folder's code (trust_remote_code "
+                              "stays off, docs/security.md). Use a model whose architecture transformers has built "
+                              "in, or convert it to one")
 
 
 def _in_hub_cache(repo_id: str) -> bool:

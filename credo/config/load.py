@@ -142,6 +142,10 @@ def _check_tree(value: Any, where: str) -> None:
         if isinstance(node, (dict, list)):
             if id(node) in above:
                 raise ConfigError(f"{where} refers to itself (a recursive YAML alias such as 'a: &a [*a]')")
+            bad = [k for k in node if not isinstance(k, (str, int, float, bool))] if isinstance(node, dict) else []
+            if bad:  # YAML's `? ` or `~:` makes a null or compound key, which OmegaConf cannot hold
+                raise ConfigError(f"{where} has a key {bad[0]!r}: expected a name (YAML's '?' or '~:' make an empty "
+                                  "or compound key)")
             children = list(node.values()) + list(node.keys()) if isinstance(node, dict) else node
             stack.extend((child, above + (id(node),)) for child in children)
 

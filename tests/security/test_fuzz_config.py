@@ -168,3 +168,15 @@ def test_a_yaml_python_tag_is_refused_and_runs_nothing(tmp_path):
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_recipe(None, [f"run=!!python/object/apply:os.system ['touch {marker}']"])
     assert not marker.exists()
+
+
+def test_a_null_or_compound_yaml_key_is_a_config_error(tmp_path):
+    """Found by the heavy fuzz test: YAML's '?' parses as {None: None}, and OmegaConf raised its own
+    KeyValidationError instead of a ConfigError."""
+    from credo.config import ConfigError, load_recipe
+
+    for text in ("?\n", "run:\n  ~: 1\n", "? [a, b]\n: 1\n"):
+        f = tmp_path / "r.yaml"
+        f.write_text(text)
+        with pytest.raises(ConfigError, match="has a key .*expected a name"):
+            load_recipe(f)
