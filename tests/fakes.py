@@ -69,3 +69,24 @@ def recipe_with(**sections):
 
     run = {"name": "test", **sections.get("run", {})}  # run.name is the one key a recipe must set
     return load_recipe({**sections, "run": run})
+
+
+def sharp_tiny_policy(cache_dir, scale: float):
+    """(model, tokenizer) of a 1-layer tiny policy (built under CREDO_CACHE=`cache_dir`) with every weight multiplied
+    by `scale`: a random model far from uniform, so sampled tokens and truncation's kept sets vary."""
+    import pytest
+    import torch
+
+    from credo.config import TinyModelConfig
+    from credo.models import build_tiny_model, load_causal_lm, load_tokenizer
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CREDO_CACHE", str(cache_dir))
+        path = build_tiny_model(TinyModelConfig(num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1,
+                                                intermediate_size=64))
+    torch.manual_seed(0)
+    model = load_causal_lm(str(path))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(scale)
+    return model, load_tokenizer(str(path))

@@ -9,11 +9,10 @@ import copy
 import pytest
 import torch
 
-from credo.config import TinyModelConfig
 from credo.distributed.hf_service import HFGenerationService
 from credo.distributed.rollout import HFBackend
 from credo.distributed.service import GenerationRequest, GenerationService, SamplingSettings
-from credo.models import build_tiny_model, load_causal_lm, load_tokenizer
+from tests.fakes import sharp_tiny_policy
 
 TEXTS = ["1+2=", "33+4=", "7=", "12+34=", "5+5=", "98+76="]
 SEEDS = [11, 22, 33, 44, 55, 66]
@@ -22,16 +21,7 @@ SETTINGS = SamplingSettings(max_new_tokens=6, temperature=0.8, top_p=0.9)
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CREDO_CACHE", str(tmp_path_factory.mktemp("cache")))
-        path = build_tiny_model(TinyModelConfig(num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1,
-                                                intermediate_size=64))
-    torch.manual_seed(0)
-    model = load_causal_lm(str(path))
-    with torch.no_grad():  # a random model that is not near-uniform, so sampled tokens vary
-        for p in model.parameters():
-            p.mul_(8.0)
-    tok = load_tokenizer(str(path))
+    model, tok = sharp_tiny_policy(tmp_path_factory.mktemp("cache"), 8.0)
     return model, tok, [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
 
 

@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from credo.algos import kept_mask
-from credo.config import TinyModelConfig
 from credo.distributed.rollout import HFBackend
-from credo.models import build_tiny_model, load_causal_lm, load_tokenizer
 from credo.train.batch import pack, pack_kept_thresholds
 from credo.train.scoring import kept_thresholds_of, policy_forward
+from tests.fakes import sharp_tiny_policy
 
 T = 0.7
 RULES = [dict(top_k=3), dict(top_p=0.8), dict(min_p=0.2), dict(top_k=5, top_p=0.9, min_p=0.05)]
@@ -21,16 +20,7 @@ RULES = [dict(top_k=3), dict(top_p=0.8), dict(min_p=0.2), dict(top_k=5, top_p=0.
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CREDO_CACHE", str(tmp_path_factory.mktemp("cache")))
-        path = build_tiny_model(TinyModelConfig(num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1,
-                                                intermediate_size=64))
-    torch.manual_seed(0)
-    model = load_causal_lm(str(path))
-    with torch.no_grad():  # a random model that is not near-uniform, so the sets vary in size
-        for p in model.parameters():
-            p.mul_(6.0)
-    tok = load_tokenizer(str(path))
+    model, tok = sharp_tiny_policy(tmp_path_factory.mktemp("cache"), 6.0)
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ["1+2=", "33+4=", "7=", "12+34="]] * 3
     return model, tok, prompts
 

@@ -5,10 +5,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from credo.config import TinyModelConfig
 from credo.distributed.rollout import HFBackend
 from credo.distributed.seeded_sampling import SeededGumbelSampler, gumbel_noise, mix32, nucleus_mask, seed_keys
-from credo.models import build_tiny_model, load_causal_lm, load_tokenizer
+from tests.fakes import sharp_tiny_policy
 
 
 def draw(logits: torch.Tensor, seeds: list[int], position: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -83,16 +82,8 @@ def test_nucleus_mask_matches_the_loop():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CREDO_CACHE", str(tmp_path_factory.mktemp("cache")))
-        path = build_tiny_model(TinyModelConfig(num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1,
-                                                intermediate_size=64))
-    torch.manual_seed(0)
-    model = load_causal_lm(str(path))
-    with torch.no_grad():  # a random model that is not near-uniform, so sampled tokens vary
-        for p in model.parameters():
-            p.mul_(8.0)
-    return model, load_tokenizer(str(path))
+    model, tok = sharp_tiny_policy(tmp_path_factory.mktemp("cache"), 8.0)
+    return model, tok
 
 
 def prompts_of(tok, texts):

@@ -5,10 +5,9 @@ import random
 import pytest
 import torch
 
-from credo.config import TinyModelConfig
 from credo.distributed.rollout import HFBackend, Sample, response_lengths
-from credo.models import build_tiny_model, load_causal_lm, load_tokenizer
 from credo.train.batch import pack
+from tests.fakes import sharp_tiny_policy
 
 
 def naive_cut(row: list[int], eos: int, pad: int) -> tuple[int, bool]:
@@ -74,22 +73,9 @@ def test_pack_names_the_bad_sample():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory, monkeypatch_module):
-    monkeypatch_module.setenv("CREDO_CACHE", str(tmp_path_factory.mktemp("cache")))
-    path = build_tiny_model(TinyModelConfig(num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1,
-                                            intermediate_size=64))
-    torch.manual_seed(0)
-    model = load_causal_lm(str(path))
-    with torch.no_grad():  # a random model that is not near-uniform, so sampled tokens vary
-        for p in model.parameters():
-            p.mul_(8.0)
-    return model, load_tokenizer(str(path))
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as mp:
-        yield mp
+def tiny(tmp_path_factory):
+    model, tok = sharp_tiny_policy(tmp_path_factory.mktemp("cache"), 8.0)
+    return model, tok
 
 
 def prompts_of(tok, texts):
