@@ -54,6 +54,9 @@ class Sample:
     """With kept-set recording (`generate(..., kept_set=True)` under top-k/top-p/min-p): per response token, the
     threshold tau of the set the sampler drew from, K = {j : z_j - max z >= tau} over the scaled logits z
     (`credo.algos.kept_set`; -inf = nothing cut); None otherwise."""
+    policy_versions: list[int] | None = None
+    """Partial rollout (`credo.distributed.partial`): per response token, the version of the weights that sampled
+    it (`policy_version` is then the oldest); None: every token has `policy_version`."""
 
 
 class RolloutBackend(Protocol):
@@ -153,7 +156,8 @@ class HFBackend:
     def _generate_block(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
                         seed: int | None, sample_seeds: list[int] | None = None,
                         prefix_embeds: torch.Tensor | None = None, top_k: int = 0, min_p: float = 0.0,
-                        kept_set: bool = False, first_positions: list[int] | None = None) -> list[Sample]:
+                        kept_set: bool = False, first_positions: list[int] | None = None,
+                        stop_when=None) -> list[Sample]:
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long, device="cpu")
@@ -187,7 +191,9 @@ class HFBackend:
         with torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext():
             if seed is not None:
                 torch.manual_seed(seed)
-            out = self.model.generate(**inputs, generation_config=config, logits_processor=processors)
+            stopping = None if stop_when is None else _interrupt_criteria(stop_when)
+            out = self.model.generate(**inputs, generation_config=config, logits_processor=processors,
+                                      stopping_criteria=stopping)
         self.model.train(was_training)
         # from embeddings alone, transformers returns only the new tokens
         gen = out.sequences[:, width:] if prefix_embeds is None else out.sequences
@@ -214,7 +220,8 @@ class HFBackend:
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float,
                  seeds: list[int] | None, prefix_embeds: torch.Tensor | None = None, top_k: int = 0,
-                 min_p: float = 0.0, kept_set: bool = False, first_positions: list[int] | None = None) -> list[Sample]:
+                 min_p: float = 0.0, kept_set: bool = False, first_positions: list[int] | None = None,
+                 stop_when=None) -> list[Sample]:
         """Sample one response per prompt; `seeds=None` decodes greedily. `prefix_embeds` [N, k, d]: soft-prompt
         embeddings read before each (left-padded) prompt's token embeddings (see the module docstring).
 
@@ -222,7 +229,11 @@ class HFBackend:
         prompt that is a request's prompt + partial response (`credo.distributed.hf_service`); None = 0 for all.
 
         `top_k` / `min_p` truncate as transformers' warpers do (0 = off). `kept_set=True` with a truncation samples
-        through `KeptSetWarper` instead and fills each `Sample.kept_thresholds` (the tie-closed set drawn from)."""
+        through `KeptSetWarper` instead and fills each `Sample.kept_thresholds` (the tie-closed set drawn from).
+
+        `stop_when` (a no-argument callable, per-sample seeds only): asked after every decoded token; when it returns
+        True every row stops there, keeping its tokens so far (unfinished rows: `finished` False, shorter than the
+        cap). Partial rollout interrupts a request this way when new weights arrive (`credo.distributed.partial`)."""
         truncation_settings(top_k, top_p, min_p)
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"seeds has length {len(seeds)}, expected {len(prompts)} like prompts")
@@ -230,6 +241,9 @@ class HFBackend:
         if first_positions is not None and not (self.per_sample_seeds and seeds is not None
                                                 and len(first_positions) == len(prompts)):
             raise ValueError("first_positions needs per_sample_seeds=True, seeds, and one position per prompt")
+        if stop_when is not None and not (self.per_sample_seeds and seeds is not None):
+            # an interrupted block continues from its partial response: only per-sample seeds draw the same tokens
+            raise ValueError("stop_when needs per_sample_seeds=True and seeds")
         if not prompts:
             return []
         # One RNG stream for the whole call, derived from all seeds: the same prompts and seeds give the
@@ -244,7 +258,8 @@ class HFBackend:
                                                 sample_seeds=list(seeds[start:start + block]), prefix_embeds=rows,
                                                 top_k=top_k, min_p=min_p, kept_set=kept_set,
                                                 first_positions=None if first_positions is None
-                                                else list(first_positions[start:start + block]))
+                                                else list(first_positions[start:start + block]),
+                                                stop_when=stop_when)
                 continue
             seed = None if block_seed is None else block_seed + start
             samples += self._generate_block(prompts[start:start + block], max_new_tokens, temperature, top_p, seed,
@@ -267,6 +282,17 @@ class HFBackend:
         return hf_race(self, prompts, groups, need=need, groups_needed=groups_needed, max_new_tokens=max_new_tokens,
                        temperature=temperature, top_p=top_p, seed=None if seeds is None else seeds_digest(seeds),
                        chunk_tokens=chunk_tokens)
+
+
+def _interrupt_criteria(stop_when):
+    """A transformers stopping criterion that stops every row once `stop_when()` is True (asked once per token)."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Interrupt(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), bool(stop_when()), dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([Interrupt()])
 
 
 def seeds_digest(seeds: list[int]) -> int:

@@ -49,6 +49,9 @@ class WorkerSpec:
     """rollout.fp8_weights."""
     threads: int = 1
     """torch intra-op threads of each worker."""
+    partial_rollout: bool = False
+    """Interrupt a request when newer weights are published and continue it under them, each token stamped with
+    its version (`credo.distributed.partial`); samples are drawn with per-sample seeds."""
 
 
 @dataclass
@@ -148,10 +151,11 @@ class LocalRolloutWorkers:
             q.close()
 
 
-def fault_delay_s(index: int) -> float:
-    """Test hook: CREDO_FAULT_ROLLOUT_DELAY_S=0.5 slows every worker's requests by 0.5 s; '1:0.5' only worker 1's."""
+def fault_delay_s(index: int, variable: str = "CREDO_FAULT_ROLLOUT_DELAY_S") -> float:
+    """Test hook: CREDO_FAULT_ROLLOUT_DELAY_S=0.5 slows every worker's requests by 0.5 s; '1:0.5' only worker 1's.
+    CREDO_FAULT_TOKEN_DELAY_S (same syntax) slows each token of a partial rollout."""
     delay = 0.0
-    for part in filter(None, os.environ.get("CREDO_FAULT_ROLLOUT_DELAY_S", "").replace(" ", "").split(",")):
+    for part in filter(None, os.environ.get(variable, "").replace(" ", "").split(",")):
         who, _, seconds = part.rpartition(":")
         if who == "" or int(who) == index:
             delay = float(seconds)
@@ -172,8 +176,21 @@ def worker_main(index: int, spec: WorkerSpec, buffers: WeightBuffers, requests, 
             raise ValueError(f"the worker's model from {spec.policy_path} has parameters {names[:3]}..., the "
                              f"trainer's {buffers.names[:3]}...")
         backend = HFBackend(model, SimpleNamespace(eos_token_id=spec.eos_id, pad_token_id=spec.pad_id),
-                            max_batch=spec.max_batch, dtype=spec.rollout_dtype, fp8_weights=spec.fp8_weights)
-        version, delay_s = -1, fault_delay_s(index)
+                            max_batch=spec.max_batch, dtype=spec.rollout_dtype, fp8_weights=spec.fp8_weights,
+                            per_sample_seeds=spec.partial_rollout)
+        version, delay_s, token_delay_s = -1, fault_delay_s(index), fault_delay_s(index, "CREDO_FAULT_TOKEN_DELAY_S")
+
+        def take(have: int) -> int:
+            newer = buffers.take(model, have)
+            if newer != have:
+                backend.sync_weights(model, newer)
+            return newer
+
+        def newer(have: int) -> bool:  # asked after every token of a partial rollout
+            if token_delay_s:  # the test hook's slow decoding, so that weights arrive mid-request
+                time.sleep(token_delay_s)
+            return buffers.newest() > have
+
         while True:
             try:
                 req = requests.get(timeout=1.0)
@@ -184,16 +201,21 @@ def worker_main(index: int, spec: WorkerSpec, buffers: WeightBuffers, requests, 
             if req is None:
                 return
             t0 = time.perf_counter()
-            newer = buffers.take(model, version)
-            if newer != version:
-                version = newer
-                backend.sync_weights(model, version)
+            version = start = take(version)
             if delay_s:  # the test hook's slow generation: after the weights are taken, as a long request's would be
                 time.sleep(delay_s)
-            samples = backend.generate(req.prompts, max_new_tokens=req.max_new_tokens, temperature=req.temperature,
-                                       top_p=req.top_p, seeds=req.seeds)
+            if spec.partial_rollout:
+                from credo.distributed.partial import generate_partial
+
+                samples = generate_partial(backend, req.prompts, req.seeds, max_new_tokens=req.max_new_tokens,
+                                           temperature=req.temperature, top_p=req.top_p, version=version,
+                                           newer=newer, take=take)
+                version = max([version] + [v for s in samples for v in s.policy_versions])
+            else:
+                samples = backend.generate(req.prompts, max_new_tokens=req.max_new_tokens,
+                                           temperature=req.temperature, top_p=req.top_p, seeds=req.seeds)
             busy[index] += time.perf_counter() - t0
-            results.put(("done", index, GenerationResult(req.id, index, samples, version)))
+            results.put(("done", index, GenerationResult(req.id, index, samples, start)))
     except BaseException:  # noqa: BLE001 - reported to the trainer, which names this worker
         results.put(("error", index, traceback.format_exc()[-3000:]))
         raise SystemExit(1)

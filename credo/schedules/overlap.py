@@ -17,12 +17,21 @@ with that step's problem and sampling seeds, as a synchronous run draws them. Th
                than version k-1-S is dropped whole (counted in async/dropped_stale, and one more group is let
                through the gate) unless `stale_policy` is keep.
 
+    partial    (`partial_rollout: true`) a worker interrupts its request when newer weights are published, takes
+               them and continues every unfinished response from prompt + partial response, each token stamped
+               with the version that drew it (`credo.distributed.partial`); a sample's version, and so its
+               staleness, is its oldest token's
+    resume     the checkpoint holds the stream's place and the groups in flight or waiting (`state_dict`); a
+               resume re-issues those from their stream index with their own problems and seeds, so every group
+               is trained (or dropped, counted) once
+
 Settings (`stages.schedule_kwargs`, `OverlapSettings`): max_staleness (S), stale_policy, workers, prompt_replication,
-request_prompts, timeout_s. It needs the default source's draw (capability `prompt_draw`), a backend whose policy can
+request_prompts, timeout_s, partial_rollout. It needs the default source's draw (capability `prompt_draw`), a backend whose policy can
 be copied into local worker processes (`local_replicas`: hf in this process) and an engine holding the full
 parameters (`full_params`: ZeRO <= 2); one trainer process (a refusal row in `credo.capabilities`).
 
-Versions count steps: a sample's `policy_version` is the version its worker held when it started the request.
+Versions count steps: a sample's `policy_version` is the version its worker held when it started the request (with
+partial rollout, its oldest token's).
 With a single worker, or several sharing every prompt (replication), groups finish in stream order and none is
 ever dropped: the gate alone bounds the staleness. With several workers each taking whole prompts, a group can finish
 after groups of later steps and be trained later than planned, so staler than S: that is what is dropped.
@@ -69,10 +78,11 @@ class OverlapSource:
     """Trains on groups generated ahead by rollout workers (see the module docstring)."""
 
     def __init__(self, inner, workers, model: torch.nn.Module, *, staleness: int, stale_policy: str,
-                 request_prompts: int, timeout_s: float, last_step: int, replicate: bool = True):
+                 request_prompts: int, timeout_s: float, last_step: int, replicate: bool = True,
+                 partial: bool = False):
         self.inner, self.workers, self.model = inner, workers, model
         self.S, self.keep_stale, self.timeout_s = staleness, stale_policy == "keep", timeout_s
-        self.replicate = replicate
+        self.replicate, self.partial = replicate, partial
         self.P, self.G = inner.P, inner.G
         self.request_prompts = request_prompts or self.P
         self.last_group = last_step * self.P  # planned groups of the run (drops add replacements past it)
@@ -83,6 +93,8 @@ class OverlapSource:
         self.ready: deque[Group] = deque()  # complete, not trained yet
         self.requests: dict[int, list] = {}  # request id -> [(group n, sample slot)]
         self.request_id = 0
+        self.reissue: list[int] = []  # a resume's groups that were in flight or waiting at the checkpoint
+        self.consumed: set[int] = set()  # groups trained or dropped by this process (the exactly-once tests read it)
         self.cycle = (time.perf_counter(), sum(workers.busy_seconds()))  # the last rollout's end, workers' busy s
 
     # ------------------------------------------------------------------ the stage
@@ -100,6 +112,7 @@ class OverlapSource:
             if step - 1 - group.version > self.S and not self.keep_stale:
                 dropped += len(group.samples)
                 self.dropped_groups += 1
+                self.consumed.add(group.n)
                 self.top_up()  # a replacement group
                 continue
             groups.append(group)
@@ -107,7 +120,10 @@ class OverlapSource:
                       problems=[g.problem for g in groups for _ in g.samples],
                       group_ids=torch.tensor([i for i, g in enumerate(groups) for _ in g.samples]), step=step)
         batch.metrics.update(staleness_metrics(batch, self.S))
+        if self.partial:
+            batch.metrics.update(partial_metrics(batch))
         batch.metrics.update(self.cycle_metrics(waited, dropped))
+        self.consumed.update(g.n for g in groups)
         return batch
 
     def cycle_metrics(self, waited: float, dropped: int) -> dict[str, float]:
@@ -130,10 +146,18 @@ class OverlapSource:
         return self.inner.generate(prompts, temperature=temperature, seeds=seeds)
 
     def state_dict(self) -> dict:
-        return {}  # a resume restarts the stream at its step's prompts, from the resumed weights
+        """Where the stream stands: every group below `next_n` was trained or dropped, except `pending` (in flight
+        or complete and waiting at the checkpoint); a resume re-issues those from their stream index (the same
+        problems and seeds) under the resumed weights, so each group of the stream is trained once."""
+        if self.next_n is None:
+            return {}
+        pending = sorted({*self.open, *(g.n for g in self.ready), *self.reissue})
+        return {"next_n": self.next_n, "pending": pending, "dropped_groups": self.dropped_groups}
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        if state:  # an old checkpoint ({}) restarts the stream at its step's prompts, as before
+            self.next_n, self.reissue = int(state["next_n"]), [int(n) for n in state["pending"]]
+            self.dropped_groups = int(state["dropped_groups"])
 
     def close(self) -> None:
         self.workers.close()
@@ -147,6 +171,10 @@ class OverlapSource:
     def top_up(self) -> None:
         """Submit every group the gate lets through: n < (version + 1 + S) P + dropped, and within the run."""
         limit = min((self.version + 1 + self.S) * self.P, self.last_group) + self.dropped_groups
+        while self.reissue:  # all below next_n, so within the gate
+            count = min(self.request_prompts, len(self.reissue))
+            self.submit(self.reissue[:count])
+            self.reissue = self.reissue[count:]
         while self.next_n < limit:
             count = min(self.request_prompts, limit - self.next_n)
             self.submit(list(range(self.next_n, self.next_n + count)))
@@ -188,12 +216,23 @@ class OverlapSource:
                     f"no rollout worker finished a request in stages.schedule_kwargs.timeout_s = {self.timeout_s} s "
                     f"({len(self.open)} group(s) in flight; requests queued per worker: {self.workers.outstanding})")
             for (n, g), sample in zip(self.requests.pop(result.id), result.samples):
+                sample.meta["stream_index"] = n
                 group = self.open[n]
                 group.samples[g] = sample
                 group.missing -= 1
                 if group.missing == 0:
                     self.ready.append(self.open.pop(n))
         return self.ready.popleft()
+
+
+def partial_metrics(batch: Batch) -> dict[str, float]:
+    """Partial rollout's metrics: each sample's version span (its newest token's version minus its oldest's) and
+    the share of samples interrupted by a weight update at least once."""
+    spans = [max(s.policy_versions) - min(s.policy_versions) if s.policy_versions else 0 for s in batch.samples]
+    hit = [bool(s.meta.get("interrupted")) for s in batch.samples]
+    n = max(len(spans), 1)
+    return {"async/version_span_mean": sum(spans) / n, "async/version_span_max": float(max(spans, default=0)),
+            "async/interrupted_frac": sum(hit) / n}
 
 
 @dataclass
@@ -211,6 +250,9 @@ class OverlapSettings:
     """Prompts per generation request; 1 = ROLL Flash's per-prompt dispatch (no batch barrier)."""
     timeout_s: float = ranged(600.0, gt=0)
     """The longest wait for a rollout worker (its start-up, a result) before the run stops naming it."""
+    partial_rollout: bool = False
+    """Interrupt in-flight requests when new weights are published and continue them under the new version, each
+    token stamped with the version that drew it (credo.distributed.partial); samples use per-sample seeds."""
 
 
 def wrap(source, ctx, s: OverlapSettings) -> OverlapSource:
@@ -223,11 +265,12 @@ def wrap(source, ctx, s: OverlapSettings) -> OverlapSource:
     others = max(1, (os.cpu_count() or 1) - torch.get_num_threads())
     spec = WorkerSpec(policy_path=ctx.policy_path, dtype=r.model.dtype, eos_id=ctx.tokenizer.eos_token_id,
                       pad_id=ctx.tokenizer.pad_token_id, max_batch=ro.hf_max_batch, rollout_dtype=ro.dtype,
-                      fp8_weights=ro.fp8_weights, threads=max(1, others // s.workers))
+                      fp8_weights=ro.fp8_weights, threads=max(1, others // s.workers),
+                      partial_rollout=s.partial_rollout)
     workers = LocalRolloutWorkers(ctx.engine.module, spec, s.workers, timeout_s=s.timeout_s)
     return OverlapSource(source, workers, ctx.engine.module, staleness=s.max_staleness, stale_policy=s.stale_policy,
                          request_prompts=s.request_prompts, timeout_s=s.timeout_s, last_step=r.run.steps,
-                         replicate=s.prompt_replication)
+                         replicate=s.prompt_replication, partial=s.partial_rollout)
 
 
 SCHEDULE = Schedule(name="overlap", doc="rollout worker processes generate up to S versions ahead while the trainer "

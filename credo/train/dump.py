@@ -1,7 +1,9 @@
 """Rollout dumps: `rollouts/step_<N>.jsonl`, one row per sample, for looking at what a run trains on.
 
 A row holds the prompt and response text, the token ids and response mask, the reward (and whether its
-call succeeded), the per-token advantages (aligned with the response ids), the sampler's log-probs, the policy version, and the sample's
+call succeeded), the per-token advantages (aligned with the response ids), the sampler's log-probs, the policy version
+(and, under partial rollout, `policy_versions`: each token's), `stream_index` (an asynchronous schedule's place of
+the sample's group in the prompt stream; None otherwise), and the sample's
 `meta` (per-turn fields of multi-turn sources). Each rank writes its own rows to its own file part
 (`step_<N>.rank<r>.jsonl` beside rank 0's `step_<N>.jsonl`), so no gather is needed.
 
@@ -44,7 +46,11 @@ def dump_rollouts(batch: Batch, tokenizer, out_dir: Path, *, rank: int = 0) -> P
                 "trained": bool(batch.loss_mask[i].any()),
                 "advantages": None if token_adv is None else [round(float(a), 6) for a in token_adv],
                 "rollout_log_probs": s.rollout_log_probs,
-                "policy_version": s.policy_version, "answer": getattr(batch.problems[i], "answer", None),
+                "policy_version": s.policy_version,
+                # per token, the version that drew it (partial rollout); None: every token has policy_version
+                "policy_versions": s.policy_versions,
+                "stream_index": s.meta.get("stream_index") if isinstance(s.meta, dict) else None,
+                "answer": getattr(batch.problems[i], "answer", None),
                 "meta": s.meta,
             }
             if isinstance(s.meta, dict) and isinstance(s.meta.get("turns"), list):

@@ -27,8 +27,9 @@ def tiny(tmp_path_factory):
         yield path, model, tok, arithmetic()
 
 
-def workers_for(path, model, tok, n=1, timeout_s=600.0):  # generous: a loaded shared CPU
-    spec = WorkerSpec(policy_path=path, dtype="float32", eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+def workers_for(path, model, tok, n=1, timeout_s=600.0, partial=False):  # generous: a loaded shared CPU
+    spec = WorkerSpec(policy_path=path, dtype="float32", eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                      partial_rollout=partial)
     return LocalRolloutWorkers(model, spec, n, timeout_s=timeout_s)
 
 
@@ -84,7 +85,7 @@ def drive(source, model, steps: int, train_s: float = 0.0) -> list:
 
 
 def overlap(path, model, tok, task, *, S, workers=1, timeout_s=600.0, **kw):
-    pool = workers_for(path, model, tok, n=workers, timeout_s=timeout_s)
+    pool = workers_for(path, model, tok, n=workers, timeout_s=timeout_s, partial=kw.get("partial", False))
     return OverlapSource(prompt_rollout(task, tok, HFBackend(model, tok)), pool, model, staleness=S,
                          timeout_s=timeout_s, last_step=100, **{"stale_policy": "drop", "request_prompts": 0, **kw})
 
@@ -167,3 +168,76 @@ def test_a_worker_killed_mid_run_stops_the_rollout_with_its_name(tiny, monkeypat
         assert time.monotonic() - t < 10
     finally:
         source.close()
+
+
+def test_partial_rollout_in_a_worker_continues_requests_under_new_weights_with_per_token_versions(tiny, monkeypatch):
+    """Weights published mid-request interrupt it: the later tokens carry the new version and its log-probs (scored
+    here by the trainer's forward at each version), the staleness counts from the oldest token."""
+    path, model, tok, task = tiny
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    monkeypatch.setenv("CREDO_FAULT_TOKEN_DELAY_S", "0.03")  # slow decoding, so updates land inside requests
+    source = overlap(path, model, tok, task, S=1, request_prompts=1, partial=True, timeout_s=120)
+    states, batches = {0: {k: v.clone() for k, v in start.items()}}, []
+    try:
+        for k in range(1, 5):
+            batches.append(source.rollout(k))
+            perturb(model, k)
+            states[k] = {n: v.clone() for n, v in model.state_dict().items()}
+            source.sync(model, k)
+    finally:
+        source.close()
+    try:
+        spans = [max(s.policy_versions) - min(s.policy_versions) for b in batches for s in b.samples]
+        assert max(spans) >= 1  # some request was continued under newer weights
+        for b in batches:
+            assert max(ages(b)) <= 1 and b.metrics["async/version_span_max"] <= 2
+            assert b.metrics["async/interrupted_frac"] == sum(bool(s.meta["interrupted"]) for s in b.samples) / len(b)
+            assert sorted({s.meta["stream_index"] for s in b.samples}) == list(range((b.step - 1) * 3, b.step * 3))
+        for s in [s for b in batches for s in b.samples if s.meta["interrupted"]][:6]:
+            assert s.policy_version == min(s.policy_versions)
+            want = []
+            for v in sorted(set(s.policy_versions)):
+                model.load_state_dict(states[v])
+                with torch.no_grad():
+                    want.append((torch.tensor(s.policy_versions) == v, scored(model, [s])[0]))
+            expect = sum(torch.where(m, lp, torch.zeros_like(lp)) for m, lp in want)
+            torch.testing.assert_close(torch.tensor(s.rollout_log_probs), expect, atol=1e-4, rtol=0)
+    finally:
+        model.load_state_dict(start)
+
+
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.heavy)])  # 2: ~80 s on a loaded CPU
+def test_a_resumed_overlap_stream_trains_every_group_once(tiny, monkeypatch, workers):
+    """Checkpointed after step 3 with groups in flight (one worker running ahead; or two out-of-order workers, some
+    groups dropped as stale): a new source resumed from the state re-issues those, so no group of the stream is
+    trained twice or lost."""
+    path, model, tok, task = tiny
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    if workers == 2:
+        monkeypatch.setenv("CREDO_FAULT_ROLLOUT_DELAY_S", "0:0.8")
+    kw = dict(S=1, workers=workers, request_prompts=1, replicate=False, timeout_s=300)
+    first = overlap(path, model, tok, task, **kw)
+    try:
+        before = drive(first, model, 3, train_s=0.3 if workers == 2 else 0.0)
+        state = first.state_dict()
+    finally:
+        first.close()
+    assert state["pending"] and state["next_n"] > 9  # groups were in flight at the checkpoint
+    second = overlap(path, model, tok, task, **kw)
+    try:
+        second.load_state_dict(state)
+        second.sync(model, 3)
+        after = []
+        for k in (4, 5, 6):
+            after.append(second.rollout(k))
+            perturb(model, k)
+            second.sync(model, k)
+        end = second.state_dict()
+    finally:
+        second.close()
+        model.load_state_dict(start)
+    trained = [s.meta["stream_index"] for b in before + after for s in b.samples[::4]]
+    assert len(trained) == len(set(trained)) == 18  # each trained group once, whole
+    assert not first.consumed & second.consumed
+    assert first.consumed | second.consumed == set(range(end["next_n"])) - set(end["pending"])
+    assert set(trained) <= first.consumed | second.consumed
