@@ -241,3 +241,29 @@ def test_a_resumed_overlap_stream_trains_every_group_once(tiny, monkeypatch, wor
     assert not first.consumed & second.consumed
     assert first.consumed | second.consumed == set(range(end["next_n"])) - set(end["pending"])
     assert set(trained) <= first.consumed | second.consumed
+
+
+def test_overlap_at_staleness_0_samples_what_the_synchronous_source_samples(tiny):
+    """S = 0: step k's groups are submitted only once version k-1 is published, so the worker process draws, for the
+    same prompts and seeds, the synchronous source's tokens (and log-probs up to float rounding), all at version
+    k-1."""
+    path, model, tok, task = tiny
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    sync_source = prompt_rollout(task, tok, HFBackend(model, tok))
+    want = drive(sync_source, model, 3)
+    model.load_state_dict(start)
+    source = overlap(path, model, tok, task, S=0)
+    try:
+        got = drive(source, model, 3)
+    finally:
+        source.close()
+        model.load_state_dict(start)
+    for w, g in zip(want, got):
+        assert [s.response_ids for s in g.samples] == [s.response_ids for s in w.samples]
+        assert [s.policy_version for s in g.samples] == [s.policy_version for s in w.samples] == [w.step - 1] * 12
+        assert [p.prompt for p in g.problems] == [p.prompt for p in w.problems]
+        assert g.group_ids.tolist() == w.group_ids.tolist()
+        for a, b in zip(g.samples, w.samples):
+            torch.testing.assert_close(torch.tensor(a.rollout_log_probs), torch.tensor(b.rollout_log_probs),
+                                       atol=1e-5, rtol=1e-5)  # float rounding: the worker runs its own threads
+        assert g.metrics["async/staleness_max"] == 0
