@@ -17,6 +17,11 @@ trainer's wait for the workers is inside it), tokens/s (the sum of tokens over t
 rollout / log-prob / update seconds of a step, and the mean `async/trainer_idle_frac` / `async/rollout_idle_frac`.
 The ratio is the first variant's median step time over the variant's.
 
+`longtail`: recipes/longtail.yaml (answers of 12 to 252 tokens, rollout most of a synchronous step), issue 52's levers
+one by one on equal cores: sync on every core and on one thread; overlap S = 1; + partial rollout; + algo.old_log_probs:
+rollout (no pi_old recompute); and the three with per-prompt dispatch (request_prompts 1). The ratio is tokens/s over
+the first variant's (answer lengths differ between runs).
+
 `multiturn`: recipes/async_multiturn.yaml (GuessNumber with simulated log-normal env step latency, median
 env.kwargs.latency_s, sigma env.kwargs.latency_sigma) with env.trajectory_async true against false, synchronous
 (max_staleness 0) so that only the episode loop differs; `perf/episodes_per_s` (episodes over the wall time of the
@@ -45,6 +50,22 @@ RLVR = {
     "sync_1thread": ["rollout.max_staleness=0", "run.threads=1"],
     "overlap_S1": ["rollout.max_staleness=1", "rollout.async_mode=overlap", "run.threads=1"],
     "overlap_S2": ["rollout.max_staleness=2", "rollout.async_mode=overlap", "run.threads=1"],
+}
+OVERLAP = "stages.schedule=overlap"
+LONGTAIL = {  # issue 52's speed table: each lever of the asynchronous step on equal cores
+    "sync": [f"run.threads={os.cpu_count() or 1}"],
+    "sync_1thread": ["run.threads=1"],
+    "overlap": [OVERLAP, "stages.schedule_kwargs={max_staleness: 1}", "run.threads=1"],
+    "overlap_partial": [OVERLAP, "stages.schedule_kwargs={max_staleness: 1, partial_rollout: true}", "run.threads=1"],
+    "overlap_partial_mu": [OVERLAP, "stages.schedule_kwargs={max_staleness: 1, partial_rollout: true}",
+                           "algo.old_log_probs=rollout", "run.threads=1"],
+    # per-prompt dispatch (request_prompts 1): a group returns as soon as its own responses end, not at the
+    # batch's longest (ROLL Flash's answer to the long tail inside the overlap schedule)
+    "overlap_early": [OVERLAP, "stages.schedule_kwargs={max_staleness: 1, request_prompts: 1}", "run.threads=1"],
+    "overlap_partial_early": [OVERLAP, "stages.schedule_kwargs={max_staleness: 1, partial_rollout: true, "
+                              "request_prompts: 1}", "run.threads=1"],
+    "overlap_partial_mu_early": [OVERLAP, "stages.schedule_kwargs={max_staleness: 1, partial_rollout: true, "
+                                 "request_prompts: 1}", "algo.old_log_probs=rollout", "run.threads=1"],
 }
 MULTITURN = {
     "turn_sync": ["env.trajectory_async=false"],
@@ -82,7 +103,7 @@ def summarize(rows: list[dict], warmup: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["rlvr", "multiturn"])
+    p.add_argument("what", choices=["rlvr", "longtail", "multiturn"])
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--warmup", type=int, default=None, help="first steps left out (start-up costs)")
     p.add_argument("--rounds", type=int, default=1)
@@ -91,10 +112,10 @@ def main() -> None:
                    help="a subset of the variants, in this order (the first is the ratio's baseline)")
     p.add_argument("extra", nargs="*", help="overrides for every run")
     args = p.parse_intermixed_args()  # overrides after the options (parse_args leaves them unrecognised)
-    recipe, variants = ("recipes/async.yaml", RLVR) if args.what == "rlvr" else \
-        ("recipes/async_multiturn.yaml", MULTITURN)
-    steps = args.steps or (12 if args.what == "rlvr" else 6)
-    warmup = args.warmup if args.warmup is not None else (2 if args.what == "rlvr" else 1)
+    recipe, variants = {"rlvr": ("recipes/async.yaml", RLVR), "longtail": ("recipes/longtail.yaml", LONGTAIL),
+                        "multiturn": ("recipes/async_multiturn.yaml", MULTITURN)}[args.what]
+    steps = args.steps or (6 if args.what == "multiturn" else 12)
+    warmup = args.warmup if args.warmup is not None else (1 if args.what == "multiturn" else 2)
     base = [f"run.steps={steps}"] + (["rollout.max_staleness=0"] if args.what == "multiturn" else [])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip()
@@ -122,7 +143,8 @@ def main() -> None:
                 f.writelines(json.dumps(s) + "\n" for s in rows)
     baseline = names[0]
     med = lambda name, key: statistics.median(s[key] for s in results[name])
-    key = "step_time_median_s" if args.what == "rlvr" else "episodes_per_s_median"
+    key = {"rlvr": "step_time_median_s", "longtail": "tokens_per_s",
+           "multiturn": "episodes_per_s_median"}[args.what]
     print(f"\n{'variant':12s} {key:>22s} {'ratio':>7s} {'tokens/s':>9s} {'trainer idle':>12s} {'rollout idle':>12s}")
     for name in names:
         ratio = med(baseline, key) / med(name, key) if args.what == "rlvr" else med(name, key) / med(baseline, key)

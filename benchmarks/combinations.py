@@ -1,6 +1,6 @@
 """Every combination of features either trains or is refused by `credo check` (issue 51): the matrix, generated from
 the tables themselves (the family recipes, the schedules in credo/schedules/, the rollout backends, local or Ray,
-packing on or off, the training engine, truncated sampling on or off).
+packing on or off, the training engine, truncated sampling on or off, pi_old recomputed or the sampler's).
 
     python benchmarks/combinations.py plan                  # every cell through `credo check`'s checks: accepted or
                                                             # refused (and why); seconds a cell
@@ -37,6 +37,8 @@ TRAIN_ENGINES = ("deepspeed", "fsdp2")
 """engine.backend: the training engine."""
 TRUNCATION = (False, True)
 """Truncated sampling with kept-set replay (rollout.top_k=20, rollout.kept_set_replay=true) or not."""
+OLD_LOG_PROBS = ("recompute", "rollout")
+"""algo.old_log_probs: pi_old recomputed by the trainer, or the sampler's log-probs standing in for it."""
 
 FAST = ["run.steps=2", "run.eval_every=0", "run.save_every=0", "run.progress=false", "run.plot=false", "sft.steps=4"]
 """Overrides of every trained cell: two steps after a 4-step warm-up (the warm-up is cached per recipe)."""
@@ -63,6 +65,7 @@ class Cell:
     packing: bool
     train_engine: str = "deepspeed"
     truncation: bool = False
+    old_log_probs: str = "recompute"
 
     def overrides(self) -> list[str]:
         out = [] if self.schedule == "sync" else [f"stages.schedule={self.schedule}"]
@@ -71,6 +74,7 @@ class Cell:
         out += ["algo.packing=true"] if self.packing else []
         out += [] if self.train_engine == "deepspeed" else [f"engine.backend={self.train_engine}"]
         out += ["rollout.top_k=20", "rollout.kept_set_replay=true"] if self.truncation else []
+        out += [] if self.old_log_probs == "recompute" else [f"algo.old_log_probs={self.old_log_probs}"]
         return out
 
     def path(self) -> str:
@@ -79,7 +83,7 @@ class Cell:
 
 def cells() -> list[Cell]:
     return [Cell(*c) for c in itertools.product(RECIPES, schedules(), BACKENDS, ENGINES, PACKING, TRAIN_ENGINES,
-                                                    TRUNCATION)]
+                                                    TRUNCATION, OLD_LOG_PROBS)]
 
 
 def plan_cell(cell: Cell, full: bool = False) -> tuple[str, str]:
@@ -123,7 +127,7 @@ def covering(accepted: list[Cell]) -> list[Cell]:
     return chosen
 
 
-FACTORS = ("recipe", "schedule", "backend", "engine", "packing", "train_engine", "truncation")
+FACTORS = ("recipe", "schedule", "backend", "engine", "packing", "train_engine", "truncation", "old_log_probs")
 
 
 def astuple(c: Cell) -> tuple:
@@ -133,7 +137,8 @@ def astuple(c: Cell) -> tuple:
 def name(c: Cell) -> str:
     """A cell's run folder name (the factors added later appear only when not at their first value, so a cell
     without them keeps the name it had before)."""
-    extra = ([c.train_engine] if c.train_engine != "deepspeed" else []) + (["topk"] if c.truncation else [])
+    extra = ([c.train_engine] if c.train_engine != "deepspeed" else []) + (["topk"] if c.truncation else []) + \
+        (["mu"] if c.old_log_probs == "rollout" else [])
     return "-".join(map(str, [*astuple(c)[:5], *extra]))
 
 
