@@ -150,5 +150,7 @@ def _result(episode: str, task: dict, out: dict, gateway) -> EpisodeResult:
         gateway.store.count("gateway/agent_failures")
         log.warning("gateway: episode %s failed: %s", episode, error)
     reward = sum(rewards.values()) if error is None else 0.0
-    trajectories = attach_episode_reward(gateway.store.take(episode), reward, failed=error is not None)
+    call_rewards = gateway.store.take_call_rewards(episode)  # per-turn rewards reported through POST /credo/reward
+    trajectories = attach_episode_reward(gateway.store.take(episode), reward, call_rewards=call_rewards,
+                                         failed=error is not None)
     return EpisodeResult(episode, dict(task), reward, rewards, error, trajectories, out.get("seconds", 0.0))

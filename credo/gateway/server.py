@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import secrets
 import time
 
@@ -48,9 +49,12 @@ class ChatService:
     """The endpoint's logic without HTTP: checked request in, OpenAI response dict out (or RequestError)."""
 
     def __init__(self, sample: SampleFn, tokenizer, *, model_name: str, store: EpisodeStore, max_tokens: int = 256,
-                 max_context: int | None = None):
+                 max_context: int | None = None, sampling: dict | None = None):
         self.sample, self.tokenizer, self.model_name = sample, tokenizer, model_name
         self.store, self.max_tokens, self.max_context = store, max_tokens, max_context
+        self.sampling = sampling
+        """None, or the run's fixed {'temperature', 'top_p'} (training: the trainer scores the tokens at them). A
+        request that omits them is sampled at them; one that sets another value is refused (400), not resampled."""
 
     def complete(self, body, header_episode: str = "", key_episode: str = "") -> dict:
         """POST /v1/chat/completions."""
@@ -77,6 +81,13 @@ class ChatService:
 
     def _checked(self, check, body) -> dict:
         req = check(body, max_tokens_cap=self.max_tokens)
+        for key, value in (self.sampling or {}).items():
+            sent = body.get(key)
+            if sent is not None and float(sent) != float(value):
+                raise RequestError(f"'{key}' = {sent!r}: this gateway samples at {key} = {value} (the run's setting: "
+                                   "the trainer scores the sampled tokens at it); omit it or send that value",
+                                   param=key)
+            req[key] = value
         if req["model"] != self.model_name:
             raise RequestError(f"model {req['model']!r} is not served here (this gateway serves {self.model_name!r})",
                                status=404, code="model_not_found", param="model")
@@ -142,6 +153,35 @@ class ChatService:
         return {"token": token, "logprob": float(logprob), "bytes": list(token.encode()), "top_logprobs": []}
 
 
+REWARD_KEYS = {"reward", "call", "user"}
+
+
+def report_reward(store: EpisodeStore, body, header_episode: str = "", key_episode: str = "") -> dict:
+    """POST /credo/reward: a per-turn reward, `{"reward": float, "call": int (optional: the episode's latest call)}`,
+    added to that call's turn (credo.gateway.rewards). The episode is found as for a completion call."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    unknown = sorted(set(body) - REWARD_KEYS)
+    if unknown:
+        raise RequestError(f"unsupported key(s) in a reward report: {', '.join(unknown)} (expected reward, call)",
+                           param=unknown[0])
+    value, call = body.get("reward"), body.get("call")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(f"'reward' must be a finite number, got {value!r}", param="reward")
+    if call is not None and (isinstance(call, bool) or not isinstance(call, int)):
+        raise RequestError(f"'call' must be an integer (the 'credo.call' of the answer it rewards), got {call!r}",
+                           param="call")
+    user = body.get("user") if isinstance(body.get("user"), str) else ""
+    episode = header_episode or user or key_episode or "default"
+    try:
+        index = store.add_call_reward(episode, float(value), call)
+    except ValueError as e:
+        status = 409 if episode in store.closed else 400
+        raise RequestError(str(e), status=status, code="episode_closed" if status == 409 else "invalid_request_error",
+                           param="call") from None
+    return {"episode": episode, "call": index, "reward": float(value)}
+
+
 def episode_in_key(api_key: str, presented: str) -> str:
     """The episode a key names (`<run key>:<episode>`); '' for the run's key itself."""
     return presented[len(api_key) + 1:] if presented.startswith(api_key + ":") else ""
@@ -190,6 +230,21 @@ def build_app(service: ChatService, api_key: str):
         except Exception as e:  # noqa: BLE001 - a backend failure is one call's 500, not the server's end
             log.exception("gateway: sampling failed")
             return refuse(500, f"sampling failed: {type(e).__name__}: {e}", "server_error")
+
+    @app.post("/credo/reward")
+    async def reward(request: Request):
+        key = presented_key(request)
+        if key is None:
+            return refuse(401, "missing or wrong API key (Authorization: Bearer <the run's key>)", "invalid_api_key")
+        try:
+            body = await request.json()
+        except ValueError:
+            return refuse(400, "the request body is not JSON", "invalid_request_error")
+        try:
+            return report_reward(service.store, body, request.headers.get("x-episode-id", ""),
+                                 episode_in_key(api_key, key))
+        except RequestError as e:
+            return refuse(e.status, str(e), e.code, e.param)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
