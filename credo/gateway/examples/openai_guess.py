@@ -24,9 +24,8 @@ MAX_TURNS = 3
 EVAL_SEED_BASE = 10**9
 DEMO_SEED_BASE = 5 * 10**9
 
-TOOLS = [{"type": "function", "function": {"name": "guess", "description": "Guess the number",
-                                           "parameters": {"type": "object",
-                                                          "properties": {"number": {"type": "integer"}}}}}]
+TOOLS = [{"type": "function", "function": {"name": "guess", "parameters": {"type": "object",
+                                                                          "properties": {"n": {"type": "integer"}}}}}]
 
 
 def make_game(task: dict):
@@ -36,11 +35,11 @@ def make_game(task: dict):
 
 
 def guessed_number(message) -> str | None:
-    """The `number` argument of the answer's first `guess` tool call, as text; None when there is none."""
+    """The `n` argument of the answer's first `guess` tool call, as text; None when there is none."""
     for call in message.tool_calls or []:
         if call.function.name == "guess":
             try:
-                return str(json.loads(call.function.arguments)["number"])
+                return str(json.loads(call.function.arguments)["n"])
             except (ValueError, KeyError, TypeError):
                 return None
     return None
@@ -87,7 +86,7 @@ def demonstration(index: int, noise: float = 0.5) -> dict:
         call_id = f"call-{turn}"
         messages.append({"role": "assistant", "content": None, "tool_calls": [
             {"id": call_id, "type": "function",
-             "function": {"name": "guess", "arguments": json.dumps({"number": int(number)})}}]})
+             "function": {"name": "guess", "arguments": json.dumps({"n": int(number)})}}]})
         observation, _, terminated, truncated, _ = game.step(number)
         if terminated or truncated:
             break

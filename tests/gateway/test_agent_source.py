@@ -1,0 +1,185 @@
+"""The `agent` rollout source (credo.families.agent.source): real `openai` agents through a Gateway on a rollout
+backend. The batch's mask-1 tokens are exactly what the agents' calls sampled (checked against the backend's own
+record of every generate call and the log-probs each agent read in its answers); rewards and groups are the
+agents'; agents that raise, hang past their timeout or call an unknown model fail their own episodes, counted, and
+the step goes on; per-turn rewards reported through POST /credo/reward land on the turns they name."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.gateway.common import MODEL, one_thread, untrained_policy
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+
+SEEN: dict[str, list[list[float]]] = {}
+"""episode id -> the log-probs the agent read in each of its answers."""
+_lock = threading.Lock()
+
+
+def scripted_agent(*, base_url, api_key, model, task):
+    """Three calls (each echoing the answer and a tool-like user turn), then behaves as task['kind'] says."""
+    kind = task.get("kind", "ok")
+    c = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=30)
+    messages = [{"role": "user", "content": f"game {task['seed']}"}]
+    seen = []
+    for turn in range(3):
+        r = c.chat.completions.create(model="gpt-4o" if kind == "unknown_model" else model, messages=messages,
+                                      max_tokens=3, logprobs=True)
+        seen.append([t.logprob for t in r.choices[0].logprobs.content])
+        messages += [{"role": "assistant", "content": r.choices[0].message.content or "-"},
+                     {"role": "user", "content": f"obs {turn}"}]
+        if kind == "per_turn":
+            root = base_url.rsplit("/v1", 1)[0]
+            httpx.post(f"{root}/credo/reward", json={"reward": 0.5 * (turn + 1)},
+                       headers={"Authorization": f"Bearer {api_key}"}, timeout=10).raise_for_status()
+    with _lock:
+        SEEN[api_key.split(":", 1)[1]] = seen  # the episode id credo put in the key
+    if kind == "raises":
+        raise RuntimeError("the agent's tool crashed")
+    if kind == "hangs":
+        threading.Event().wait(20)
+    return float(task["seed"] % 3)
+
+
+class RecordingBackend:
+    """The HF backend, recording every sampled response (ids and log-probs) of every generate call."""
+
+    def __init__(self, backend):
+        self.backend, self.sampled = backend, []
+
+    def generate(self, prompts, **kw):
+        out = self.backend.generate(prompts, **kw)
+        self.sampled += [(list(s.response_ids), list(s.rollout_log_probs)) for s in out]
+        return out
+
+    def sync_weights(self, model, version):
+        self.backend.sync_weights(model, version)
+
+    def close(self):
+        pass
+
+
+class Rows:
+    """An AgentTask's row interface over a list of task dicts."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def row(self, index, split="train"):
+        return dict(self.rows[index])
+
+
+def make_source(rows, *, G=2, P=None, timeout_s=20.0, max_failure_frac=1.0):
+    from credo.distributed.rollout import HFBackend
+    from credo.families.agent.config import AgentConfig
+    from credo.families.agent.source import AgentRollout
+
+    model, tok = untrained_policy()
+    backend = RecordingBackend(HFBackend(model, tok))
+    cfg = AgentConfig(max_concurrent=4, timeout_s=timeout_s, max_failure_frac=max_failure_frac, max_tokens=8,
+                      model_name=MODEL)
+    src = AgentRollout(cfg, "tests.gateway.test_agent_source:scripted_agent", Rows(rows), tok, backend, seed=3,
+                       prompts_per_step=P or len(rows), group_size=G, temperature=1.0, top_p=1.0, max_context=512)
+    return src, backend
+
+
+def runs_of_ones(mask: list[int]) -> list[tuple[int, int]]:
+    out, start = [], None
+    for i, m in enumerate(mask + [0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+def test_the_batch_trains_exactly_the_tokens_the_agents_calls_sampled():
+    from credo.families.agent.source import AgentReward
+
+    SEEN.clear()
+    with one_thread():
+        src, backend = make_source([{"seed": 4}, {"seed": 5}], G=2)
+        try:
+            batch = src.rollout(step=0)
+        finally:
+            src.close()
+    AgentReward()(batch)
+    assert len(batch.samples) == 4 and batch.valid.all()
+    # every generate call's sample is one turn of exactly one trajectory, token for token, with its log-probs
+    turns = []
+    for s in batch.samples:
+        for a, b in runs_of_ones(list(s.response_mask)):
+            turns.append((s.response_ids[a:b], s.rollout_log_probs[a:b]))
+        assert all(lp == 0.0 for lp, m in zip(s.rollout_log_probs, s.response_mask) if not m)
+    assert sorted(t[0] for t in turns) == sorted(ids for ids, _ in backend.sampled) and len(turns) == 12
+    for ids, lps in turns:
+        assert (ids, lps) in [(i, [pytest.approx(x) for x in l]) for i, l in backend.sampled]
+    # what each agent read in its answers' log-probs is its trajectory's mask-1 log-probs, in order
+    for s in batch.samples:
+        read = [x for answer in SEEN[s.meta["episode"]] for x in answer]
+        assert read == pytest.approx([lp for lp, m in zip(s.rollout_log_probs, s.response_mask) if m], abs=1e-6)
+    # G episodes per row in one group; rewards are what the agents returned
+    rows = [s.meta["task"]["seed"] for s in batch.samples]
+    assert sorted(rows) == [4, 4, 5, 5]
+    assert {int(g) for g, r in zip(batch.group_ids, rows) if r == 4} != {int(g) for g, r in zip(batch.group_ids, rows) if r == 5}
+    assert batch.rewards.tolist() == [float(r % 3) for r in rows]
+    assert batch.metrics["agent/failures"] == 0 and batch.metrics["gateway/requests"] == 12
+    assert batch.metrics["agent/reward_mean"] == pytest.approx(sum(r % 3 for r in rows) / 4)
+
+
+def test_failing_agents_fail_their_own_episodes_counted_and_the_step_goes_on():
+    from credo.errors import EnvFailureError
+    from credo.families.agent.source import AgentReward
+
+    rows = [{"seed": 1}, {"seed": 2, "kind": "raises"}, {"seed": 7, "kind": "hangs"}, {"seed": 8, "kind": "unknown_model"}]
+    with one_thread():
+        src, _ = make_source(rows, G=1, timeout_s=2.0)
+        try:
+            batch = src.rollout(step=0)
+            AgentReward()(batch)
+            src.cfg.max_failure_frac = 0.5  # step 1 draws rows with replacement: at least three of four fail: over the budget, the run stops naming the agent
+            with pytest.raises(EnvFailureError, match=r"agent 'tests.gateway.test_agent_source:scripted_agent': [34] of "
+                                                      r"4 episodes failed at step 1 .*first error: the agent"):
+                src.rollout(step=1)
+        finally:
+            src.close()
+    by_seed = {s.meta["task"]["seed"]: s for s in batch.samples}
+    assert batch.metrics["agent/failures"] == 3 and batch.metrics["agent/timeouts"] == 1
+    assert batch.metrics["gateway/errors"] >= 1  # the unknown model's 404
+    assert "RuntimeError: the agent's tool crashed" in by_seed[2].meta["error"]
+    assert "NotFoundError" in by_seed[8].meta["error"] and "gpt-4o" in by_seed[8].meta["error"]
+    assert by_seed[8].response_ids == [] and by_seed[8].meta["failed"]  # no call was served: a placeholder
+    assert [not s.meta["failed"] for s in batch.samples] == batch.valid.tolist()
+    assert batch.valid.tolist() == [s.meta["task"]["seed"] == 1 for s in batch.samples]
+
+
+def test_per_turn_rewards_reported_to_the_callback_land_on_their_turns():
+    with one_thread():
+        src, _ = make_source([{"seed": 6, "kind": "per_turn"}], G=1)
+        try:
+            batch = src.rollout(step=0)
+            gw = src.gateway
+            root = gw.base_url.rsplit("/v1", 1)[0]
+            key = {"Authorization": f"Bearer {gw.episode_key('nobody')}"}
+            refused = [httpx.post(f"{root}/credo/reward", json={"reward": 1.0}).status_code,
+                       httpx.post(f"{root}/credo/reward", json={"reward": "a lot"}, headers=key).status_code,
+                       httpx.post(f"{root}/credo/reward", json={"reward": 1.0}, headers=key).json()["error"]["message"],
+                       httpx.post(f"{root}/credo/reward", json={"reward": 1.0, "turn": 2}, headers=key).status_code]
+        finally:
+            src.close()
+    s, = batch.samples
+    # the agent reported 0.5, 1.0, 1.5 after its three calls and returned 0.0 (seed 6 % 3): the last turn has both
+    assert s.meta["turn_rewards"] == [0.5, 1.0, 1.5]
+    assert refused[0] == 401 and refused[1] == 400 and refused[3] == 400
+    assert "has made no call yet" in refused[2]
