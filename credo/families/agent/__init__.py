@@ -26,15 +26,36 @@ def _world() -> int:
     return int(os.environ.get("WORLD_SIZE", 1))
 
 
+def _source_digest(spec: str) -> str | None:
+    """sha256 of the file of the module `spec` names (without importing it); None when it cannot be found."""
+    import hashlib
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(spec.partition(":")[0])
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.origin or not found.has_location:
+        return None
+    with open(found.origin, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def _warmup_digest(r) -> dict:
-    # the warm-up trains on the demonstrations `agent.demos` names (or the recipe's task, already in the key)
-    return {"agent_demos": r.agent.demos} if r.agent.demos else {}
+    # the warm-up trains on the demonstrations `agent.demos` makes (the recipe's task is in the key already): its
+    # name and its module's source, so an edited demonstration function is a new warm-up
+    if not r.agent.demos:
+        return {}
+    return {"agent_demos": r.agent.demos, "agent_demos_source": _source_digest(r.agent.demos)}
 
 
 REFUSALS = (
     Refusal(("rollout.agent", "cluster.engine"), lambda r, p: _active(r) and r.cluster.engine == "ray",
             "the gateway samples through the local rollout backend; fronting the Ray rollout pool (and agents on Ray "
             "workers) is not built yet (docs/gateway.md); expected cluster.engine: local"),
+    *(Refusal((key, "rollout.agent"), lambda r, p, key=key: _active(r) and getattr(r.rollout, key.split(".")[1]) > 0,
+              "the gateway samples with temperature and top_p only (docs/gateway.md); expected top_k: 0, min_p: 0")
+      for key in ("rollout.top_k", "rollout.min_p")),
     Refusal(("rollout.agent", "WORLD_SIZE"), lambda r, p: _active(r) and _world() > 1,
             "one gateway per trainer process is not built or tested yet; run the agent on one process"),
 )

@@ -57,8 +57,3 @@ def check_agent(r) -> None:
     if agent and getattr(r, "env", None) is not None and r.env.id:
         raise ConfigError(f"config key 'rollout.agent' = '{agent}' and env.id = '{r.env.id}': the agent plays its own "
                           "environment (through its task rows); expected env.id: null")
-    ro = r.rollout
-    if agent and (ro.top_k > 0 or ro.min_p > 0):
-        key = "rollout.top_k" if ro.top_k > 0 else "rollout.min_p"
-        raise ConfigError(f"config key '{key}' cannot be used with rollout.agent: the gateway samples with temperature "
-                          "and top_p only (docs/gateway.md); expected top_k: 0 and min_p: 0")

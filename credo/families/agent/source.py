@@ -95,6 +95,9 @@ class AgentRollout:
         samples, problems, gids = [], [], []
         for res, group in zip(results, groups):
             for s in res.trajectories or [self.placeholder(res)]:
+                # the gateway's [start, end) turn spans as the multi-turn source names them (`turns` is a
+                # transcript's role-marked turns to the rollout dump)
+                s.meta["turn_spans"] = [list(t) for t in s.meta.pop("turns", [])]
                 s.meta.update(error=res.error, agent_reward=res.reward, rewards=dict(res.rewards), task=res.task)
                 samples.append(s)
                 problems.append(Problem(prompt="", answer="", meta={"task": res.task, "episode": res.episode}))
@@ -107,7 +110,7 @@ class AgentRollout:
     def placeholder(self, res) -> Sample:
         """The sample of an episode with no trajectory (its agent failed, or made no call): masked out."""
         return Sample([self.tokenizer.eos_token_id], [], [], [], False, 0,
-                      meta={"episode": res.episode, "turns": [], "calls": [], "turn_rewards": [], "failed": True})
+                      meta={"episode": res.episode, "calls": [], "turn_rewards": [], "failed": True})
 
     def evaluate_with_metrics(self, n: int, *, temperature: float, seed: int) -> tuple[float, dict[str, float]]:
         """Mean reward of `n` held-out episodes (rows 0..n-1 of the 'eval' split; a failed episode counts 0)."""
