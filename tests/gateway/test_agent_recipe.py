@@ -83,3 +83,11 @@ def test_without_rollout_agent_the_family_is_off_and_the_quickstart_plan_is_unch
     p = resolve_plan(r)
     assert "agent" not in [a.family.name for a in p.active] and p.stages["rollout"].name == "default"
     assert p.stages["reward"].name == "default"
+
+
+def test_the_agent_reward_stage_needs_no_task_verifier_at_build():
+    """It passed `credo check` and failed after the warm-up: the builder asked the task for a verifier whenever the
+    recipe said stages.reward: default, though the agent family had made `agent` the default."""
+    from credo.train.build import default_reward_fn
+
+    assert default_reward_fn(plan(), object()) is None
