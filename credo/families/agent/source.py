@@ -55,7 +55,12 @@ class AgentRollout:
     def serve(self):
         """The run's gateway, started on first use (127.0.0.1, a free port, a random key)."""
         if self.gateway is None:
+            import logging
+
             from credo.gateway import Gateway, backend_sampler
+
+            for name in ("httpx", "httpx2"):  # the agents' HTTP clients would log every call at INFO in credo's log
+                logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
 
             self.gateway = Gateway(backend_sampler(self.backend), self.tokenizer, model_name=self.cfg.model_name,
                                    max_tokens=self.cfg.max_tokens, max_context=self.max_context,

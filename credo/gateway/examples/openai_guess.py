@@ -54,7 +54,7 @@ def run_episode(*, base_url: str, api_key: str, model: str, task: dict) -> float
     messages = [{"role": "user", "content": observation}]
     total = 0.0
     for _ in range(task.get("max_turns", MAX_TURNS)):
-        reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=48)
+        reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=80)
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         number = guessed_number(message)
