@@ -10,7 +10,7 @@ plain-text protocol: the gateway's agent (`text_agent` below, an `openai` client
 message and the answer text as its action, as the multi-turn source does. So what differs is the path: the
 multi-turn source samples every live episode's turn in one `generate` call; the gateway serves each agent's call
 on its own (HTTP, rendering, capture; concurrent agents are not batched into one `generate` yet). The two run in
-alternating rounds, so a change in the machine's load falls on both. Prints episodes/s, calls/s and turns per
+alternating rounds (after one unmeasured round of each), so a change in the machine's load falls on both. Prints episodes/s, calls/s and turns per
 episode of each. Figures from a shared machine are indicative only; re-measure on a quiet one.
 """
 
@@ -92,6 +92,11 @@ def main() -> None:
                            max_context=768)
     out = {"multiturn": [], "gateway": []}
     try:
+        # one unmeasured round of each first: the gateway's start, the clients' and the env's imports
+        multiturn.run_episodes([-1 - i for i in range(args.episodes)], temperature=1.0, top_p=1.0,
+                               sample_seeds=list(range(args.episodes)))
+        gateway.play([{"seed": -1 - i, "max_tokens": args.max_tokens} for i in range(args.episodes)], "bench-warm",
+                     temperature=1.0, top_p=1.0)
         for rnd in range(args.rounds):
             seeds = [rnd * args.episodes + i for i in range(args.episodes)]
             t = time.perf_counter()
