@@ -144,7 +144,7 @@ def test_failing_agents_fail_their_own_episodes_counted_and_the_step_goes_on():
 
     rows = [{"seed": 1}, {"seed": 2, "kind": "raises"}, {"seed": 7, "kind": "hangs"}, {"seed": 8, "kind": "unknown_model"}]
     with one_thread():
-        src, _ = make_source(rows, G=1, timeout_s=2.0)
+        src, _ = make_source(rows, G=1, timeout_s=1.5)
         try:
             batch = src.rollout(step=0)
             AgentReward()(batch)
