@@ -46,3 +46,17 @@ def test_a_malformed_demonstration_is_a_config_error_naming_the_key(demo, messag
     with pytest.raises(ConfigError, match=r"agent\.demos") as e:
         demonstration_problem(build_char_tokenizer(), demo, "config key 'agent.demos' = 'x:y'")
     assert message in str(e.value)
+
+
+def test_without_agent_tasks_the_rows_are_the_recipe_tasks_problems():
+    from credo.config import load_recipe
+    from credo.families.agent.build import task
+    from credo.tasks import make_task
+
+    r = load_recipe("recipes/gateway_gem.yaml", ["agent.tasks=null", "agent.demos=null", "task.eval_size=4"])
+    agent_task, arithmetic = task(r), make_task(r.task)
+    p = arithmetic.train(7)
+    assert agent_task.row(7) == {"prompt": p.prompt, "answer": p.answer, **p.meta}
+    q = arithmetic.eval_problems()[2]
+    assert agent_task.row(2, "eval") == {"prompt": q.prompt, "answer": q.answer, **q.meta}
+    assert agent_task.train(7).prompt == p.prompt and len(agent_task) == len(arithmetic)  # the task's own warm-up
