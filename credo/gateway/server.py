@@ -21,6 +21,7 @@ import hmac
 import logging
 import math
 import secrets
+import threading
 import time
 
 from fastapi import FastAPI, Request
@@ -49,9 +50,14 @@ class ChatService:
     """The endpoint's logic without HTTP: checked request in, OpenAI response dict out (or RequestError)."""
 
     def __init__(self, sample: SampleFn, tokenizer, *, model_name: str, store: EpisodeStore, max_tokens: int = 256,
-                 max_context: int | None = None, sampling: dict | None = None):
+                 max_context: int | None = None, sampling: dict | None = None, concurrent: bool = False):
         self.sample, self.tokenizer, self.model_name = sample, tokenizer, model_name
         self.store, self.max_tokens, self.max_context = store, max_tokens, max_context
+        self.concurrent = concurrent
+        """False: one call plans, samples and records at a time (the store's lock held throughout). True (with a
+        batching sampler, credo.gateway.batching): the lock is held to plan and to record only, so calls of
+        different episodes sample together; the calls of one episode still run one at a time (its stripe lock)."""
+        self._episode_locks = [threading.Lock() for _ in range(256)]
         self.sampling = sampling
         """None, or the run's fixed {'temperature', 'top_p'} (training: the trainer scores the tokens at them). A
         request that omits them is sampled at them; one that sets another value is refused (400), not resampled."""
@@ -95,23 +101,47 @@ class ChatService:
 
     def _sample_and_record(self, req: dict, episode: str, text: str):
         """(the call's record, the text returned per choice): plan the prompt ids, sample n, cut at stop, record."""
+        if self.concurrent:
+            return self._sample_and_record_concurrently(req, episode, text)
         with self.store.lock:  # plan, sample, record: one call at a time, so two calls of an episode never race
-            if episode in self.store.closed:
-                raise RequestError(f"episode {episode!r} is over (its agent ran past its timeout); this call is not "
-                                   "sampled", status=409, code="episode_closed")
-            plan = self.store.plan(episode, text)
-            if self.max_context is not None and len(plan.prompt_ids) + req["max_tokens"] > self.max_context:
-                raise RequestError(f"the prompt has {len(plan.prompt_ids)} tokens and max_tokens is "
-                                   f"{req['max_tokens']}: more than the model's {self.max_context}",
-                                   code="context_length_exceeded", param="messages" if "messages" in req else "prompt")
-            index = len(self.store.calls.get(episode, []))
-            seeds = None if req["temperature"] == 0 else call_seeds(req["seed"], episode, index, req["n"])
+            plan, seeds = self._plan(req, episode, text)
             samples = self.sample([plan.prompt_ids] * req["n"], max_new_tokens=req["max_tokens"],
                                   temperature=req["temperature"] or 1.0, top_p=req["top_p"], seeds=seeds)
             choices = [self._choice(s, req["stop"]) for s in samples]
             version = min(s.policy_version for s in samples)
             record = self.store.record(episode, text, plan, [c[0] for c in choices], version)
             self.store.counters["gateway/requests"] += 1
+        return record, [c[1] for c in choices]
+
+    def _plan(self, req: dict, episode: str, text: str):
+        """(plan, call index, seeds) of a call, under the store's lock."""
+        if episode in self.store.closed:
+            raise RequestError(f"episode {episode!r} is over (its agent ran past its timeout); this call is not "
+                               "sampled", status=409, code="episode_closed")
+        plan = self.store.plan(episode, text)
+        if self.max_context is not None and len(plan.prompt_ids) + req["max_tokens"] > self.max_context:
+            raise RequestError(f"the prompt has {len(plan.prompt_ids)} tokens and max_tokens is "
+                               f"{req['max_tokens']}: more than the model's {self.max_context}",
+                               code="context_length_exceeded", param="messages" if "messages" in req else "prompt")
+        index = len(self.store.calls.get(episode, []))
+        seeds = None if req["temperature"] == 0 else call_seeds(req["seed"], episode, index, req["n"])
+        return plan, seeds
+
+    def _sample_and_record_concurrently(self, req: dict, episode: str, text: str):
+        """As `_sample_and_record`, sampling outside the store's lock (see `concurrent`)."""
+        with self._episode_locks[hash(episode) % len(self._episode_locks)]:
+            with self.store.lock:
+                plan, seeds = self._plan(req, episode, text)
+            samples = self.sample([plan.prompt_ids] * req["n"], max_new_tokens=req["max_tokens"],
+                                  temperature=req["temperature"] or 1.0, top_p=req["top_p"], seeds=seeds)
+            choices = [self._choice(s, req["stop"]) for s in samples]
+            with self.store.lock:
+                if episode in self.store.closed:  # closed at its timeout while this call sampled: not recorded
+                    raise RequestError(f"episode {episode!r} is over (its agent ran past its timeout); this call is "
+                                       "not recorded", status=409, code="episode_closed")
+                version = min(s.policy_version for s in samples)
+                record = self.store.record(episode, text, plan, [c[0] for c in choices], version)
+                self.store.counters["gateway/requests"] += 1
         return record, [c[1] for c in choices]
 
     def _choice(self, s, stop: list[str]) -> tuple[dict, str]:

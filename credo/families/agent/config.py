@@ -24,6 +24,10 @@ class AgentConfig:
     """Stop the run when more than this fraction of a step's episodes fail (the agent raised, hung or gave no reward)."""
     max_tokens: int = ranged(128, ge=1)
     """Cap on the tokens one chat-completions call samples (a request's max_tokens may only lower it)."""
+    batch_window_ms: float = ranged(0.0, ge=0, note="0 = off")
+    """0: each call is sampled on its own, one at a time (reproducible); > 0: calls of concurrent agents that arrive
+    within this window are sampled in one generate call (faster; with the hf backend the tokens then depend on which
+    calls share a batch, so a run is not reproducible run to run; credo/gateway/batching.py)."""
     model_name: str = "policy"
     """The model name agents pass (`model=`); a call naming another model is refused (HTTP 404)."""
     tasks: Optional[str] = None

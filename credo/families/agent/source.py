@@ -64,7 +64,8 @@ class AgentRollout:
 
             self.gateway = Gateway(backend_sampler(self.backend), self.tokenizer, model_name=self.cfg.model_name,
                                    max_tokens=self.cfg.max_tokens, max_context=self.max_context,
-                                   sampling={"temperature": self.temperature, "top_p": self.top_p}).start()
+                                   sampling={"temperature": self.temperature, "top_p": self.top_p},
+                                   batch_window_s=self.cfg.batch_window_ms / 1000).start()
         return self.gateway
 
     def play(self, rows: list[dict], prefix: str, *, temperature: float, top_p: float) -> tuple[list, dict, float]:
