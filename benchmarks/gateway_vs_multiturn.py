@@ -3,13 +3,15 @@ rollout source) and through today's multi-turn source (one batched `generate` pe
 (docs/gateway.md, "Throughput").
 
     python benchmarks/gateway_vs_multiturn.py [--episodes 32] [--rounds 3] [--max-tokens 3] [--concurrent 8]
+                                              [--batch-window-ms 0]
 
 Both play `credo:GuessNumber-v0` (1-7, three turns) with the same policy (the built-in tiny model at
 multiturn.yaml's shape, random weights unless --policy names a folder), the same per-turn token cap and the same
 plain-text protocol: the gateway's agent (`text_agent` below, an `openai` client) sends the observation as a user
 message and the answer text as its action, as the multi-turn source does. So what differs is the path: the
 multi-turn source samples every live episode's turn in one `generate` call; the gateway serves each agent's call
-on its own (HTTP, rendering, capture; concurrent agents are not batched into one `generate` yet). The two run in
+on its own (HTTP, rendering, capture), or with --batch-window-ms > 0 the calls of concurrent agents that arrive within
+that window in one `generate` (agent.batch_window_ms). The two run in
 alternating rounds (after one unmeasured round of each), so a change in the machine's load falls on both. Prints episodes/s, calls/s and turns per
 episode of each. Figures from a shared machine are indicative only; re-measure on a quiet one.
 """
@@ -63,6 +65,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="tokens per turn")
     ap.add_argument("--concurrent", type=int, default=8, help="agents at once through the gateway")
+    ap.add_argument("--batch-window-ms", type=float, default=0.0, help="agent.batch_window_ms (0 = one call at a time)")
     ap.add_argument("--policy", default=None, help="a model folder (default: the tiny model at random weights)")
     args = ap.parse_args()
 
@@ -86,7 +89,8 @@ def main() -> None:
                         max_new_tokens_per_turn=args.max_tokens)
     multiturn = MultiTurnRollout(env_cfg, tok, backend, seed=0, prompts_per_step=args.episodes, group_size=1,
                                  temperature=1.0, top_p=1.0)
-    cfg = AgentConfig(max_concurrent=args.concurrent, timeout_s=600, max_failure_frac=1.0, max_tokens=args.max_tokens)
+    cfg = AgentConfig(max_concurrent=args.concurrent, timeout_s=600, max_failure_frac=1.0, max_tokens=args.max_tokens,
+                      batch_window_ms=args.batch_window_ms)
     gateway = AgentRollout(cfg, text_agent, Rows(args.episodes, args.max_tokens, 0), tok, backend, seed=0,
                            prompts_per_step=args.episodes, group_size=1, temperature=1.0, top_p=1.0,
                            max_context=768)
