@@ -1,4 +1,4 @@
-"""Running agents against the gateway: the agent contract of issue 54, without the recipe wiring yet.
+"""Running agents against the gateway: the agent contract of issue 54 (a recipe names it: `rollout.agent`).
 
 An agent is a function `run_episode(*, base_url, api_key, model, task) -> float | dict[str, float]` (named by an
 entry point string, `"mypkg.agent:run_episode"`): it talks to the gateway with any OpenAI client, and returns the

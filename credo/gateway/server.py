@@ -10,8 +10,9 @@ The episode of a call is, first found: the `X-Episode-Id` header, the body's `us
 `<run key>:` of the API key (credo hands each episode its own key, `Gateway.episode_key(id)`, so an agent that can
 only set `base_url` and `api_key` still names its episode), else `"default"`.
 
-Calls are sampled one at a time (one lock around plan, sample and record): concurrent agents are served, not yet
-batched together.
+Calls are sampled one at a time (one lock around plan, sample and record), or, with `concurrent` and a batching
+sampler (credo.gateway.batching), calls of different episodes sample together; `POST /credo/reward` takes an
+episode's per-turn rewards.
 """
 
 from __future__ import annotations
