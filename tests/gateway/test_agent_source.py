@@ -1,7 +1,8 @@
 """The `agent` rollout source (credo.families.agent.source): real `openai` agents through a Gateway on a rollout
 backend. The batch's mask-1 tokens are exactly what the agents' calls sampled (checked against the backend's own
 record of every generate call and the log-probs each agent read in its answers); rewards and groups are the
-agents'; agents that raise, hang past their timeout or call an unknown model fail their own episodes, counted, and
+agents'; agents that raise, hang past their timeout, call an unknown model or send a malformed message fail their own
+episodes, counted, and
 the step goes on; per-turn rewards reported through POST /credo/reward land on the turns they name."""
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def scripted_agent(*, base_url, api_key, model, task):
     messages = [{"role": "user", "content": f"game {task['seed']}"}]
     seen = []
     for turn in range(3):
+        if kind == "malformed":
+            messages = [{"role": "wizard", "content": "hello"}]
         r = c.chat.completions.create(model="gpt-4o" if kind == "unknown_model" else model, messages=messages,
                                       max_tokens=3, logprobs=True)
         seen.append([t.logprob for t in r.choices[0].logprobs.content])
@@ -67,16 +70,18 @@ class RecordingBackend:
 
 
 class Rows:
-    """An AgentTask's row interface over a list of task dicts."""
+    """An AgentTask's row interface over a list of task dicts, handed out in turn whatever index the step draws (the
+    draw is with replacement), so each step of P = len(rows) rows has every row once."""
 
     def __init__(self, rows):
-        self.rows = rows
+        self.rows, self.given = rows, 0
 
     def __len__(self):
         return len(self.rows)
 
     def row(self, index, split="train"):
-        return dict(self.rows[index])
+        self.given += 1
+        return dict(self.rows[(self.given - 1) % len(self.rows)])
 
 
 def make_source(rows, *, G=2, P=None, timeout_s=20.0, max_failure_frac=1.0):
@@ -145,6 +150,7 @@ def test_the_batch_trains_exactly_the_tokens_the_agents_calls_sampled():
     # G episodes per row in one group; rewards are what the agents returned
     rows = [s.meta["task"]["seed"] for s in batch.samples]
     assert sorted(set(rows)) == [4, 5] and len({s.meta["episode"] for s in batch.samples}) == 4
+    assert sorted(s.meta["task"]["seed"] for s in batch.samples if s.meta["segment"] == 0) == [4, 4, 5, 5]
     assert {int(g) for g, r in zip(batch.group_ids, rows) if r == 4}.isdisjoint(
         {int(g) for g, r in zip(batch.group_ids, rows) if r == 5})
     assert batch.rewards.tolist() == [float(r % 3) for r in rows]
@@ -156,24 +162,26 @@ def test_failing_agents_fail_their_own_episodes_counted_and_the_step_goes_on():
     from credo.errors import EnvFailureError
     from credo.families.agent.source import AgentReward
 
-    rows = [{"seed": 1}, {"seed": 2, "kind": "raises"}, {"seed": 7, "kind": "hangs"}, {"seed": 8, "kind": "unknown_model"}]
+    rows = [{"seed": 1}, {"seed": 2, "kind": "raises"}, {"seed": 7, "kind": "hangs"}, {"seed": 8, "kind": "unknown_model"},
+            {"seed": 9, "kind": "malformed"}]
     with one_thread():
         src, _ = make_source(rows, G=1, timeout_s=1.5)
         try:
             batch = src.rollout(step=0)
             AgentReward()(batch)
-            src.cfg.max_failure_frac = 0.5  # step 1 draws rows with replacement: at least three of four fail: over the budget, the run stops naming the agent
-            with pytest.raises(EnvFailureError, match=r"agent 'tests.gateway.test_agent_source:scripted_agent': [34] of "
-                                                      r"4 episodes failed at step 1 .*first error: the agent"):
+            src.cfg.max_failure_frac = 0.5  # the same rows again: four of five fail, over the budget: over the budget, the run stops naming the agent
+            with pytest.raises(EnvFailureError, match=r"agent 'tests.gateway.test_agent_source:scripted_agent': 4 of 5 "
+                                                      r"episodes failed at step 1 .*first error: the agent raised"):
                 src.rollout(step=1)
         finally:
             src.close()
     by_seed = {s.meta["task"]["seed"]: s for s in batch.samples}
-    assert batch.metrics["agent/failures"] == 3 and batch.metrics["agent/timeouts"] == 1
-    assert batch.metrics["gateway/errors"] >= 1  # the unknown model's 404
+    assert batch.metrics["agent/failures"] == 4 and batch.metrics["agent/timeouts"] == 1
+    assert batch.metrics["gateway/errors"] == 2, batch.metrics  # the unknown model's 404, the malformed message's 400
     assert "RuntimeError: the agent's tool crashed" in by_seed[2].meta["error"]
     assert "NotFoundError" in by_seed[8].meta["error"] and "gpt-4o" in by_seed[8].meta["error"]
     assert by_seed[8].response_ids == [] and by_seed[8].meta["failed"]  # no call was served: a placeholder
+    assert "BadRequestError" in by_seed[9].meta["error"] and "messages[0].role" in by_seed[9].meta["error"]
     assert [not s.meta["failed"] for s in batch.samples] == batch.valid.tolist()
     assert batch.valid.tolist() == [s.meta["task"]["seed"] == 1 for s in batch.samples]
 
