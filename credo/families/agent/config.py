@@ -45,7 +45,7 @@ AGENT_STAGE = "agent"
 
 
 def check_agent(r) -> None:
-    """rollout.agent and stages.rollout: agent go together; GRPO-style credit needs a group."""
+    """rollout.agent and stages.rollout: agent go together, with the agent reward stage and no env: section."""
     agent, stage = r.rollout.agent, r.stages.rollout
     if stage == AGENT_STAGE and not agent:
         raise ConfigError("config key 'stages.rollout' = 'agent' needs rollout.agent: 'pkg.module:run_episode' "
