@@ -184,6 +184,9 @@ class RolloutConfig:
     """Deprecated: stages.schedule_kwargs.request_prompts. overlap: prompts per generation request; 1 = ROLL Flash's per-prompt dispatch (no batch barrier)."""
     async_timeout_s: float = ranged(600.0, gt=0)
     """Deprecated: stages.schedule_kwargs.timeout_s. overlap: the longest wait for a rollout worker (its start-up, a result) before the run stops naming it."""
+    agent: Optional[str] = None
+    """An agent that speaks the OpenAI API, trained through credo's gateway (docs/gateway.md): 'pkg.module:run_episode',
+    called once per episode as run_episode(base_url=, api_key=, model=, task=) -> float | dict; null = no agent."""
 
 
 @dataclass

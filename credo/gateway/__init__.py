@@ -6,7 +6,11 @@
 - `credo.gateway.server`: the FastAPI app (`/v1/chat/completions`, `/v1/models`), the key and episode ids;
 - `credo.gateway.runner`: `Gateway`, the app served by uvicorn in a thread on 127.0.0.1;
 - `credo.gateway.rewards`: an episode's reward in the fields credo's multi-turn credit reads;
-- `credo.gateway.agents`: the agent contract: `run_episodes` calls an agent function once per task, isolated.
+- `credo.gateway.agents`: the agent contract: `run_episodes` calls an agent function once per task, isolated;
+- `credo.gateway.batching`: concurrent agents' calls sampled in one generate call (opt-in);
+- `credo.gateway.examples`: agents trained through the gateway (recipes/gateway_gem.yaml).
+
+Training through it is the agent family's (`rollout.agent`, credo/families/agent/).
 
 Importing this package loads none of FastAPI, uvicorn or torch-heavy parts until they are used.
 """

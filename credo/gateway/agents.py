@@ -1,4 +1,4 @@
-"""Running agents against the gateway: the agent contract of issue 54, without the recipe wiring yet.
+"""Running agents against the gateway: the agent contract of issue 54 (a recipe names it: `rollout.agent`).
 
 An agent is a function `run_episode(*, base_url, api_key, model, task) -> float | dict[str, float]` (named by an
 entry point string, `"mypkg.agent:run_episode"`): it talks to the gateway with any OpenAI client, and returns the
@@ -150,5 +150,7 @@ def _result(episode: str, task: dict, out: dict, gateway) -> EpisodeResult:
         gateway.store.count("gateway/agent_failures")
         log.warning("gateway: episode %s failed: %s", episode, error)
     reward = sum(rewards.values()) if error is None else 0.0
-    trajectories = attach_episode_reward(gateway.store.take(episode), reward, failed=error is not None)
+    call_rewards = gateway.store.take_call_rewards(episode)  # per-turn rewards reported through POST /credo/reward
+    trajectories = attach_episode_reward(gateway.store.take(episode), reward, call_rewards=call_rewards,
+                                         failed=error is not None)
     return EpisodeResult(episode, dict(task), reward, rewards, error, trajectories, out.get("seconds", 0.0))

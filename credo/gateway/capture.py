@@ -133,6 +133,8 @@ class EpisodeStore:
                          "gateway/errors": 0, "gateway/agent_failures": 0, "gateway/agent_timeouts": 0}
         self.closed: set[str] = set()
         """Episodes that take no more calls (their agent timed out): the server refuses them with 409."""
+        self.call_rewards: dict[str, dict[int, float]] = {}
+        """episode -> call index -> the per-turn rewards reported for it (`POST /credo/reward`), summed."""
         self.lock = threading.Lock()
         self._count_lock = threading.Lock()
 
@@ -230,6 +232,27 @@ class EpisodeStore:
     def close(self, episode: str) -> None:
         """Refuse the episode's further calls (an abandoned agent's), from its next call on."""
         self.closed.add(episode)  # a set add is atomic; not under `lock`, which a call holds while it samples
+
+    def add_call_reward(self, episode: str, reward: float, call: int | None = None) -> int:
+        """Add `reward` to call `call` of `episode` (None: its latest call); returns the call's index. A ValueError
+        says why it cannot (no such call yet, an episode that is over)."""
+        with self.lock:
+            if episode in self.closed:
+                raise ValueError(f"episode {episode!r} is over (its agent ran past its timeout)")
+            n = len(self.calls.get(episode, []))
+            if n == 0:
+                raise ValueError(f"episode {episode!r} has made no call yet: a per-turn reward names a call it made")
+            index = n - 1 if call is None else call
+            if not 0 <= index < n:
+                raise ValueError(f"'call' = {call}: episode {episode!r} has made calls 0..{n - 1}")
+            rewards = self.call_rewards.setdefault(episode, {})
+            rewards[index] = rewards.get(index, 0.0) + reward
+            return index
+
+    def take_call_rewards(self, episode: str) -> dict[int, float]:
+        """The per-turn rewards reported for `episode`, and forget them."""
+        with self.lock:
+            return self.call_rewards.pop(episode, {})
 
     def take(self, episode: str) -> list[Sample]:
         """The episode's trajectories, and forget the episode (its calls and segments): what a trainer does once an

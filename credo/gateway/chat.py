@@ -186,12 +186,13 @@ def check_completion_request(body: Any, *, max_tokens_cap: int) -> dict:
     return {**req, "prompt": prompt, "logprobs": logprobs == 0}
 
 
-def render(tokenizer, messages: list[dict], tools: list[dict] | None) -> str:
-    """The prompt text of `messages` (and `tools`), ending with the assistant's generation prompt."""
+def render(tokenizer, messages: list[dict], tools: list[dict] | None, *, generation_prompt: bool = True) -> str:
+    """The prompt text of `messages` (and `tools`), ending with the assistant's generation prompt (without it when
+    `generation_prompt` is False: a whole conversation, as a warm-up demonstration)."""
     template = None if getattr(tokenizer, "chat_template", None) else DEFAULT_TEMPLATE
     try:
         return tokenizer.apply_chat_template(messages, tools=tools, chat_template=template, tokenize=False,
-                                             add_generation_prompt=True)
+                                             add_generation_prompt=generation_prompt)
     except Exception as e:  # noqa: BLE001 - a template raises whatever jinja raises on messages it cannot render
         raise RequestError(f"the chat template cannot render these messages: {type(e).__name__}: {e}",
                            param="messages") from e

@@ -10,8 +10,9 @@ The episode of a call is, first found: the `X-Episode-Id` header, the body's `us
 `<run key>:` of the API key (credo hands each episode its own key, `Gateway.episode_key(id)`, so an agent that can
 only set `base_url` and `api_key` still names its episode), else `"default"`.
 
-Calls are sampled one at a time (one lock around plan, sample and record): concurrent agents are served, not yet
-batched together.
+Calls are sampled one at a time (one lock around plan, sample and record), or, with `concurrent` and a batching
+sampler (credo.gateway.batching), calls of different episodes sample together; `POST /credo/reward` takes an
+episode's per-turn rewards.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import secrets
+import threading
 import time
 
 from fastapi import FastAPI, Request
@@ -48,9 +51,17 @@ class ChatService:
     """The endpoint's logic without HTTP: checked request in, OpenAI response dict out (or RequestError)."""
 
     def __init__(self, sample: SampleFn, tokenizer, *, model_name: str, store: EpisodeStore, max_tokens: int = 256,
-                 max_context: int | None = None):
+                 max_context: int | None = None, sampling: dict | None = None, concurrent: bool = False):
         self.sample, self.tokenizer, self.model_name = sample, tokenizer, model_name
         self.store, self.max_tokens, self.max_context = store, max_tokens, max_context
+        self.concurrent = concurrent
+        """False: one call plans, samples and records at a time (the store's lock held throughout). True (with a
+        batching sampler, credo.gateway.batching): the lock is held to plan and to record only, so calls of
+        different episodes sample together; the calls of one episode still run one at a time (its stripe lock)."""
+        self._episode_locks = [threading.Lock() for _ in range(256)]
+        self.sampling = sampling
+        """None, or the run's fixed {'temperature', 'top_p'} (training: the trainer scores the tokens at them). A
+        request that omits them is sampled at them; one that sets another value is refused (400), not resampled."""
 
     def complete(self, body, header_episode: str = "", key_episode: str = "") -> dict:
         """POST /v1/chat/completions."""
@@ -77,6 +88,13 @@ class ChatService:
 
     def _checked(self, check, body) -> dict:
         req = check(body, max_tokens_cap=self.max_tokens)
+        for key, value in (self.sampling or {}).items():
+            sent = body.get(key)
+            if sent is not None and float(sent) != float(value):
+                raise RequestError(f"'{key}' = {sent!r}: this gateway samples at {key} = {value} (the run's setting: "
+                                   "the trainer scores the sampled tokens at it); omit it or send that value",
+                                   param=key)
+            req[key] = value
         if req["model"] != self.model_name:
             raise RequestError(f"model {req['model']!r} is not served here (this gateway serves {self.model_name!r})",
                                status=404, code="model_not_found", param="model")
@@ -84,23 +102,47 @@ class ChatService:
 
     def _sample_and_record(self, req: dict, episode: str, text: str):
         """(the call's record, the text returned per choice): plan the prompt ids, sample n, cut at stop, record."""
+        if self.concurrent:
+            return self._sample_and_record_concurrently(req, episode, text)
         with self.store.lock:  # plan, sample, record: one call at a time, so two calls of an episode never race
-            if episode in self.store.closed:
-                raise RequestError(f"episode {episode!r} is over (its agent ran past its timeout); this call is not "
-                                   "sampled", status=409, code="episode_closed")
-            plan = self.store.plan(episode, text)
-            if self.max_context is not None and len(plan.prompt_ids) + req["max_tokens"] > self.max_context:
-                raise RequestError(f"the prompt has {len(plan.prompt_ids)} tokens and max_tokens is "
-                                   f"{req['max_tokens']}: more than the model's {self.max_context}",
-                                   code="context_length_exceeded", param="messages" if "messages" in req else "prompt")
-            index = len(self.store.calls.get(episode, []))
-            seeds = None if req["temperature"] == 0 else call_seeds(req["seed"], episode, index, req["n"])
+            plan, seeds = self._plan(req, episode, text)
             samples = self.sample([plan.prompt_ids] * req["n"], max_new_tokens=req["max_tokens"],
                                   temperature=req["temperature"] or 1.0, top_p=req["top_p"], seeds=seeds)
             choices = [self._choice(s, req["stop"]) for s in samples]
             version = min(s.policy_version for s in samples)
             record = self.store.record(episode, text, plan, [c[0] for c in choices], version)
             self.store.counters["gateway/requests"] += 1
+        return record, [c[1] for c in choices]
+
+    def _plan(self, req: dict, episode: str, text: str):
+        """(plan, call index, seeds) of a call, under the store's lock."""
+        if episode in self.store.closed:
+            raise RequestError(f"episode {episode!r} is over (its agent ran past its timeout); this call is not "
+                               "sampled", status=409, code="episode_closed")
+        plan = self.store.plan(episode, text)
+        if self.max_context is not None and len(plan.prompt_ids) + req["max_tokens"] > self.max_context:
+            raise RequestError(f"the prompt has {len(plan.prompt_ids)} tokens and max_tokens is "
+                               f"{req['max_tokens']}: more than the model's {self.max_context}",
+                               code="context_length_exceeded", param="messages" if "messages" in req else "prompt")
+        index = len(self.store.calls.get(episode, []))
+        seeds = None if req["temperature"] == 0 else call_seeds(req["seed"], episode, index, req["n"])
+        return plan, seeds
+
+    def _sample_and_record_concurrently(self, req: dict, episode: str, text: str):
+        """As `_sample_and_record`, sampling outside the store's lock (see `concurrent`)."""
+        with self._episode_locks[hash(episode) % len(self._episode_locks)]:
+            with self.store.lock:
+                plan, seeds = self._plan(req, episode, text)
+            samples = self.sample([plan.prompt_ids] * req["n"], max_new_tokens=req["max_tokens"],
+                                  temperature=req["temperature"] or 1.0, top_p=req["top_p"], seeds=seeds)
+            choices = [self._choice(s, req["stop"]) for s in samples]
+            with self.store.lock:
+                if episode in self.store.closed:  # closed at its timeout while this call sampled: not recorded
+                    raise RequestError(f"episode {episode!r} is over (its agent ran past its timeout); this call is "
+                                       "not recorded", status=409, code="episode_closed")
+                version = min(s.policy_version for s in samples)
+                record = self.store.record(episode, text, plan, [c[0] for c in choices], version)
+                self.store.counters["gateway/requests"] += 1
         return record, [c[1] for c in choices]
 
     def _choice(self, s, stop: list[str]) -> tuple[dict, str]:
@@ -140,6 +182,35 @@ class ChatService:
     def _token_logprob(self, token_id: int, logprob: float) -> dict:
         token = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return {"token": token, "logprob": float(logprob), "bytes": list(token.encode()), "top_logprobs": []}
+
+
+REWARD_KEYS = {"reward", "call", "user"}
+
+
+def report_reward(store: EpisodeStore, body, header_episode: str = "", key_episode: str = "") -> dict:
+    """POST /credo/reward: a per-turn reward, `{"reward": float, "call": int (optional: the episode's latest call)}`,
+    added to that call's turn (credo.gateway.rewards). The episode is found as for a completion call."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    unknown = sorted(set(body) - REWARD_KEYS)
+    if unknown:
+        raise RequestError(f"unsupported key(s) in a reward report: {', '.join(unknown)} (expected reward, call)",
+                           param=unknown[0])
+    value, call = body.get("reward"), body.get("call")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(f"'reward' must be a finite number, got {value!r}", param="reward")
+    if call is not None and (isinstance(call, bool) or not isinstance(call, int)):
+        raise RequestError(f"'call' must be an integer (the 'credo.call' of the answer it rewards), got {call!r}",
+                           param="call")
+    user = body.get("user") if isinstance(body.get("user"), str) else ""
+    episode = header_episode or user or key_episode or "default"
+    try:
+        index = store.add_call_reward(episode, float(value), call)
+    except ValueError as e:
+        status = 409 if episode in store.closed else 400
+        raise RequestError(str(e), status=status, code="episode_closed" if status == 409 else "invalid_request_error",
+                           param="call") from None
+    return {"episode": episode, "call": index, "reward": float(value)}
 
 
 def episode_in_key(api_key: str, presented: str) -> str:
@@ -190,6 +261,21 @@ def build_app(service: ChatService, api_key: str):
         except Exception as e:  # noqa: BLE001 - a backend failure is one call's 500, not the server's end
             log.exception("gateway: sampling failed")
             return refuse(500, f"sampling failed: {type(e).__name__}: {e}", "server_error")
+
+    @app.post("/credo/reward")
+    async def reward(request: Request):
+        key = presented_key(request)
+        if key is None:
+            return refuse(401, "missing or wrong API key (Authorization: Bearer <the run's key>)", "invalid_api_key")
+        try:
+            body = await request.json()
+        except ValueError:
+            return refuse(400, "the request body is not JSON", "invalid_request_error")
+        try:
+            return report_reward(service.store, body, request.headers.get("x-episode-id", ""),
+                                 episode_in_key(api_key, key))
+        except RequestError as e:
+            return refuse(e.status, str(e), e.code, e.param)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

@@ -289,7 +289,7 @@ def default_reward_fn(plan: RunPlan, task):
     r = plan.recipe
     if plan.reward_functions or getattr(task, "score", None) is not None:
         return reward_function(r, task, plan.reward_functions)
-    if r.stages.reward == "default":
+    if plan.stages["reward"].resolved is None:  # the built-in stage (not one an active family made the default)
         reward_function(r, task, ())  # raises: the task has no verifier
     return None
 

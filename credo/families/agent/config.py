@@ -1,0 +1,63 @@
+"""The agent family's recipe section (`agent:`): how credo runs an agent through its gateway, and its checks.
+
+The agent itself is the core key `rollout.agent` ('pkg.module:run_episode'); this section holds the settings of
+running it: concurrency, the per-episode timeout, the failure budget, the per-call token cap, where the episodes'
+task rows and the warm-up's demonstrations come from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from credo.config import ranged
+from credo.errors import ConfigError
+
+
+@dataclass
+class AgentConfig:
+    max_concurrent: int = ranged(8, ge=1)
+    """Episodes whose agents run at once (threads; each calls the gateway over HTTP)."""
+    timeout_s: float = ranged(600.0, gt=0)
+    """An episode whose agent runs longer fails (abandoned, its late calls refused with HTTP 409; counted)."""
+    max_failure_frac: float = ranged(0.5, ge=0, le=1)
+    """Stop the run when more than this fraction of a step's episodes fail (the agent raised, hung or gave no reward)."""
+    max_tokens: int = ranged(128, ge=1)
+    """Cap on the tokens one chat-completions call samples (a request's max_tokens may only lower it)."""
+    batch_window_ms: float = ranged(0.0, ge=0, note="0 = off")
+    """0: each call is sampled on its own, one at a time (reproducible); > 0: calls of concurrent agents that arrive
+    within this window are sampled in one generate call (faster; with the hf backend the tokens then depend on which
+    calls share a batch, so a run is not reproducible run to run; credo/gateway/batching.py)."""
+    model_name: str = "policy"
+    """The model name agents pass (`model=`); a call naming another model is refused (HTTP 404)."""
+    tasks: Optional[str] = None
+    """'pkg.module:task_row': task_row(index, split) -> dict, the row of training ('train') or held-out ('eval') episode
+    `index` given to the agent as `task`; null = the recipe task's problems ({'prompt', 'answer', **meta})."""
+    demos: Optional[str] = None
+    """'pkg.module:demonstration': demonstration(index) -> {'messages': [...], 'tools': [...] or None}, an expert
+    conversation in OpenAI's format, rendered by the gateway's chat template for the warm-up; null = the recipe task's
+    own prompt/answer warm-up."""
+    eval_episodes: int = ranged(32, ge=1)
+    """Held-out episodes (rows index 0.. of the 'eval' split) per evaluation; eval/agent_reward is their mean reward."""
+
+
+AGENT_STAGE = "agent"
+
+
+def check_agent(r) -> None:
+    """rollout.agent and stages.rollout: agent go together, with the agent reward stage and no env: section."""
+    agent, stage = r.rollout.agent, r.stages.rollout
+    if stage == AGENT_STAGE and not agent:
+        raise ConfigError("config key 'stages.rollout' = 'agent' needs rollout.agent: 'pkg.module:run_episode' "
+                          "(the agent to run through the gateway)")
+    if agent is not None and (not isinstance(agent, str) or ":" not in agent):
+        raise ConfigError(f"config key 'rollout.agent' = {agent!r}: expected 'package.module:function'")
+    if agent and stage not in ("default", AGENT_STAGE):
+        raise ConfigError(f"config key 'rollout.agent' = '{agent}' is set but stages.rollout is '{stage}': expected "
+                          "stages.rollout: agent (or default)")
+    if agent and r.stages.reward not in ("default", AGENT_STAGE):
+        raise ConfigError(f"config key 'rollout.agent' = '{agent}' needs stages.reward: agent (or default): the reward "
+                          f"is what the agent returns, got stages.reward = '{r.stages.reward}'")
+    if agent and getattr(r, "env", None) is not None and r.env.id:
+        raise ConfigError(f"config key 'rollout.agent' = '{agent}' and env.id = '{r.env.id}': the agent plays its own "
+                          "environment (through its task rows); expected env.id: null")
