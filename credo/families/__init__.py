@@ -9,6 +9,7 @@ only its config module; stages, hooks and models load when a recipe uses them (`
     complementary/  Complementary RL: actor + experience extractor, experience bank  section complementary:
     polymath/    one-sample RL, skill-ranked samples, multi-domain evaluation   section polymath:
     palette/     Reasoning Palette: a sampled latent decoded into soft prefixes section palette:
+    distill/     on-policy distillation: reverse KL to a teacher on the student's samples  section distill:
 
 Adding a family: a folder with a `FAMILY = credo.family.Family(...)` in its `__init__`, listed in BUILTIN below
 (or, outside credo, named in a recipe's `families:`). See docs/architecture.md, "Adding a family".
@@ -16,7 +17,7 @@ Adding a family: a folder with a `FAMILY = credo.family.Family(...)` in its `__i
 
 import importlib
 
-BUILTIN = ("critic", "mipu", "multiturn", "judges", "attention", "complementary", "polymath", "palette")
+BUILTIN = ("critic", "mipu", "multiturn", "judges", "attention", "complementary", "polymath", "palette", "distill")
 """In this order their sections follow the core sections of a recipe."""
 
 
