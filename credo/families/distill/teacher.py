@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 from pathlib import Path
 
 import torch
@@ -30,7 +30,15 @@ def teacher_folder(r, task, *, log=print) -> tuple[str, str | None]:
     from credo.sft import run_sft
 
     base = resolve_model_path(r.model.path, r.model.tiny)
-    return run_sft(dataclasses.replace(r, sft=teacher_sft_config(r)), base, task, log=lambda m: log(f"teacher {m}"))
+    return run_sft(teacher_recipe(r), base, task, log=lambda m: log(f"teacher {m}"))
+
+
+def teacher_recipe(r):
+    """A shallow copy of the recipe whose sft section is the teacher's (`dataclasses.replace` would run the recipe's
+    __post_init__ again, which re-reads deprecated keys and warns)."""
+    t = copy.copy(r)
+    object.__setattr__(t, "sft", teacher_sft_config(r))
+    return t
 
 
 def _tokenizer_file(folder: str) -> str:
