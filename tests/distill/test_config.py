@@ -83,7 +83,6 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_the_key_and_the_file
                                                 "section; did you mean 'noisy_frac'"),
     (["distill.teacher_sft={noisy_frac: 2.0}"], "config key 'distill.teacher_sft.noisy_frac' = 2.0 is out of range"),
     (["distill.teacher_sft={steps: many}"], "config key 'distill.teacher_sft.steps' = 'many' is out of range"),
-    (["distill.weight=0"], "config key 'distill.loss_coef' = 0.0 is out of range"),
     (["distill.weight=1.5"], "config key 'distill.weight' = 1.5 is out of range"),
     (["rollout.temperature=0.7"], "config key 'rollout.temperature' = 0.7 is out of range"),
     (["rollout.top_k=5"], "config key 'rollout.top_k' = 5 is out of range"),

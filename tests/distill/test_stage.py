@@ -91,3 +91,17 @@ def test_a_train_step_logs_the_metrics_and_adds_the_loss_term(trainer):
     assert row["train/distill_kl"] >= 0
     want = row["train/pg_loss"] + 0.3 * row["train/distill_kl"]  # entropy_coef 0, no reference KL
     assert row["train/loss"] == pytest.approx(want, rel=1e-6, abs=1e-7)
+
+
+def test_weight_zero_without_a_loss_term_only_measures(trainer):
+    stage = trainer.c.advantage
+    batch = rolled(trainer)
+    outcome = copy.copy(batch)
+    stage.default(outcome)
+    stage.weight, stage.loss_coef = 0.0, 0.0
+    try:
+        stage(batch)
+    finally:
+        stage.weight, stage.loss_coef = 0.5, 0.3
+    assert torch.equal(batch.advantages, outcome.advantages) and batch.target_terms == {}
+    assert batch.metrics["distill/reverse_kl"] > 0  # the teacher still scored the tokens

@@ -27,7 +27,8 @@ class DistillConfig:
     steps: 1200); the others are the recipe's sft settings. Cached under $CREDO_CACHE/sft like credo's warm-up."""
     weight: float = ranged(1.0, ge=0, le=1)
     """Reward form (Thinking Machines): advantage = (1 - weight) * the outcome advantage + weight * (-log-ratio);
-    1 = pure distillation, 0 = the outcome advantage alone (then only the loss term distills)."""
+    1 = pure distillation, 0 = the outcome advantage alone (then only the loss term distils; with loss_coef 0 too,
+    the teacher only measures: distill/* is logged and the run trains as without the family)."""
     discount: float = ranged(0.0, ge=0, le=1)
     """Reward form: each token's distillation advantage sums the later tokens' -log-ratio discounted by this;
     0 (Thinking Machines') = each token its own."""
@@ -82,8 +83,6 @@ def check_distill(r) -> None:
     if d.teacher_sft and d.teacher != WARMUP_TEACHER:
         raise ConfigError(f"config key 'distill.teacher_sft' is set but distill.teacher = '{d.teacher}': it only "
                           f"applies with distill.teacher: {WARMUP_TEACHER}")
-    if d.weight == 0 and d.loss_coef == 0:
-        raise out_of_range("distill.loss_coef", d.loss_coef, "> 0 when distill.weight = 0 (otherwise nothing distils)")
     if r.stages.advantage not in ("default", "distill"):
         raise ConfigError(f"config key 'stages.advantage' = '{r.stages.advantage}' cannot be used with "
                           "distill.enabled: the distill stage is the advantage stage (it wraps the outcome one)")
