@@ -104,4 +104,6 @@ def test_weight_zero_without_a_loss_term_only_measures(trainer):
     finally:
         stage.weight, stage.loss_coef = 0.5, 0.3
     assert torch.equal(batch.advantages, outcome.advantages) and batch.target_terms == {}
-    assert batch.metrics["distill/reverse_kl"] > 0  # the teacher still scored the tokens
+    assert batch.metrics["distill/teacher_logprob"] < 0  # the teacher still scored the tokens
+    assert batch.metrics["distill/reverse_kl"] == pytest.approx(
+        batch.metrics["distill/student_logprob"] - batch.metrics["distill/teacher_logprob"], abs=1e-6)
