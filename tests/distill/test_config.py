@@ -92,3 +92,13 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_the_key_and_the_file
 def test_refusals_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         check(*overrides)
+
+
+def test_credo_check_estimates_the_warm_up_teacher_under_its_own_key():
+    from credo.train.build import run_task
+    from credo.warmup_estimate import warmup_notes
+
+    plan = check_run(load_recipe(str(RECIPE), ["distill.teacher_sft={noisy_frac: 0.0, steps: 7}"]))
+    notes = [n for n in warmup_notes(plan.recipe, run_task(plan), plan.active) if "distill teacher" in n]
+    assert len(notes) == 1 and notes[0].startswith("warm-up 'distill teacher' (7 steps")
+    assert check_run(load_recipe(str(RECIPE), ["distill.enabled=false"])).active == ()  # off: no teacher at all
