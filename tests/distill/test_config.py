@@ -84,8 +84,10 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_the_key_and_the_file
     (["distill.teacher_sft={noisy_frac: 2.0}"], "config key 'distill.teacher_sft.noisy_frac' = 2.0 is out of range"),
     (["distill.teacher_sft={steps: many}"], "config key 'distill.teacher_sft.steps' = 'many' is out of range"),
     (["distill.weight=1.5"], "config key 'distill.weight' = 1.5 is out of range"),
-    (["rollout.temperature=0.7"], "config key 'rollout.temperature' = 0.7 is out of range"),
-    (["rollout.top_k=5"], "config key 'rollout.top_k' = 5 is out of range"),
+    (["rollout.temperature=0.7"], "config keys 'distill.enabled' and 'rollout.temperature' cannot be used together"),
+    (["rollout.top_k=5"], "config keys 'distill.enabled' and 'rollout.top_k' cannot be used together"),
+    (["rollout.top_p=0.9"], "config keys 'distill.enabled' and 'rollout.top_p' cannot be used together"),
+    (["rollout.min_p=0.1"], "config keys 'distill.enabled' and 'rollout.min_p' cannot be used together"),
     (["stages.advantage=turn_credit"], "config key 'stages.advantage' = 'turn_credit' cannot be used with distill"),
     (["critic.num_critics=1", "algo.advantage=gae"], "families 'critic' and 'distill' are both active"),
 ])

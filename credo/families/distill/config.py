@@ -86,21 +86,25 @@ def check_distill(r) -> None:
     if r.stages.advantage not in ("default", "distill"):
         raise ConfigError(f"config key 'stages.advantage' = '{r.stages.advantage}' cannot be used with "
                           "distill.enabled: the distill stage is the advantage stage (it wraps the outcome one)")
-    ro = r.rollout
-    if ro.temperature != 1.0:  # the sampled tokens' log-probs must be the student's own, as the teacher's are
-        raise out_of_range("rollout.temperature", ro.temperature, "1.0 with distill.enabled (the reverse KL compares "
-                           "the student's sampling distribution with the teacher's, both at temperature 1)")
-    for key, off in (("top_p", ro.top_p == 1.0), ("top_k", ro.top_k == 0), ("min_p", ro.min_p == 0)):
-        if not off:
-            raise out_of_range(f"rollout.{key}", getattr(ro, key), "off with distill.enabled (the teacher scores "
-                               "full-vocabulary log-probs; a truncated sampler's are over its kept set)")
 
 
 def _placement(value: str):
     return lambda r, plan: r.distill.enabled and r.distill.placement == value
 
 
+def _sampling(key: str, off):
+    return lambda r, plan: r.distill.enabled and not off(getattr(r.rollout, key))
+
+
+_TRUNCATED = ("the teacher's log-probs are full-vocabulary ones at temperature 1 and the sampler's over its kept set: "
+              "their log-ratio would not estimate the reverse KL")
+
 REFUSALS = (
+    Refusal(("distill.enabled", "rollout.temperature"), _sampling("temperature", lambda v: v == 1.0),
+            "the reverse KL compares the student's sampling distribution with the teacher's, both at temperature 1"),
+    Refusal(("distill.enabled", "rollout.top_p"), _sampling("top_p", lambda v: v == 1.0), _TRUNCATED),
+    Refusal(("distill.enabled", "rollout.top_k"), _sampling("top_k", lambda v: v == 0), _TRUNCATED),
+    Refusal(("distill.enabled", "rollout.min_p"), _sampling("min_p", lambda v: v == 0), _TRUNCATED),
     Refusal(("distill.placement", "distill.teacher"), _placement("worker"),
             "the teacher on its own rollout worker is not built: distill.placement: trainer scores it beside the "
             "policy"),
