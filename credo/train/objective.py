@@ -37,7 +37,8 @@ class Objective:
                  advantages: torch.Tensor, mask: torch.Tensor, rollout_log_probs: torch.Tensor,
                  ref_log_probs: torch.Tensor | None, weights: torch.Tensor | None, global_tokens: torch.Tensor,
                  global_seqs: torch.Tensor, entropy_mask: torch.Tensor | None = None,
-                 target_terms: dict[str, tuple[float, torch.Tensor]] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
+                 target_terms: dict[str, tuple[float, torch.Tensor]] | None = None
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
         """One micro-batch's loss.
 
         Args:
