@@ -75,7 +75,8 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_the_key_and_the_file
 @pytest.mark.parametrize("overrides, message", [
     (["distill.placement=worker"], "config keys 'distill.placement' and 'distill.teacher' cannot be used together"),
     (["distill.placement=ray"], "config keys 'distill.placement' and 'cluster.engine' cannot be used together"),
-    (["distill.placement=gpu"], "config key 'distill.placement' = 'gpu' is out of range: expected trainer, worker or ray"),
+    (["distill.placement=gpu"],
+     "config key 'distill.placement' = 'gpu' is out of range: expected trainer, worker or ray"),
     (["distill.teacher="], "config key 'distill.teacher' is empty"),
     (["distill.teacher=/nonexistent/teacher", "distill.teacher_sft={}"], "distill.teacher '/nonexistent/teacher' does "
                                                                           "not exist"),
