@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 RECIPES = ("quickstart", "ppo", "asyppo", "multiturn", "mipu", "attention_credit", "judge_reward", "rm_nlhf", "ce_rm",
-           "pgenrm", "complementary", "polymath", "palette", "shop", "longtail")
+           "pgenrm", "complementary", "polymath", "palette", "shop", "longtail", "distill")
 """Every family's recipe (the asynchronous recipes are schedules of these, so they are the schedule axis here)."""
 BACKENDS = ("hf", "vllm")
 ENGINES = ("local", "ray")
@@ -46,6 +46,7 @@ FAST_BY_RECIPE = {
     "palette": ["palette.vae_steps=2", "palette.sft_steps=2"],
     "judge_reward": ["judge.warmup_steps=2"],
     "complementary": ["complementary.extractor_sft_steps=2"],
+    "distill": ["distill.teacher_sft={noisy_frac: 0.0, steps: 4}"],
 }
 """A family's own warm-up, shortened the same way."""
 

@@ -42,7 +42,7 @@ from typing import Callable
 REFERENCES: dict[tuple[str, str], Callable] = {}
 MAKE_KWARGS: dict[tuple[str, str], Callable] = {}
 KINDS = ("policy_loss", "advantage", "kl", "function")
-FUNCTION_MODULES = ("credo.algos.asyppo",)
+FUNCTION_MODULES = ("credo.algos.asyppo", "credo.algos.distill")
 """Modules every name of whose ``__all__`` needs a ``("function", name)`` reference."""
 TESTS_DIR = Path(__file__).resolve().parent
 

@@ -25,6 +25,7 @@ from credo.algos.advantages import (
 from credo.algos.aggregation import AGG_MODES, aggregate, global_counts, masked_mean
 from credo.algos.asyppo import asyppo_masks, asyppo_value_mean, critic_shards
 from credo.algos.corrections import CORRECTION_LEVELS, CORRECTION_MODES, train_infer_correction
+from credo.algos.distill import distill_advantages, distill_kl_loss, mix_advantages, reverse_kl_log_ratio
 from credo.algos.entropy import entropy_from_logits
 from credo.algos.kept_set import kept_log_probs, kept_mask, kept_set_threshold
 from credo.algos.kl import KL_ESTIMATORS, k1, k2, k3, k3_clamped, register_kl_estimator
@@ -59,6 +60,8 @@ __all__ = [
     "asyppo_value_mean",
     "cispo",
     "critic_shards",
+    "distill_advantages",
+    "distill_kl_loss",
     "dr_grpo",
     "entropy_from_logits",
     "fused_policy_loss_from_hidden",
@@ -79,6 +82,7 @@ __all__ = [
     "log_ratio",
     "logprobs_from_hidden",
     "masked_mean",
+    "mix_advantages",
     "normalize_rewards",
     "per_token_policy_loss",
     "ppo",
@@ -89,6 +93,7 @@ __all__ = [
     "reinforce",
     "reinforce_pp",
     "reinforce_pp_baseline",
+    "reverse_kl_log_ratio",
     "rloo",
     "sapo",
     "topr",

@@ -10,6 +10,7 @@ only its config module; stages, hooks and models load when a recipe uses them (`
     polymath/    one-sample RL, skill-ranked samples, multi-domain evaluation   section polymath:
     palette/     Reasoning Palette: a sampled latent decoded into soft prefixes section palette:
     agent/       agents that speak the OpenAI API, through credo's gateway     section agent:
+    distill/     on-policy distillation: reverse KL to a teacher on the student's samples  section distill:
 
 Adding a family: a folder with a `FAMILY = credo.family.Family(...)` in its `__init__`, listed in BUILTIN below
 (or, outside credo, named in a recipe's `families:`). See docs/architecture.md, "Adding a family".
@@ -17,7 +18,8 @@ Adding a family: a folder with a `FAMILY = credo.family.Family(...)` in its `__i
 
 import importlib
 
-BUILTIN = ("critic", "mipu", "multiturn", "judges", "attention", "complementary", "polymath", "palette", "agent")
+BUILTIN = ("critic", "mipu", "multiturn", "judges", "attention", "complementary", "polymath", "palette", "agent",
+           "distill")
 """In this order their sections follow the core sections of a recipe."""
 
 

@@ -86,6 +86,11 @@ class Batch:
     None (the default): no prefix."""
     train_policy: bool = True
     """False when the policy takes no update this step (e.g. critic-only warm-up steps)."""
+    target_terms: dict[str, tuple[float, torch.Tensor]] = field(default_factory=dict)
+    """Extra loss terms against frozen targets, set by a stage (on-policy distillation's teacher): name ->
+    (coefficient, the target's log-probs of the sampled tokens [B, T]); the objective adds
+    coefficient * aggregate((log pi_theta - target)^2 / 2) (`credo.algos.distill_kl_loss`) and logs `train/<name>`.
+    Empty (the default): no such term."""
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     """Probe outputs, '<probe>/<name>' -> [B, T] (e.g. attention statistics)."""
     metrics: dict[str, float] = field(default_factory=dict)
@@ -103,6 +108,7 @@ class Batch:
             if t is not None:
                 setattr(self, name, t.to(device))
         self.extras = {k: v.to(device) for k, v in self.extras.items()}
+        self.target_terms = {k: (c, v.to(device)) for k, (c, v) in self.target_terms.items()}
         return self
 
 

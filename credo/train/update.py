@@ -92,7 +92,8 @@ class Updater:
                         advantages=batch.advantages[micro], mask=m, rollout_log_probs=batch.rollout_log_probs[micro],
                         ref_log_probs=None if batch.ref_log_probs is None else batch.ref_log_probs[micro],
                         weights=None if batch.weights is None else batch.weights[micro], global_tokens=gt, global_seqs=gs,
-                        entropy_mask=None if batch.entropy_mask is None else batch.entropy_mask[micro])
+                        entropy_mask=None if batch.entropy_mask is None else batch.entropy_mask[micro],
+                        target_terms={k: (c, t[micro]) for k, (c, t) in batch.target_terms.items()})
                     if batch.old_log_probs is None and epoch == 0:
                         pi_old[micro] = lp.detach().to(pi_old.dtype)
                     elif seen is not None and epoch == 0 and j == 0:
