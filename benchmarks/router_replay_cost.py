@@ -16,14 +16,18 @@ import time
 import torch
 
 
-def median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
+def median_times(fns: dict, repeats: int) -> dict:
+    """Median wall time of each callable, the callables run round-robin (a drift in the machine's load then falls
+    on all of them alike), after one warm-up call each."""
+    for fn in fns.values():
         fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def main() -> None:
@@ -51,9 +55,10 @@ def main() -> None:
     prompts = [[4 + int(t) for t in torch.randint(0, 90, (6,), generator=g)] for _ in range(a.prompts)]
     sampling = dict(max_new_tokens=a.new_tokens, temperature=1.0, top_p=1.0, seeds=list(range(a.prompts)))
     rows = []
-    plain = median_time(lambda: backend.generate(prompts, **sampling), a.repeats)
-    captured = median_time(lambda: backend.generate(prompts, **sampling, routing=True), a.repeats)
-    rows += [("hf sampling", "no capture", plain, 1.0), ("hf sampling", "routing capture", captured, captured / plain)]
+    gen = median_times({"plain": lambda: backend.generate(prompts, **sampling),
+                        "capture": lambda: backend.generate(prompts, **sampling, routing=True)}, a.repeats)
+    rows += [("hf sampling", "no capture", gen["plain"], 1.0),
+             ("hf sampling", "routing capture", gen["capture"], gen["capture"] / gen["plain"])]
 
     samples = backend.generate(prompts, **sampling, routing=True)
     width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
@@ -72,11 +77,11 @@ def main() -> None:
                 loss = model(input_ids=ids).logits.float().log_softmax(-1).mean()
         loss.backward()
 
-    base = median_time(lambda: step("none"), a.repeats)
-    for mode, label in (("none", "no record"), ("compare", "compare only (pi_old, replay off)"),
-                        ("replay", "replay (algo.router_replay)")):
-        t = base if mode == "none" else median_time(lambda: step(mode), a.repeats)
-        rows.append(("forward + backward", label, t, t / base))
+    labels = {"none": "no record", "compare": "compare only (pi_old, replay off)",
+              "replay": "replay (algo.router_replay)"}
+    fb = median_times({mode: (lambda mode=mode: step(mode)) for mode in labels}, a.repeats)
+    for mode, label in labels.items():
+        rows.append(("forward + backward", label, fb[mode], fb[mode] / fb["none"]))
     per_token = record.experts.shape[2] * record.experts.shape[3] * record.experts.element_size()
     print(f"model: {cfg.num_hidden_layers} layers, {cfg.num_experts} experts, top-{cfg.num_experts_per_tok}; "
           f"{a.prompts} prompts x {a.new_tokens} new tokens; batch [{ids.shape[0]}, {width}]; "
