@@ -83,3 +83,29 @@ def test_credo_check_refuses_router_replay_on_the_quickstart():
 
     with pytest.raises(ConfigError, match="algo.router_replay"):
         credo.check("recipes/quickstart.yaml", ["algo.router_replay=true"])
+
+
+GPU = "recipes/gpu/router_replay_qwen3_30b_a3b.yaml"
+
+
+def test_the_paper_scale_config_plans_with_replay_on():
+    r = recipe(GPU)
+    assert (r.model.path, r.algo.router_replay, r.rollout.backend, r.engine.zero_stage) == \
+        ("Qwen/Qwen3-30B-A3B", True, "hf", 3)
+    plan = resolve_plan(r)
+    assert any(q.capability == "routing_capture" for q in plan.requirements)
+    assert "not checked" in check_router_replay(r)[0]  # a hub id: checked when the model loads
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("path", [GPU, MOE])
+def test_the_recipes_pass_credo_check(path):
+    """The CLI itself (a process of its own, offline: the hub id is noted, not downloaded)."""
+    import os
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "credo.cli", "check", path], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert p.returncode == 0, p.stderr
+    assert "credo check: OK" in p.stdout + p.stderr
