@@ -67,8 +67,8 @@ def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature:
             None. Their k positions are dropped from the outputs, so the shapes do not change.
         kept_threshold: [B, L-1] float kept-set thresholds (`Batch.kept_threshold`), or None: the log-probs and the
             entropy are then those of the distribution renormalised over each token's kept set.
-        routing: the rows' recorded MoE routing (`credo.moe.ForwardRouting`, experts [B, >= L-1, n_layers, k]), or
-            None: each router replays it (`algo.router_replay`) or compares its own choice with it.
+        routing: the rows' recorded MoE routing (`credo.moe.ForwardRouting`, experts [B, >= L-1, n_layers, k]): each
+            router replays it (`algo.router_replay`) or compares its own choice with it; None: no record.
     Returns:
         log_probs [B, L-1] float32 and entropy [B, L-1] float32 (None without `with_entropy`), 0 off the mask.
 
@@ -90,7 +90,7 @@ def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature:
                                          tau=tau, routing=routing)
     elif hidden_path:
         base = getattr(model, model.base_model_prefix)
-        with routing_or_none(model, routing, routing and routing.padded(input_ids.shape[1], k)):
+        with routing_or_none(model, routing, None if routing is None else routing.padded(input_ids.shape[1], k)):
             hidden = base(**inputs).last_hidden_state[:, k:-1]
         head = model.get_output_embeddings()
         rows = hidden[token_mask]
@@ -100,7 +100,7 @@ def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature:
                                          kept_threshold=tau)
         lp_rows, ent_rows = (out if with_entropy else (out, None))
     else:  # ZeRO-3 partitions the head weight; let the model's own forward gather it
-        with routing_or_none(model, routing, routing and routing.padded(input_ids.shape[1], k)):
+        with routing_or_none(model, routing, None if routing is None else routing.padded(input_ids.shape[1], k)):
             logits = model(**inputs).logits[:, k:-1]
         sel = logits[token_mask].float() / temperature  # response rows only, before any fp32 copy
         sel = sel if tau is None else _kept_only(sel, tau, input_ids[:, 1:][token_mask])
@@ -136,7 +136,8 @@ def _packed_rows(model, input_ids, attention_mask, token_mask, *, temperature: f
     where = packed.flat_index(token_mask)
     labels = input_ids[:, 1:][token_mask]
     inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False)
-    experts = routing and routing.packed(packed.starts, row_lengths(attention_mask).tolist(), packed.input_ids.numel())
+    experts = None if routing is None else routing.packed(packed.starts, row_lengths(attention_mask).tolist(),
+                                                          packed.input_ids.numel())
     if hidden_path:
         base = getattr(model, model.base_model_prefix)
         with routing_or_none(model, routing, experts):
