@@ -280,6 +280,8 @@ def captures_routing(plan: RunPlan, ctx: StageContext) -> bool:
     from credo.capabilities import ROUTING_CAPTURE
     from credo.moe import ROUTER_CLASSES, routers
 
+    if ctx.engine is None:  # `credo eval`: no training engine, no update to replay into; it only samples
+        return False
     moe = bool(routers(ctx.engine.module))
     if plan.recipe.algo.router_replay and not moe:
         raise ConfigError(f"config key 'algo.router_replay' = true but the policy at '{ctx.policy_path}' has no MoE "
