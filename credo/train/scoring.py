@@ -292,6 +292,8 @@ class PolicyScorer:
                                  "routing (Sample.routed_experts): the rollout must capture it (the hf backend with an "
                                  "MoE policy and the default rollout source, docs/moe.md)")
             return None
+        if not (self.router_replay or counted):  # nothing to replay, nothing to count: the plain forward
+            return None
         counts = None
         if counted:
             if batch.routing_counts is None:
