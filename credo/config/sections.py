@@ -24,8 +24,8 @@ ASYNC_MODES = ("fixed_lag", "overlap")
 
 @dataclass
 class TinyModelConfig:
-    arch: str = one_of("qwen2", ("qwen2", "llama"))
-    """Architecture of the built-in tiny model: qwen2 or llama."""
+    arch: str = one_of("qwen2", ("qwen2", "llama", "qwen3_moe"))
+    """Architecture of the built-in tiny model: qwen2, llama, or qwen3_moe (a mixture of experts, docs/moe.md)."""
     hidden_size: int = ranged(128, ge=1)
     """Width of the residual stream."""
     num_layers: int = ranged(4, ge=1)
@@ -42,6 +42,12 @@ class TinyModelConfig:
     """Longest sequence the model accepts (prompt + response)."""
     seed: int = 0
     """Seed of the random initialisation."""
+    num_experts: int = ranged(8, ge=2)
+    """qwen3_moe: experts in each MoE block (every block is sparse)."""
+    num_experts_per_tok: int = ranged(2, ge=1)
+    """qwen3_moe: experts each token is routed to (top-k), <= num_experts."""
+    moe_intermediate_size: int = ranged(96, ge=1)
+    """qwen3_moe: MLP width of each expert."""
 
 
 def _module_names(v) -> bool:
@@ -226,6 +232,9 @@ class AlgoConfig:
     old_log_probs: str = one_of("recompute", ("recompute", "rollout"))
     """pi_old of the loss: 'recompute' (a no-grad forward of the trainer before the update) or 'rollout' (the sampler's
     own log-probs, no forward: exact only when sampler and trainer agree, docs/old_log_probs.md)."""
+    router_replay: bool = False
+    """MoE models: route every trainer forward through the experts the rollout chose, recorded per token and layer,
+    while the gate weights stay differentiable (R3, arXiv 2510.11370; docs/moe.md); false: the trainer routes itself."""
 
 
 @dataclass

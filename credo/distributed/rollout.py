@@ -31,6 +31,7 @@ import torch
 from credo.capabilities import BACKENDS
 from credo.distributed.kept_set_sampling import KeptSetWarper, truncates, truncation_settings
 from credo.distributed.seeded_sampling import SeededGumbelSampler
+from credo.moe import ROUTER_CLASSES, RoutingRecorder, routers, sample_routing
 
 
 @dataclass
@@ -57,6 +58,10 @@ class Sample:
     policy_versions: list[int] | None = None
     """Partial rollout (`credo.distributed.partial`): per response token, the version of the weights that sampled
     it (`policy_version` is then the oldest); None: every token has `policy_version`."""
+    routed_experts: torch.Tensor | None = None
+    """With routing capture (`generate(..., routing=True)` on an MoE model): [P + R - 1, n_layers, k] int16, the experts
+    each MoE layer routed input position j of prompt + response to (every response token but the last, which no
+    forward read; `credo.moe`); None otherwise."""
 
 
 class RolloutBackend(Protocol):
@@ -157,7 +162,7 @@ class HFBackend:
                         seed: int | None, sample_seeds: list[int] | None = None,
                         prefix_embeds: torch.Tensor | None = None, top_k: int = 0, min_p: float = 0.0,
                         kept_set: bool = False, first_positions: list[int] | None = None,
-                        stop_when=None) -> list[Sample]:
+                        stop_when=None, routing: bool = False) -> list[Sample]:
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long, device="cpu")
@@ -188,7 +193,8 @@ class HFBackend:
         # Only a sampling call draws from (and so forks) the global RNG: greedy and per-sample-seeded calls draw
         # nothing, and must not save and restore it, as a sampler in another thread (the Complementary RL
         # extractor beside the trainer) would rewind the trainer's own stream in between
-        with torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext():
+        recorder = RoutingRecorder(self.model) if routing else contextlib.nullcontext()
+        with torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext(), recorder:
             if seed is not None:
                 torch.manual_seed(seed)
             stopping = None if stop_when is None else _interrupt_criteria(stop_when)
@@ -216,12 +222,20 @@ class HFBackend:
             taus = warper.recorded(len(prompts), gen.shape[1]).tolist()
             for s, row, n in zip(samples, taus, lengths):
                 s.kept_thresholds = row[:n]
+        if routing:
+            per_position = recorder.per_position(len(prompts))
+            if per_position.shape[1] < width + max(lengths) - 1:
+                raise RuntimeError(f"routing capture saw {per_position.shape[1]} positions, expected at least "
+                                   f"{width + max(lengths) - 1} (a prefill of {width} and a step per later token)")
+            records = sample_routing(per_position, [width - len(p) for p in prompts], [len(p) for p in prompts], lengths)
+            for s, rec in zip(samples, records):
+                s.routed_experts = rec
         return samples
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float,
                  seeds: list[int] | None, prefix_embeds: torch.Tensor | None = None, top_k: int = 0,
                  min_p: float = 0.0, kept_set: bool = False, first_positions: list[int] | None = None,
-                 stop_when=None) -> list[Sample]:
+                 stop_when=None, routing: bool = False) -> list[Sample]:
         """Sample one response per prompt; `seeds=None` decodes greedily. `prefix_embeds` [N, k, d]: soft-prompt
         embeddings read before each (left-padded) prompt's token embeddings (see the module docstring).
 
@@ -233,8 +247,17 @@ class HFBackend:
 
         `stop_when` (a no-argument callable, per-sample seeds only): asked after every decoded token; when it returns
         True every row stops there, keeping its tokens so far (unfinished rows: `finished` False, shorter than the
-        cap). Partial rollout interrupts a request this way when new weights arrive (`credo.distributed.partial`)."""
+        cap). Partial rollout interrupts a request this way when new weights arrive (`credo.distributed.partial`).
+
+
+        `routing=True` (an MoE model) records the experts every MoE layer chose for each prompt and response position
+        into `Sample.routed_experts` (forward hooks on the routers, `credo.moe`); not with `prefix_embeds`."""
         truncation_settings(top_k, top_p, min_p)
+        if routing and prefix_embeds is not None:
+            raise ValueError("routing capture does not take prefix_embeds (soft-prefix positions have no token)")
+        if routing and not routers(self.model):
+            raise ValueError("routing=True needs an MoE model (transformers sparse MoE routers: "
+                             f"{', '.join(ROUTER_CLASSES)}); this model has none")
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"seeds has length {len(seeds)}, expected {len(prompts)} like prompts")
         check_prefix_embeds(prefix_embeds, len(prompts), self.model)
@@ -259,11 +282,12 @@ class HFBackend:
                                                 top_k=top_k, min_p=min_p, kept_set=kept_set,
                                                 first_positions=None if first_positions is None
                                                 else list(first_positions[start:start + block]),
-                                                stop_when=stop_when)
+                                                stop_when=stop_when, routing=routing)
                 continue
             seed = None if block_seed is None else block_seed + start
             samples += self._generate_block(prompts[start:start + block], max_new_tokens, temperature, top_p, seed,
-                                            prefix_embeds=rows, top_k=top_k, min_p=min_p, kept_set=kept_set)
+                                            prefix_embeds=rows, top_k=top_k, min_p=min_p, kept_set=kept_set,
+                                            routing=routing)
         return samples
 
     def generate_race(self, prompts: list[list[int]], groups: list[int], *, need: int, groups_needed: int,

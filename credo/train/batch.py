@@ -80,6 +80,14 @@ class Batch:
     """The truncation the sampler applied, set by the default rollout source when it truncates: top_k, top_p, min_p
     and order ('hf' or 'vllm', whose stage order: `credo.algos.kept_set_threshold`'s keywords), and replay (bool,
     `rollout.kept_set_replay`); None when the sampler cut nothing."""
+    routed_experts: torch.Tensor | None = None
+    """[B, T, n_layers, k] int16: with routing capture (an MoE policy on the hf backend), the experts each MoE layer of
+    the sampler routed input position j to (label-aligned: column j is the position that scores token j + 1), -1 where
+    none was recorded; replayed in every policy forward under `algo.router_replay` (`credo.moe`, docs/moe.md). None:
+    no record."""
+    routing_counts: Any = None
+    """`credo.moe.RoutingCounts` of the pi_old forward (trainer routing against the record), for
+    `moe/routing_disagreement`; None when the batch has no record or no pi_old forward ran."""
     prefix_embeds: torch.Tensor | None = None
     """[B, k, d] float: soft-prompt embeddings every policy forward reads before a sample's tokens (rollout,
     recompute, reference, update), set by a rollout source that conditions the policy on a sampled latent;
@@ -103,7 +111,7 @@ class Batch:
         """Move every tensor field (and the extras) to `device`, in place."""
         for name in ("input_ids", "attention_mask", "response_mask", "loss_mask", "rollout_log_probs", "old_log_probs",
                      "ref_log_probs", "values", "advantages", "weights", "entropy_mask",
-                     "prefix_embeds", "kept_threshold"):
+                     "prefix_embeds", "kept_threshold", "routed_experts"):
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, t.to(device))
@@ -156,6 +164,19 @@ def pack_batch(batch: Batch, pad_id: int, *, overlong_filter: bool) -> None:
         keep &= batch.finished
     batch.loss_mask = batch.response_mask & keep[:, None]
     batch.kept_threshold = pack_kept_thresholds(batch.samples, batch.input_ids.shape[1])
+    batch.routed_experts = pack_routed_experts(batch.samples, batch.input_ids.shape[1])
+
+
+def pack_routed_experts(samples: list[Sample], width: int) -> torch.Tensor | None:
+    """[B, width - 1, n_layers, k] int16 label-aligned routing of samples that recorded it (`Sample.routed_experts`),
+    -1 elsewhere; None when no sample did."""
+    records = [getattr(s, "routed_experts", None) for s in samples]
+    first = next((r for r in records if r is not None), None)
+    if first is None:
+        return None
+    from credo.moe import pack_routing
+
+    return pack_routing(records, width, tuple(first.shape[1:]))
 
 
 def pack_kept_thresholds(samples: list[Sample], width: int) -> torch.Tensor | None:

@@ -244,7 +244,7 @@ def build_stages(plan: RunPlan, ctx: StageContext, grad_accum: int) -> tuple[Sim
         temperature=ro.temperature, chunk_size=a.logprob_chunk_size, hidden_path=o.zero_stage < 3,
         needs_old_log_probs=a.ppo_epochs * a.mini_batches > 1 or plan.staleness > 0, ref_model=ctx.ref_model,
         probes=list(out.probes.values()), packed=a.packing, micro_batch_tokens=a.micro_batch_tokens,
-        old_log_probs=a.old_log_probs)
+        old_log_probs=a.old_log_probs, router_replay=a.router_replay)
     ctx = replace(ctx, scorer=out.scorer)
     outcome = OutcomeAdvantage(algos.ADVANTAGE_ESTIMATORS[a.advantage], a.advantage_kwargs) \
         if algos.ADVANTAGE_INPUTS.get(a.advantage) == "outcome" else None
@@ -266,8 +266,28 @@ def build_source(plan: RunPlan, ctx: StageContext):
     r = plan.recipe
     holdout = sum(a.family.holdout(r) for a in plan.active)  # problems an active family keeps out (MIPU's validation)
     default = PromptRollout(ctx.task, ctx.tokenizer, ctx.backend, seed=r.run.seed, rank=ctx.rank, world=ctx.world,
-                            render=ctx.render, holdout=holdout, **ctx.rollout)
+                            render=ctx.render, holdout=holdout, routing=captures_routing(plan, ctx), **ctx.rollout)
     return _stage(ctx, plan.stages["rollout"], default)
+
+
+def captures_routing(plan: RunPlan, ctx: StageContext) -> bool:
+    """Whether the rollout records each token's MoE experts: an MoE policy on an engine that can (the hf backend,
+    `credo.capabilities.ROUTING_CAPTURE`), for replay (algo.router_replay) and moe/routing_disagreement.
+
+    Raises:
+        ConfigError: algo.router_replay is on and the policy has no MoE router.
+    """
+    from credo.capabilities import ROUTING_CAPTURE
+    from credo.moe import ROUTER_CLASSES, routers
+
+    if ctx.engine is None:  # `credo eval`: no training engine, no update to replay into; it only samples
+        return False
+    moe = bool(routers(ctx.engine.module))
+    if plan.recipe.algo.router_replay and not moe:
+        raise ConfigError(f"config key 'algo.router_replay' = true but the policy at '{ctx.policy_path}' has no MoE "
+                          f"router ({', '.join(ROUTER_CLASSES)}): expected a mixture-of-experts model, e.g. "
+                          "model.tiny.arch: qwen3_moe (docs/moe.md)")
+    return moe and ROUTING_CAPTURE in plan.provided["backend"]
 
 
 def scheduled(plan: RunPlan, ctx: StageContext, source):

@@ -58,3 +58,24 @@ def step_mismatch_metrics(batch: Batch, pi_old: torch.Tensor, mask: torch.Tensor
     if getattr(batch, "kept_rule", None) is not None:
         out["mismatch/ratio_mean"] = float((trainer - sampler).exp().mean()) if trainer.numel() else math.nan
     return out
+
+
+def routing_metrics(batch: Batch) -> dict[str, float]:
+    """The MoE routing metrics of the step's pi_old forward over all ranks, against the routing the sampler recorded
+    (`batch.routing_counts`, `credo.moe`), as shares of recorded (token, layer) slots:
+
+        moe/routing_disagreement   the experts the trainer ran differ from the sampler's (0 under algo.router_replay)
+        moe/router_disagreement    the trainer router's own top-k differs from the sampler's (what replay overrides;
+                                   equal to the first without replay)
+
+    {} when the batch recorded no routing or no pi_old forward ran."""
+    counts = getattr(batch, "routing_counts", None)
+    if counts is None:
+        return {}
+    from credo.distributed.engine import all_reduce_sum
+
+    used, own, slots = all_reduce_sum(torch.tensor([counts.used, counts.own, counts.slots], dtype=torch.float64,
+                                                   device="cpu")).tolist()
+    if not slots:
+        return {"moe/routing_disagreement": math.nan, "moe/router_disagreement": math.nan}
+    return {"moe/routing_disagreement": used / slots, "moe/router_disagreement": own / slots}

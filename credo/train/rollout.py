@@ -51,14 +51,15 @@ class PromptRollout:
 
     Temperature and top-p are bound here once; the scorer that recomputes log-probs is built with the
     same temperature by the builder. `holdout` > 0 keeps the last `holdout` training problems out of the
-    draw (held-out training prompts for MIPU's validation). `render(problem) -> str` is the recipe's prompt rendering
+    draw (held-out training prompts for MIPU's validation). `routing` asks the engine to record each token's MoE
+    experts (`Sample.routed_experts`). `render(problem) -> str` is the recipe's prompt rendering
     (`credo.tasks.render.prompt_renderer`: the chat template, if any), shared with warm-up and evaluation.
     """
 
     def __init__(self, task, tokenizer, backend, *, seed: int, prompts_per_step: int, group_size: int,
                  max_new_tokens: int, temperature: float, top_p: float, rank: int = 0, world: int = 1,
                  render=plain_prompt, holdout: int = 0, top_k: int = 0, min_p: float = 0.0,
-                 kept_set_replay: bool = False):
+                 kept_set_replay: bool = False, routing: bool = False):
         self.task, self.tokenizer, self.backend, self.render = task, tokenizer, backend, render
         self.seed, self.P, self.G = seed, prompts_per_step, group_size
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
@@ -71,6 +72,8 @@ class PromptRollout:
                                   order=getattr(backend, "kept_set_order", "hf"), replay=kept_set_replay)
             if kept_set_replay:
                 self.truncation["kept_set"] = True
+        if routing:  # an MoE policy on the hf backend records its routing (docs/moe.md); asked only then, as above
+            self.truncation["routing"] = True
         self.rank, self.world = rank, world
         if not 0 <= holdout < len(task):
             raise ValueError(f"holdout is {holdout}, expected 0 <= holdout < {len(task)} (the training problems)")

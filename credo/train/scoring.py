@@ -40,6 +40,7 @@ import torch
 
 from credo import algos
 from credo.lora import BaseReference
+from credo.moe import ForwardRouting, RoutingCounts, routing_or_none
 from credo.train.batch import Batch
 from credo.train.packing import PackedRows, row_lengths, token_micro_batches
 
@@ -54,7 +55,8 @@ class Probe(Protocol):
 
 def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature: float, chunk_size: int,
                    with_entropy: bool, hidden_path: bool = True, packed: bool = False,
-                   prefix_embeds: torch.Tensor | None = None, kept_threshold: torch.Tensor | None = None):
+                   prefix_embeds: torch.Tensor | None = None, kept_threshold: torch.Tensor | None = None,
+                   routing: ForwardRouting | None = None):
     """Log-probs (and entropy) of input_ids[:, 1:] at `token_mask` positions.
 
     Args:
@@ -65,6 +67,8 @@ def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature:
             None. Their k positions are dropped from the outputs, so the shapes do not change.
         kept_threshold: [B, L-1] float kept-set thresholds (`Batch.kept_threshold`), or None: the log-probs and the
             entropy are then those of the distribution renormalised over each token's kept set.
+        routing: the rows' recorded MoE routing (`credo.moe.ForwardRouting`, experts [B, >= L-1, n_layers, k]): each
+            router replays it (`algo.router_replay`) or compares its own choice with it; None: no record.
     Returns:
         log_probs [B, L-1] float32 and entropy [B, L-1] float32 (None without `with_entropy`), 0 off the mask.
 
@@ -83,10 +87,11 @@ def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature:
     if packed:
         lp_rows, ent_rows = _packed_rows(model, input_ids, attention_mask, token_mask, temperature=temperature,
                                          chunk_size=chunk_size, with_entropy=with_entropy, hidden_path=hidden_path,
-                                         tau=tau)
+                                         tau=tau, routing=routing)
     elif hidden_path:
         base = getattr(model, model.base_model_prefix)
-        hidden = base(**inputs).last_hidden_state[:, k:-1]
+        with routing_or_none(model, routing, None if routing is None else routing.padded(input_ids.shape[1], k)):
+            hidden = base(**inputs).last_hidden_state[:, k:-1]
         head = model.get_output_embeddings()
         rows = hidden[token_mask]
         labels = input_ids[:, 1:][token_mask]
@@ -95,7 +100,8 @@ def policy_forward(model, input_ids, attention_mask, token_mask, *, temperature:
                                          kept_threshold=tau)
         lp_rows, ent_rows = (out if with_entropy else (out, None))
     else:  # ZeRO-3 partitions the head weight; let the model's own forward gather it
-        logits = model(**inputs).logits[:, k:-1]
+        with routing_or_none(model, routing, None if routing is None else routing.padded(input_ids.shape[1], k)):
+            logits = model(**inputs).logits[:, k:-1]
         sel = logits[token_mask].float() / temperature  # response rows only, before any fp32 copy
         sel = sel if tau is None else _kept_only(sel, tau, input_ids[:, 1:][token_mask])
         logp = sel.log_softmax(-1)
@@ -122,22 +128,27 @@ def _kept_only(sel: torch.Tensor, tau: torch.Tensor, labels: torch.Tensor) -> to
 
 
 def _packed_rows(model, input_ids, attention_mask, token_mask, *, temperature: float, chunk_size: int,
-                 with_entropy: bool, hidden_path: bool, tau: torch.Tensor | None = None):
+                 with_entropy: bool, hidden_path: bool, tau: torch.Tensor | None = None,
+                 routing: ForwardRouting | None = None):
     """`policy_forward`'s selected log-probs [N] (and entropy [N] or None) from one packed forward, in the order
     `token_mask` selects them. `use_cache=False`: a cache would make transformers ignore the packed positions."""
     packed = PackedRows.of(input_ids, attention_mask)
     where = packed.flat_index(token_mask)
     labels = input_ids[:, 1:][token_mask]
     inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False)
+    experts = None if routing is None else routing.packed(packed.starts, row_lengths(attention_mask).tolist(),
+                                                          packed.input_ids.numel())
     if hidden_path:
         base = getattr(model, model.base_model_prefix)
-        hidden = base(**inputs).last_hidden_state
+        with routing_or_none(model, routing, experts):
+            hidden = base(**inputs).last_hidden_state
         head = model.get_output_embeddings()
         out = algos.logprobs_from_hidden(hidden.flatten(0, 1)[where], head.weight, labels, temperature=temperature,
                                          chunk_size=chunk_size, with_entropy=with_entropy,
                                          bias=getattr(head, "bias", None), kept_threshold=tau)
         return out if with_entropy else (out, None)
-    logits = model(**inputs).logits  # ZeRO-3: the model's own head gathers its partitioned weight
+    with routing_or_none(model, routing, experts):
+        logits = model(**inputs).logits  # ZeRO-3: the model's own head gathers its partitioned weight
     sel = logits.flatten(0, 1)[where].float() / temperature
     sel = sel if tau is None else _kept_only(sel, tau, labels)
     logp = sel.log_softmax(-1)
@@ -150,7 +161,7 @@ class PolicyScorer:
 
     def __init__(self, *, temperature: float, chunk_size: int, hidden_path: bool, needs_old_log_probs: bool,
                  ref_model: torch.nn.Module | None = None, probes: list[Probe] = (), packed: bool = False,
-                 micro_batch_tokens: int = 0, old_log_probs: str = "recompute"):
+                 micro_batch_tokens: int = 0, old_log_probs: str = "recompute", router_replay: bool = False):
         self.temperature, self.chunk_size, self.hidden_path = temperature, chunk_size, hidden_path
         self.needs_old_log_probs = needs_old_log_probs
         # algo.old_log_probs: 'rollout' takes pi_old from the sampler (verl's bypass mode): no policy forward for it
@@ -165,9 +176,13 @@ class PolicyScorer:
         self.update_probes = [p for p in self.probes if not needs_old_log_probs and getattr(p, "rides_update", False)]
         self.recompute_probes = [p for p in self.probes if p not in self.update_probes]
         self._merge_tokens: tuple = (None, {})
+        # algo.router_replay: every policy forward of a batch with recorded MoE routing routes through it (R3); without
+        # it the pi_old forward only compares its routing with the record (moe/routing_disagreement)
+        self.router_replay = router_replay
 
     def __call__(self, model, input_ids, attention_mask, token_mask, *, with_entropy: bool, hidden_path: bool | None = None,
-                 prefix_embeds: torch.Tensor | None = None, kept_threshold: torch.Tensor | None = None):
+                 prefix_embeds: torch.Tensor | None = None, kept_threshold: torch.Tensor | None = None,
+                 routing: ForwardRouting | None = None):
         """Log-probs (and entropy) [B, T] of `model` on the given rows; see `policy_forward`. `model` may be a LoRA
         run's reference (`credo.lora.BaseReference`): the policy's module, scored with its adapter off."""
         context = contextlib.nullcontext()
@@ -175,10 +190,12 @@ class PolicyScorer:
             model, context = model.module, model.adapter_off()
         with context:
             return self._forward(model, input_ids, attention_mask, token_mask, with_entropy=with_entropy,
-                                 hidden_path=hidden_path, prefix_embeds=prefix_embeds, kept_threshold=kept_threshold)
+                                 hidden_path=hidden_path, prefix_embeds=prefix_embeds, kept_threshold=kept_threshold,
+                                 routing=routing)
 
     def _forward(self, model, input_ids, attention_mask, token_mask, *, with_entropy: bool, hidden_path: bool | None,
-                 prefix_embeds: torch.Tensor | None, kept_threshold: torch.Tensor | None = None):
+                 prefix_embeds: torch.Tensor | None, kept_threshold: torch.Tensor | None = None,
+                 routing: ForwardRouting | None = None):
         """Log-probs (and entropy) [B, T] of `model` on the given rows; see `policy_forward`. With packing or a
         token budget the rows (right-padded) are cut to their longest sample, or packed, and the outputs padded
         back to T. Soft prefixes (`prefix_embeds` [B, k, d]) take the padded path (a recipe cannot combine them with
@@ -187,23 +204,25 @@ class PolicyScorer:
         if not self.trim or prefix_embeds is not None:
             return policy_forward(model, input_ids, attention_mask, token_mask, temperature=self.temperature,
                                   chunk_size=self.chunk_size, with_entropy=with_entropy, hidden_path=hidden_path,
-                                  prefix_embeds=prefix_embeds, kept_threshold=kept_threshold)
+                                  prefix_embeds=prefix_embeds, kept_threshold=kept_threshold, routing=routing)
         width = int(row_lengths(attention_mask).max())
         lp, ent = policy_forward(model, input_ids[:, :width], attention_mask[:, :width], token_mask[:, :width - 1],
                                  temperature=self.temperature, chunk_size=self.chunk_size, with_entropy=with_entropy,
                                  hidden_path=hidden_path, packed=self.packed,
-                                 kept_threshold=None if kept_threshold is None else kept_threshold[:, :width - 1])
+                                 kept_threshold=None if kept_threshold is None else kept_threshold[:, :width - 1],
+                                 routing=routing)
         extra = token_mask.shape[1] - (width - 1)
         return torch.nn.functional.pad(lp, (0, extra)), None if ent is None else torch.nn.functional.pad(ent, (0, extra))
 
-    def _whole_batch(self, model, batch: Batch, *, with_entropy: bool, hidden_path: bool | None = None):
+    def _whole_batch(self, model, batch: Batch, *, with_entropy: bool, hidden_path: bool | None = None,
+                     routing: ForwardRouting | None = None):
         """Log-probs (and entropy) [B, T] of the whole batch: one forward, or (with algo.micro_batch_tokens) one per
         token-budget group of rows."""
         prefix = getattr(batch, "prefix_embeds", None)
         kept = getattr(batch, "kept_threshold", None)
         if not self.micro_batch_tokens or prefix is not None:
             return self(model, batch.input_ids, batch.attention_mask, batch.loss_mask, with_entropy=with_entropy,
-                        hidden_path=hidden_path, prefix_embeds=prefix, kept_threshold=kept)
+                        hidden_path=hidden_path, prefix_embeds=prefix, kept_threshold=kept, routing=routing)
         lengths = row_lengths(batch.attention_mask).tolist()
         lp = torch.zeros(batch.loss_mask.shape, dtype=torch.float32, device=batch.input_ids.device)
         ent = torch.zeros_like(lp) if with_entropy else None
@@ -211,7 +230,8 @@ class PolicyScorer:
             rows = torch.tensor(group, device=lp.device)
             lp_g, ent_g = self(model, batch.input_ids[rows], batch.attention_mask[rows], batch.loss_mask[rows],
                                with_entropy=with_entropy, hidden_path=hidden_path,
-                               kept_threshold=None if kept is None else kept[rows])
+                               kept_threshold=None if kept is None else kept[rows],
+                               routing=None if routing is None else routing.rows(rows))
             lp[rows] = lp_g
             if ent is not None:
                 ent[rows] = ent_g
@@ -237,6 +257,7 @@ class PolicyScorer:
         if self.old_from_rollout:
             batch.old_log_probs = rollout_as_old(batch)
         if recompute_old or self.recompute_probes:
+            routing = self.routing(batch, counted=True)  # this forward runs pi_old's weights: its routing is counted
             with contextlib.ExitStack() as hooks:
                 for probe in self.recompute_probes:
                     hooks.enter_context(probe.capture(model))
@@ -246,15 +267,40 @@ class PolicyScorer:
                     lp, ent = policy_forward(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
                                              temperature=self.temperature, chunk_size=self.chunk_size,
                                              with_entropy=with_entropy, hidden_path=self.hidden_path,
-                                             kept_threshold=kept)
+                                             kept_threshold=kept, routing=routing)
                 else:
-                    lp, ent = self._whole_batch(model, batch, with_entropy=with_entropy)
+                    lp, ent = self._whole_batch(model, batch, with_entropy=with_entropy, routing=routing)
             if recompute_old:
                 batch.old_log_probs = lp
             for probe in self.recompute_probes:
                 _store_probe_outputs(probe, probe.result(batch, lp, ent), batch)
-        if self.ref_model is not None:
+        if self.ref_model is not None:  # the frozen reference routes itself: the record is the policy's
             batch.ref_log_probs, _ = self._whole_batch(self.ref_model, batch, with_entropy=False, hidden_path=True)
+
+    def routing(self, batch: Batch, *, counted: bool, rows: torch.Tensor | None = None) -> ForwardRouting | None:
+        """The recorded routing of a policy forward over `batch` (its `rows`), replayed under algo.router_replay;
+        `counted`: the forward runs pi_old's weights, and its disagreement with the record goes to
+        `batch.routing_counts`. None when the batch has no record.
+
+        Raises:
+            ValueError: algo.router_replay is on and the batch's samples recorded no routing.
+        """
+        experts = getattr(batch, "routed_experts", None)
+        if experts is None:
+            if self.router_replay and bool(batch.loss_mask.any()):
+                raise ValueError(f"algo.router_replay is on but the samples of step {batch.step} carry no recorded "
+                                 "routing (Sample.routed_experts): the rollout must capture it (the hf backend with an "
+                                 "MoE policy and the default rollout source, docs/moe.md)")
+            return None
+        if not (self.router_replay or counted):  # nothing to replay, nothing to count: the plain forward
+            return None
+        counts = None
+        if counted:
+            if batch.routing_counts is None:
+                batch.routing_counts = RoutingCounts()
+            counts = batch.routing_counts
+        out = ForwardRouting(experts, self.router_replay, counts)
+        return out if rows is None else out.rows(rows)
 
 
     def update_forward(self, model: torch.nn.Module, batch: Batch, rows: torch.Tensor):
@@ -270,19 +316,21 @@ class PolicyScorer:
         prefix = None if prefix is None else prefix[rows]
         kept = getattr(batch, "kept_threshold", None)
         kept = None if kept is None else kept[rows]
+        # one on-policy pass (no pi_old recompute): this forward is pi_old's, its routing is counted
+        routing = self.routing(batch, counted=batch.old_log_probs is None, rows=rows)
         if not self.update_probes:
             return self(model, batch.input_ids[rows], batch.attention_mask[rows], mask, with_entropy=True,
-                        prefix_embeds=prefix, kept_threshold=kept)
+                        prefix_embeds=prefix, kept_threshold=kept, routing=routing)
         with contextlib.ExitStack() as hooks:
             for probe in self.update_probes:
                 hooks.enter_context(probe.capture(model))
             if prefix is not None:
                 lp, ent = self(model, batch.input_ids[rows], batch.attention_mask[rows], mask, with_entropy=True,
-                               prefix_embeds=prefix, kept_threshold=kept)
+                               prefix_embeds=prefix, kept_threshold=kept, routing=routing)
             else:  # probes capture the padded forward of the micro-batch, packed or not
                 lp, ent = policy_forward(model, batch.input_ids[rows], batch.attention_mask[rows], mask,
                                          temperature=self.temperature, chunk_size=self.chunk_size, with_entropy=True,
-                                         hidden_path=self.hidden_path, kept_threshold=kept)
+                                         hidden_path=self.hidden_path, kept_threshold=kept, routing=routing)
         view = _rows_view(batch, rows)
         for probe in self.update_probes:
             outputs = probe.result(view, lp.detach(), ent.detach())

@@ -17,7 +17,7 @@ import torch
 
 from credo.distributed.engine import all_reduce_max, all_reduce_sum
 from credo.train.batch import Batch
-from credo.train.mismatch import step_mismatch_metrics
+from credo.train.mismatch import routing_metrics, step_mismatch_metrics
 from credo.train.objective import Objective
 from credo.train.packing import row_lengths, split_to, token_micro_batches
 from credo.train.scoring import PolicyScorer
@@ -124,6 +124,7 @@ class Updater:
         out["train/grad_norm"] = engine.grad_norm(checked_norm)
         out["train/skipped_steps"] = skipped
         out.update(step_mismatch_metrics(batch, pi_old, mask=None if seen is None else batch.loss_mask & seen[:, None]))
+        out.update(routing_metrics(batch))
         if self.micro_batch_tokens:
             out["perf/micro_batches"] = n_micro
         return out, skipped

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from credo.capabilities import BACKENDS, PROMPT_EMBEDS, RACE
+from credo.capabilities import BACKENDS, PROMPT_EMBEDS, RACE, ROUTING_CAPTURE
 from credo.config import load_recipe
 from credo.errors import ConfigError
 from credo.family import FamilyParts, builtin_families
@@ -82,6 +82,7 @@ def test_declared_backend_capabilities_are_really_there():
         assert cls.provides == BACKENDS[name]
         assert (RACE in cls.provides) == hasattr(cls, "generate_race"), cls
         assert (PROMPT_EMBEDS in cls.provides) == ("prefix_embeds" in inspect.signature(cls.generate).parameters), cls
+        assert (ROUTING_CAPTURE in cls.provides) == ("routing" in inspect.signature(cls.generate).parameters), cls
         assert hasattr(cls, "sync_weights")
 
 
