@@ -59,6 +59,11 @@ LONGTAIL = {  # issue 52's speed table: each lever of the asynchronous step on e
     "overlap_partial": [OVERLAP, "stages.schedule_kwargs={max_staleness: 1, partial_rollout: true}", "run.threads=1"],
     "overlap_partial_mu": [OVERLAP, "stages.schedule_kwargs={max_staleness: 1, partial_rollout: true}",
                            "algo.old_log_probs=rollout", "run.threads=1"],
+    # the worker on both cores (oversubscribed while the trainer updates, which it does a fraction of the step)
+    "overlap_partial_mu_2w": [OVERLAP, "stages.schedule_kwargs={max_staleness: 1, partial_rollout: true, "
+                              "worker_threads: 2}", "algo.old_log_probs=rollout", "run.threads=1"],
+    "overlap_mu_2w": [OVERLAP, "stages.schedule_kwargs={max_staleness: 1, worker_threads: 2}",
+                      "algo.old_log_probs=rollout", "run.threads=1"],
     # per-prompt dispatch (request_prompts 1): a group returns as soon as its own responses end, not at the
     # batch's longest (ROLL Flash's answer to the long tail inside the overlap schedule)
     "overlap_early": [OVERLAP, "stages.schedule_kwargs={max_staleness: 1, request_prompts: 1}", "run.threads=1"],

@@ -251,6 +251,9 @@ class OverlapSettings:
     """Prompts per generation request; 1 = ROLL Flash's per-prompt dispatch (no batch barrier)."""
     timeout_s: float = ranged(600.0, gt=0)
     """The longest wait for a rollout worker (its start-up, a result) before the run stops naming it."""
+    worker_threads: int = ranged(0, ge=0, note="0 = the cores the trainer's run.threads leave, split over the workers")
+    """torch threads of each rollout worker; more than the free cores oversubscribes them, which pays when the
+    trainer waits for rollout most of a step (it then leaves its core to the workers)."""
     partial_rollout: bool = False
     """Interrupt in-flight requests when new weights are published and continue them under the new version, each
     token stamped with the version that drew it (credo.distributed.partial); samples use per-sample seeds."""
@@ -266,7 +269,7 @@ def wrap(source, ctx, s: OverlapSettings) -> OverlapSource:
     others = max(1, (os.cpu_count() or 1) - torch.get_num_threads())
     spec = WorkerSpec(policy_path=ctx.policy_path, dtype=r.model.dtype, eos_id=ctx.tokenizer.eos_token_id,
                       pad_id=ctx.tokenizer.pad_token_id, max_batch=ro.hf_max_batch, rollout_dtype=ro.dtype,
-                      fp8_weights=ro.fp8_weights, threads=max(1, others // s.workers),
+                      fp8_weights=ro.fp8_weights, threads=s.worker_threads or max(1, others // s.workers),
                       partial_rollout=s.partial_rollout)
     workers = LocalRolloutWorkers(ctx.engine.module, spec, s.workers, timeout_s=s.timeout_s)
     return OverlapSource(source, workers, ctx.engine.module, staleness=s.max_staleness, stale_policy=s.stale_policy,
