@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 RECIPES = ("quickstart", "ppo", "asyppo", "multiturn", "mipu", "attention_credit", "judge_reward", "rm_nlhf", "ce_rm",
-           "pgenrm", "complementary", "polymath", "palette", "shop", "longtail", "distill")
+           "pgenrm", "complementary", "polymath", "palette", "shop", "longtail", "distill", "moe", "gateway_gem")
 """Every family's recipe (the asynchronous recipes are schedules of these, so they are the schedule axis here)."""
 BACKENDS = ("hf", "vllm")
 ENGINES = ("local", "ray")
