@@ -49,6 +49,8 @@ class Marked:
     """The page's line of the marker (1-based)."""
     printed: str
     """The interval as printed after the marker ('' when none follows)."""
+    offset: int = -1
+    """Where the printed interval starts in the page (-1 when none follows)."""
     problem: str = ""
     """'' when the printed interval is the recomputed one; else what differs."""
 
@@ -60,13 +62,13 @@ def check_page(text: str, cache: dict | None = None) -> list[Marked]:
         ConfigError: a marker that cannot be read (unknown key, no RESULTS file, an unknown variant or metric).
     """
     cache = {} if cache is None else cache
-    text = FENCE_RE.sub(lambda f: "\n" * f.group().count("\n"), text)  # same line numbers, no fenced examples
+    text = _blank_fences(text)
     out = []
     for m in MARKER_RE.finditer(text):
         line = text.count("\n", 0, m.start()) + 1
         printed = PRINTED_RE.match(text, m.end())
         if printed is None:
-            out.append(Marked(m["args"], line, "", "no 'EST [LOW, HIGH]' follows the marker"))
+            out.append(Marked(m["args"], line, "", problem="no 'EST [LOW, HIGH]' follows the marker"))
             continue
         values, test = recompute(m["args"], cache, where=f"line {line}")
         problem = _differs([printed["est"], printed["low"], printed["high"]], values)
@@ -75,14 +77,14 @@ def check_page(text: str, cache: dict | None = None) -> list[Marked]:
             problem = problem or f"the tables' test is {test}, the marker says test={want}"
         if test is not None and not problem and test.lower() not in MARKER_RE.sub("", _paragraph(text, m.start())).lower():
             problem = f"the paragraph does not say the interval is {test}"
-        out.append(Marked(m["args"], line, printed.group().strip(), problem))
+        out.append(Marked(m["args"], line, printed.group().strip(), offset=printed.start("est"), problem=problem))
     return out
 
 
 def marked_spans(text: str) -> list[tuple[int, int]]:
     """(start, end) of each marked interval's printed text, so the verbatim prose check can leave them out."""
     spans = []
-    text = FENCE_RE.sub(lambda f: " " * len(f.group()), text)  # same offsets
+    text = _blank_fences(text)
     for m in MARKER_RE.finditer(text):
         printed = PRINTED_RE.match(text, m.end())
         if printed is not None:
@@ -117,6 +119,12 @@ def recompute(spec: str, cache: dict, where: str = "") -> tuple[tuple[float, flo
         raise ConfigError(str(e)) from None
     r = compare(result(c.a), result(c.b), metric.label, c.expect)
     return (r.diff, r.low, r.high), r.test
+
+
+def _blank_fences(text: str) -> str:
+    """The page with its code fences blanked (a marker shown there as an example is not checked), its offsets and
+    line numbers kept."""
+    return FENCE_RE.sub(lambda f: re.sub(r"[^\n]", " ", f.group()), text)
 
 
 def _parse(spec: str, where: str) -> tuple[str, dict[str, str]]:
