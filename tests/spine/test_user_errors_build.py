@@ -2,7 +2,8 @@
 
 Each case below is a user's bad input that, before this change, `credo check` (and so `credo run`, whose preflight
 is the same) met as a raw ValueError / StopIteration / datasets error with a traceback, or passed only to fail
-after the warm-up. Each is replayed through the CLI's entry point and must give exit 2, one
+after the warm-up (a critic folder that is not there, 'abc' for a clip range: a TypeError inside the first update)
+or to run silently wrong ('maybe' for a bool is a true string). Each is replayed through the CLI's entry point and must give exit 2, one
 `credo: config error:` line naming the key or file at fault, and no traceback.
 """
 
@@ -34,6 +35,12 @@ CASES = [
     ("shop_env_page_size", "recipes/shop.yaml", ["env.kwargs.page_size=0"], ["env.kwargs", "page_size = 0"]),
     ("vault_env_range", "recipes/multiturn.yaml", ["env.id=credo:Vault-v0", "env.kwargs={low: 5, high: 1}"],
      ["env.kwargs", "low=5, high=1"]),
+    ("shop_env_vocab_not_numbers", "recipes/shop.yaml", ["env.kwargs.vocab=abc"], ["env.kwargs", "Shop", "'a'"]),
+    ("loss_kwarg_not_a_number", QUICK, ["algo.loss_kwargs={clip_low: abc}"],
+     ["algo.loss_kwargs.clip_low", "'abc'", "expected a number"]),
+    ("advantage_kwarg_not_a_bool", QUICK, ["algo.advantage_kwargs={norm_std: maybe}"],
+     ["algo.advantage_kwargs.norm_std", "expected true or false"]),
+    ("task_kwarg_not_a_bool", QUICK, ["task.kwargs.fixed_width=maybe"], ["task.kwargs.fixed_width", "true or false"]),
     ("critic_path_missing", "recipes/ppo.yaml", ["critic.path={tmp}/nope"], ["critic.path", "does not exist"]),
     ("critic_path_not_a_model", "recipes/ppo.yaml", ["critic.path={tmp}/no_model"], ["critic.path", "no config.json"]),
 ]
