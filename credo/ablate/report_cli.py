@@ -68,8 +68,9 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
                    help="rewrite every `<!-- credo report ... -->` block of this markdown file from its command")
     p.add_argument("--check", nargs="?", const="", default=None, metavar="DOC.md",
                    help="exit 1, naming the blocks, when a block of this markdown file differs from its command's output, "
-                   f"or (on a page holding '{PROSE_MARK}') when an interval in its prose is in none of its blocks; "
-                   "without DOC.md: every page under docs/ holding a block")
+                   f"or (on a page holding '{PROSE_MARK}') when an interval in its prose is in none of its blocks, "
+                   "or when an interval marked <!-- credo:interval ... --> differs from its recomputation; "
+                   "without DOC.md: every page under docs/ holding a block or a marker")
 
 
 def parse_metric(text: str) -> Metric:
