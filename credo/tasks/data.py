@@ -125,9 +125,11 @@ def load_rows_hf(name: str, split: str, key: str, **load_kwargs: Any) -> list[di
     else:
         try:
             ds = datasets.load_dataset(name, split=split, **load_kwargs)
-        except (FileNotFoundError, ValueError, ConnectionError) as e:
+        except (FileNotFoundError, ValueError, ConnectionError, datasets.exceptions.DatasetGenerationError,
+                StopIteration) as e:  # DatasetGenerationError: a malformed file in the folder; its cause names it
+            cause = e.__cause__ if isinstance(e, datasets.exceptions.DatasetGenerationError) and e.__cause__ else e
             raise ConfigError(f"task.name 'hf:{name}' split '{split}' (config key '{key}') cannot be loaded: "
-                              f"{str(e).splitlines()[0]}") from None
+                              f"{type(cause).__name__}: {(str(cause) or 'no rows').splitlines()[0]}") from None
     return [dict(row) for row in ds]
 
 

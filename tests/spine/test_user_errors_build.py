@@ -81,6 +81,13 @@ def test_a_malformed_data_file_names_the_file_and_its_row(tmp_path):
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("credo: config error: config key 'task.kwargs.train'") and "broken.jsonl" in last
     assert "cannot be read as JSON" in last and "row 1" in last, last
+    folder = tmp_path / "hf_folder"  # the same file as a Hugging Face data folder (task.name hf:<folder>)
+    folder.mkdir()
+    (folder / "train.jsonl").write_text((tmp_path / "broken.jsonl").read_text())
+    p = run_cli(["check", QUICK, f"task.name=hf:{folder}", "task.kwargs={}"], timeout=300)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"credo: config error: task.name 'hf:{folder}' split 'train'") and "row 1" in last, last
 
 
 @pytest.mark.heavy
