@@ -31,6 +31,7 @@ from typing import Any, Mapping
 
 from credo.capabilities import (BACKENDS, CORE_REFUSALS, DEFAULT_SOURCE, ENGINES, LORA, MODULE_WEIGHT_PUSH,
                                 ROUTING_CAPTURE, Requirement, check_refusals, check_requirements)
+from credo.config.fields import kind_mismatch
 from credo.errors import ConfigError
 from credo.family import Family, FamilyParts, families_of
 from credo.old_log_probs import check_old_log_probs
@@ -306,6 +307,11 @@ def _check_kwargs(fn, kwargs: dict, key: str, reserved: set[str]) -> None:
             close = difflib.get_close_matches(k, valid, n=1, cutoff=0.5)
             hint = f"; did you mean '{key}.{close[0]}'?" if close else ""
             raise ConfigError(f"unknown config key '{key}.{k}'{hint} (valid: {', '.join(valid)})")
+        defaults = [sig.parameters[k].default for sig in (outer, inner) if k in sig.parameters]
+        wrong = kind_mismatch(f"{key}.{k}", kwargs[k], defaults[0] if defaults else None)
+        if wrong:
+            raise ConfigError(wrong)
+
 
 
 def _reward_functions(r) -> tuple:

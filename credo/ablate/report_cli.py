@@ -15,10 +15,12 @@ A table in a doc is delimited by markers holding its command, so it can be check
 
 Paths in a block are relative to the working directory (run these from the repository root).
 
+An interval quoted in a sentence is tied to its comparison by a marker right before it,
+`<!-- credo:interval docs/results/x.jsonl compare="a > b" metric=eval/accuracy:final test=paired -->+0.016 [...]`,
+and `--check` recomputes it from the results file (credo.ablate.prose: the rule, the keys, the precision).
 A page that holds the line `<!-- credo report: prose intervals -->` (on a line of its own) (the family pages whose prose quotes a
-report) has its prose checked too: every interval printed outside a block and outside code fences,
-`-0.117 [-0.171, -0.062]`, must stand verbatim in one of the page's blocks, so a number quoted in a sentence is
-the table's number (paired when the table's test is paired), not one computed some other way.
+report) has its other prose intervals checked too: every interval printed outside a block, outside code fences and
+without a marker, `-0.117 [-0.171, -0.062]`, must stand verbatim in one of the page's blocks.
 """
 
 from __future__ import annotations
@@ -66,8 +68,9 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
                    help="rewrite every `<!-- credo report ... -->` block of this markdown file from its command")
     p.add_argument("--check", nargs="?", const="", default=None, metavar="DOC.md",
                    help="exit 1, naming the blocks, when a block of this markdown file differs from its command's output, "
-                   f"or (on a page holding '{PROSE_MARK}') when an interval in its prose is in none of its blocks; "
-                   "without DOC.md: every page under docs/ holding a block")
+                   f"or (on a page holding '{PROSE_MARK}') when an interval in its prose is in none of its blocks, "
+                   "or when an interval marked <!-- credo:interval ... --> differs from its recomputation; "
+                   "without DOC.md: every page under docs/ holding a block or a marker")
 
 
 def parse_metric(text: str) -> Metric:
@@ -184,10 +187,19 @@ def prose_marked(text: str) -> bool:
 
 
 def prose_intervals_unmatched(text: str) -> list[str]:
-    """The intervals printed in a page's prose (outside blocks and code fences) that none of its blocks holds."""
+    """The intervals printed in a page's prose (outside blocks and code fences, without a credo:interval marker,
+    which is checked by recomputation instead) that none of its blocks holds."""
     rows = [line for _, body in doc_blocks(text) for line in body.splitlines()]
-    prose = FENCE_RE.sub("", BLOCK_RE.sub("", text))
-    return [iv for iv in INTERVAL_RE.findall(prose) if not any(_stands_in(iv, row) for row in rows)]
+    return [iv for iv in INTERVAL_RE.findall(_unmarked_prose(text)) if not any(_stands_in(iv, row) for row in rows)]
+
+
+def _unmarked_prose(text: str) -> str:
+    """The page without its blocks, its code fences and its marked intervals (marker and printed interval)."""
+    from credo.ablate.prose import MARKER_RE, marked_spans
+
+    for start, end in reversed(marked_spans(text)):
+        text = text[:start] + text[end:]
+    return FENCE_RE.sub("", BLOCK_RE.sub("", MARKER_RE.sub("", text)))
 
 
 def _stands_in(iv: str, row: str) -> bool:
@@ -198,17 +210,25 @@ def _stands_in(iv: str, row: str) -> bool:
 
 
 def report_pages(root: Path = Path("docs")) -> list[Path]:
-    """The pages under `root` that hold a `credo report` block or the prose mark, sorted."""
-    return sorted(p for p in root.rglob("*.md") if doc_blocks(p.read_text()) or prose_marked(p.read_text()))
+    """The pages under `root` that hold a `credo report` block, the prose mark or a credo:interval marker, sorted."""
+    return sorted(p for p in root.rglob("*.md")
+                  if doc_blocks(p.read_text()) or prose_marked(p.read_text()) or _has_markers(p.read_text()))
+
+
+def _has_markers(text: str) -> bool:
+    from credo.ablate.prose import MARKER_RE
+
+    return MARKER_RE.search(FENCE_RE.sub("", text)) is not None
 
 
 def _list_unchecked(root: Path) -> None:
     """Say which pages print intervals in prose that no check covers (no prose mark): the work left to do."""
     for page in sorted(root.rglob("*.md")):
         text = page.read_text()
-        n = len(INTERVAL_RE.findall(FENCE_RE.sub("", BLOCK_RE.sub("", text))))
+        n = len(INTERVAL_RE.findall(_unmarked_prose(text)))
         if n and not prose_marked(text):
-            print(f"credo report: {page}: {n} intervals in prose, not checked (the page has no prose mark)")
+            print(f"credo report: {page}: {n} intervals in prose, not checked (no credo:interval marker, and the "
+                  "page has no prose mark)")
 
 
 def _update(doc: Path, *, check: bool) -> int:
@@ -240,13 +260,28 @@ def _update(doc: Path, *, check: bool) -> int:
         for iv in loose:
             print(f"credo report: {doc}: the prose prints {iv}, which none of the page's blocks holds", file=sys.stderr)
         if prose_marked(text):
-            print(f"credo report: {len(INTERVAL_RE.findall(FENCE_RE.sub('', BLOCK_RE.sub('', text)))) - len(loose)} "
+            print(f"credo report: {len(INTERVAL_RE.findall(_unmarked_prose(text))) - len(loose)} unmarked "
                   f"intervals in the prose of {doc} stand in its blocks, {len(loose)} do not")
-        return 1 if stale or loose else 0
+        wrong = _check_marked(doc, text)
+        return 1 if stale or loose or wrong else 0
     if new != text:
         doc.write_text(new)
     print(f"credo report: {len(stale)} of {n} blocks of {doc} rewritten")
     return 0
+
+
+def _check_marked(doc: Path, text: str) -> int:
+    """Recompute every credo:interval of a page (credo.ablate.prose); print each that differs. Returns how many."""
+    from credo.ablate.prose import check_page
+
+    marked = check_page(text)
+    wrong = [m for m in marked if m.problem]
+    for m in wrong:
+        print(f"credo report: {doc}:{m.line}: credo:interval {m.spec}: {m.problem}", file=sys.stderr)
+    if marked:
+        print(f"credo report: {len(marked) - len(wrong)}/{len(marked)} marked intervals of {doc} match their "
+              "recomputation")
+    return len(wrong)
 
 
 def report_main(args: argparse.Namespace) -> int:

@@ -61,3 +61,20 @@ def ray_address(value: Any) -> bool:
     import re
 
     return value in ("", "auto") or bool(re.fullmatch(r"(ray://)?[\w.\-]+:\d+", value))
+
+
+def kind_mismatch(key: str, value: Any, default: Any) -> str:
+    """'' when `value` is of the kind of its keyword's `default` (a bool for a bool, a number for a number, a
+    string for a string; anything when the default is None or absent); else the error naming `key`. A string
+    where a number goes would otherwise pass `credo check` and fail inside the run, after the warm-up."""
+    if value is None:  # null: the function decides (many a keyword is Optional)
+        return ""
+    if isinstance(default, bool):
+        ok, want = isinstance(value, bool), "true or false"
+    elif isinstance(default, (int, float)):
+        ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+    elif isinstance(default, str):
+        ok, want = isinstance(value, str), "a string"
+    else:
+        return ""
+    return "" if ok else f"config key '{key}' = {value!r}: expected {want} (its default is {default!r})"

@@ -67,7 +67,24 @@ def make_task(cfg, families=None):
     if factory is None:
         raise ConfigError(f"config key 'task.name' = '{cfg.name}' is not a known task (known: "
                           f"{', '.join(task_names(families))}, rg:<dataset>, file, hf:<name>)")
+    _check_kinds(factory, kwargs)
     try:
         return factory(cfg.train_size, cfg.eval_size, cfg.seed, **kwargs)
     except TypeError as e:
         raise ConfigError(f"task.kwargs for '{cfg.name}': {e}") from None
+
+
+def _check_kinds(factory, kwargs: dict) -> None:
+    """Each task.kwargs value of the kind of its keyword's default ('maybe' for fixed_width: bool is no bool)."""
+    import inspect
+
+    from credo.config.fields import kind_mismatch
+
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # no signature to read
+        return
+    for k, v in kwargs.items():
+        wrong = kind_mismatch(f"task.kwargs.{k}", v, params[k].default) if k in params else ""
+        if wrong:
+            raise ConfigError(wrong)

@@ -53,7 +53,15 @@ def load_rows_file(path: str, key: str) -> list[dict]:
                           f"{', '.join(FORMATS)})")
     if not p.is_file():
         raise ConfigError(f"config key '{key}' = '{path}': file not found")
-    ds = _datasets().load_dataset(fmt, data_files=str(p), split="train")
+    if p.stat().st_size == 0:  # datasets raises a bare StopIteration on an empty file
+        raise ConfigError(f"config key '{key}' = '{path}': the file is empty (expected one row per problem)")
+    datasets = _datasets()
+    try:
+        ds = datasets.load_dataset(fmt, data_files=str(p), split="train")
+    except (datasets.exceptions.DatasetGenerationError, ValueError, StopIteration) as e:  # a malformed row
+        cause = e.__cause__ or e  # DatasetGenerationError says only 'an error occurred'; its cause names the row
+        raise ConfigError(f"config key '{key}' = '{path}' cannot be read as {fmt.upper()}: "
+                          f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else 'no rows'}") from None
     return [dict(row) for row in ds]
 
 
@@ -117,9 +125,11 @@ def load_rows_hf(name: str, split: str, key: str, **load_kwargs: Any) -> list[di
     else:
         try:
             ds = datasets.load_dataset(name, split=split, **load_kwargs)
-        except (FileNotFoundError, ValueError, ConnectionError) as e:
+        except (FileNotFoundError, ValueError, ConnectionError, datasets.exceptions.DatasetGenerationError,
+                StopIteration) as e:  # DatasetGenerationError: a malformed file in the folder; its cause names it
+            cause = e.__cause__ if isinstance(e, datasets.exceptions.DatasetGenerationError) and e.__cause__ else e
             raise ConfigError(f"task.name 'hf:{name}' split '{split}' (config key '{key}') cannot be loaded: "
-                              f"{str(e).splitlines()[0]}") from None
+                              f"{type(cause).__name__}: {(str(cause) or 'no rows').splitlines()[0]}") from None
     return [dict(row) for row in ds]
 
 

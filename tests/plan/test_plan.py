@@ -56,7 +56,9 @@ def test_schedule_settings_are_strict():
                                           r"'stages.schedule_kwargs.max_staleness'"):
         resolve_plan(load_recipe(QUICK, ["stages.schedule=fixed_lag", "stages.schedule_kwargs={max_stale: 1}"]))
     with pytest.raises(ConfigError, match=r"'stages.schedule_kwargs.max_staleness' = 0 is out of range"):
-        resolve_plan(load_recipe(QUICK, ["stages.schedule=overlap", "stages.schedule_kwargs={max_staleness: 0}"]))
+        resolve_plan(load_recipe(QUICK, ["stages.schedule=fixed_lag", "stages.schedule_kwargs={max_staleness: 0}"]))
+    with pytest.raises(ConfigError, match=r"'stages.schedule_kwargs.max_staleness' = -1 is out of range"):
+        resolve_plan(load_recipe(QUICK, ["stages.schedule=overlap", "stages.schedule_kwargs={max_staleness: -1}"]))
     with pytest.raises(ConfigError, match=r"'stages.schedule' = 'fixd_lag' is not a known schedule; did you mean "
                                           r"'fixed_lag'"):
         resolve_plan(load_recipe(QUICK, ["stages.schedule=fixd_lag"]))

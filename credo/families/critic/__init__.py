@@ -27,5 +27,6 @@ FAMILY = Family(
     stages={"advantage": {"critic": StageEntry("credo.families.critic.stage:critic_stage")}},
     active=_active,
     stage_defaults=lambda r: {"advantage": "critic"},
+    build="credo.families.critic.build",  # its preflight: critic.path loads before any warm-up
     fixed_on_resume=("critic.num_critics", "critic.path", "critic.tiny"),  # the value models in the checkpoint
 )

@@ -40,11 +40,11 @@ def check_episodes(r) -> list[str]:
     if e.init_resample_frac > 0 and not has_expert:
         raise ConfigError(f"config key 'env.init_resample_frac' = {e.init_resample_frac} needs an env with a scripted "
                           f"expert; '{e.id}' has none: expected env.init_resample_frac: 0")
+    env = make_env(e.id, **dict(e.kwargs))  # first: its env.kwargs checks hold without a tokenizer
     found = _tokenizer_and_render(r)
     if found is None:
         return [f"env '{e.id}': first prompt length not checked (the model's tokenizer does not load here)"]
     tokenizer, prompt_text, _ = found
-    env = make_env(e.id, **dict(e.kwargs))
     from credo.families.multiturn.episodes import observation_text
 
     first = observation_text(*env.reset(seed=0))

@@ -108,7 +108,9 @@ def make_env(env_id: str, **kwargs):
     if constructor is not None:
         try:
             return constructor(**kwargs)
-        except TypeError as e:
+        except ConfigError:  # the env's own check, naming its setting
+            raise
+        except (TypeError, ValueError) as e:  # a setting of the wrong kind ('abc' where a number goes)
             raise ConfigError(f"config key 'env.kwargs' for '{env_id}': {e}") from None
     import gem
 

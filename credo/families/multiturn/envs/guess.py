@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 import re
 
+from credo.errors import ConfigError  # a bad env.kwargs value: one line naming it (docs/getting-started.md)
 from credo.families.multiturn.envs.latency import SimulatedLatency
 
 NUMBER = re.compile(r"-?\d+")
@@ -30,9 +31,9 @@ class GuessNumberEnv:
     def __init__(self, low: int = 1, high: int = 7, max_turns: int = 3, latency_s: float = 0.0,
                  latency_sigma: float = 1.0):
         if low > high:
-            raise ValueError(f"env.kwargs: low = {low} > high = {high}, expected low <= high")
+            raise ConfigError(f"env.kwargs: low = {low} > high = {high}, expected low <= high")
         if max_turns < 1:
-            raise ValueError(f"env.kwargs.max_turns = {max_turns}, expected >= 1")
+            raise ConfigError(f"env.kwargs.max_turns = {max_turns}, expected >= 1")
         self.low, self.high, self.max_turns = low, high, max_turns
         self.target, self.turn, self.lo, self.hi = low, 0, low, high
         self.latency = SimulatedLatency(latency_s, latency_sigma)  # env.kwargs.latency_s: a simulated step time

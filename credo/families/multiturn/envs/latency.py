@@ -13,6 +13,7 @@ import math
 import random
 import time
 
+from credo.errors import ConfigError  # a bad env.kwargs value: one line naming it (docs/getting-started.md)
 from credo.families.multiturn.config import LATENCY_KEYS
 
 
@@ -20,7 +21,7 @@ from credo.families.multiturn.config import LATENCY_KEYS
 class SimulatedLatency:
     def __init__(self, median_s: float = 0.0, sigma: float = 1.0):
         if median_s < 0 or sigma < 0:
-            raise ValueError(f"env.kwargs: latency_s = {median_s}, latency_sigma = {sigma}, expected both >= 0")
+            raise ConfigError(f"env.kwargs: latency_s = {median_s}, latency_sigma = {sigma}, expected both >= 0")
         self.median_s, self.sigma = median_s, sigma
         self.rng = random.Random(0)
 

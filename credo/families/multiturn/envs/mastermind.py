@@ -22,6 +22,7 @@ import random
 import re
 from collections import Counter
 
+from credo.errors import ConfigError  # a bad env.kwargs value: one line naming it (docs/getting-started.md)
 from credo.families.multiturn.envs.latency import SimulatedLatency
 
 
@@ -38,9 +39,9 @@ class MastermindEnv:
     def __init__(self, positions: int = 2, colours: int = 3, max_turns: int = 4, latency_s: float = 0.0,
                  latency_sigma: float = 1.0):
         if not 1 <= colours <= 9:
-            raise ValueError(f"env.kwargs.colours = {colours}, expected 1..9 (one digit per colour)")
+            raise ConfigError(f"env.kwargs.colours = {colours}, expected 1..9 (one digit per colour)")
         if positions < 1 or max_turns < 1:
-            raise ValueError(f"env.kwargs: positions = {positions}, max_turns = {max_turns}, expected both >= 1")
+            raise ConfigError(f"env.kwargs: positions = {positions}, max_turns = {max_turns}, expected both >= 1")
         self.positions, self.colours, self.max_turns = positions, colours, max_turns
         self.codes = list(itertools.product(range(1, colours + 1), repeat=positions))
         self.action = re.compile(f"[1-{colours}]{{{positions}}}")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 
+from credo.errors import ConfigError  # a bad env.kwargs value: one line naming it (docs/getting-started.md)
 from credo.families.multiturn.envs.guess import NUMBER
 
 
@@ -29,7 +30,7 @@ class VaultEnv:
     def __init__(self, n_tasks: int = 8, low: int = 1, high: int = 9, max_turns: int = 2, salt: int = 0,
                  note_frac: float = 0.0):
         if low > high or n_tasks < 1 or max_turns < 1 or not 0 <= note_frac <= 1:
-            raise ValueError(f"env.kwargs: expected n_tasks >= 1, low <= high, max_turns >= 1, 0 <= note_frac <= 1; "
+            raise ConfigError(f"env.kwargs: expected n_tasks >= 1, low <= high, max_turns >= 1, 0 <= note_frac <= 1; "
                              f"got n_tasks={n_tasks}, low={low}, high={high}, max_turns={max_turns}, "
                              f"note_frac={note_frac}")
         self.n_tasks, self.low, self.high, self.max_turns, self.salt = n_tasks, low, high, max_turns, salt

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from credo.errors import ConfigError  # a bad env.kwargs value: one line naming it (docs/getting-started.md)
+
 ATTRIBUTES = ("category", "brand", "colour", "material", "size")
 """The text attributes of a product, in the order of `Catalogue.attrs`' columns and of a product line."""
 
@@ -81,15 +83,15 @@ class Catalogue:
 
 def _check(n_products: int, family_size: int, vocab: tuple[int, ...]) -> None:
     if len(vocab) != len(ATTRIBUTES):
-        raise ValueError(f"env.kwargs.vocab = {vocab}: expected {len(ATTRIBUTES)} sizes, one per {ATTRIBUTES}")
+        raise ConfigError(f"env.kwargs.vocab = {vocab}: expected {len(ATTRIBUTES)} sizes, one per {ATTRIBUTES}")
     for field, k, full in zip(ATTRIBUTES, vocab, FULL_VOCAB):
         if not 1 <= k <= full:
-            raise ValueError(f"env.kwargs.vocab: {field} size {k}, expected 1..{full}")
+            raise ConfigError(f"env.kwargs.vocab: {field} size {k}, expected 1..{full}")
     if family_size < 1:
-        raise ValueError(f"env.kwargs.family_size = {family_size}, expected >= 1")
+        raise ConfigError(f"env.kwargs.family_size = {family_size}, expected >= 1")
     room = int(np.prod(vocab))
     if not 1 <= n_products <= room // 2:
-        raise ValueError(f"env.kwargs.n_products = {n_products}: expected 1..{room // 2} (half of the {room} distinct "
+        raise ConfigError(f"env.kwargs.n_products = {n_products}: expected 1..{room // 2} (half of the {room} distinct "
                          f"products the vocabulary {vocab} can describe, so near-duplicates still fit)")
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import random
 
+from credo.errors import ConfigError  # a bad env.kwargs value: one line naming it (docs/getting-started.md)
 from credo.families.multiturn.envs.shop.catalogue import ATTRIBUTES, FULL_VOCAB, build_catalogue
 from credo.families.multiturn.envs.shop.metrics import episode_metrics, failure_type
 from credo.families.multiturn.envs.shop.search import index_for
@@ -52,16 +53,16 @@ class ShopEnv:
                  max_turns: int = 8, partial_scale: float = 0.5, invalid_penalty: float = 0.1):
         for name, fields in (("stated", stated), ("implicit", implicit)):
             if any(f not in ATTRIBUTES for f in fields):
-                raise ValueError(f"env.kwargs.{name} = {list(fields)}: expected fields among {list(ATTRIBUTES)}")
+                raise ConfigError(f"env.kwargs.{name} = {list(fields)}: expected fields among {list(ATTRIBUTES)}")
         if set(stated) & set(implicit):
-            raise ValueError(f"env.kwargs: {sorted(set(stated) & set(implicit))} both stated and implicit")
+            raise ConfigError(f"env.kwargs: {sorted(set(stated) & set(implicit))} both stated and implicit")
         if any(f not in ALL_FIELDS + ("rating",) for f in page_fields):
-            raise ValueError(f"env.kwargs.page_fields = {list(page_fields)}: expected among {list(ALL_FIELDS)} + rating")
+            raise ConfigError(f"env.kwargs.page_fields = {list(page_fields)}: expected among {list(ALL_FIELDS)} + rating")
         if implicit and not 2 * distractors < n_history:
-            raise ValueError(f"env.kwargs: distractors = {distractors} of n_history = {n_history}, expected fewer "
+            raise ConfigError(f"env.kwargs: distractors = {distractors} of n_history = {n_history}, expected fewer "
                              "than half (the past purchases' majority shows the implicit preference)")
         if page_size < 1 or max_turns < 1:
-            raise ValueError(f"env.kwargs: page_size = {page_size}, max_turns = {max_turns}, expected both >= 1")
+            raise ConfigError(f"env.kwargs: page_size = {page_size}, max_turns = {max_turns}, expected both >= 1")
         self.catalogue_args = (int(n_products), int(catalogue_seed), int(family_size), tuple(vocab))
         self.user_args = dict(stated=tuple(stated), implicit=tuple(implicit), n_history=int(n_history),
                               distractors=int(distractors))

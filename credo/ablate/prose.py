@@ -1,0 +1,189 @@
+"""Intervals quoted in a doc's prose, each tied to the comparison it reports and recomputed by `credo report --check`.
+
+A sentence that quotes a difference or a mean with its interval puts a marker right before the number::
+
+    distillation's curve stands higher, <!-- credo:interval docs/results/distill.jsonl compare="distill > grpo"
+    metric=eval/accuracy:mean test=paired -->+0.016 [+0.011, +0.020] (paired, Holm p < 0.001)
+
+The rule (docs/reproductions.md, "Intervals in prose"):
+
+- the marker is an HTML comment (invisible on the rendered page) `<!-- credo:interval RESULTS KEY=VALUE ... -->`,
+  RESULTS a results .jsonl file or the sweep file that names one (paths relative to the repository root), and the printed interval
+  `EST [LOW, HIGH]` follows it directly (only spaces or one line break between);
+- `compare="A > B"` (or `A < B`, `A vs B`): the difference A - B of variants A and B, computed as the results
+  tables compute it (`credo.ablate.report.compare`: paired by seed when both ran the same seeds from shared
+  warm-ups, Welch otherwise); `test=paired` or `test=Welch` is required and must be the test the tables use, and
+  the paragraph that holds the number must name it;
+- `variant=NAME`: that variant's mean and its t-interval over seeds (the tables' `mean` and `[95% CI]` columns);
+- `metric=KEY[:REDUCE[:ARG]]` as `credo report --metric` (default eval/accuracy:final); `sweep=NAME` when the
+  results file holds several sweeps;
+- every printed number must equal the recomputed one at the precision printed: `+0.001` stands for anything that
+  rounds to 0.001 at three decimals, `+0.00154` for anything that rounds to 0.00154 at five.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from credo.config import ConfigError
+
+MARKER_RE = re.compile(r"<!-- credo:interval (?P<args>.*?) -->", re.S)
+NUMBER = r"[-+−]?\d*\.?\d+"
+PRINTED_RE = re.compile(rf"\s*(?P<est>{NUMBER}) \[(?P<low>{NUMBER}), (?P<high>{NUMBER})\]")
+"""What must follow a marker: 'EST [LOW, HIGH]' (only white space before it, a line break allowed)."""
+FENCE_RE = re.compile(r"^```.*?^```", re.M | re.S)  # a marker shown as an example in a code fence is not checked
+KEYS = ("compare", "variant", "metric", "test", "sweep")
+
+
+@dataclass
+class Marked:
+    """One marked interval of a page."""
+
+    spec: str
+    """The marker's arguments, as written."""
+    line: int
+    """The page's line of the marker (1-based)."""
+    printed: str
+    """The interval as printed after the marker ('' when none follows)."""
+    offset: int = -1
+    """Where the printed interval starts in the page (-1 when none follows)."""
+    problem: str = ""
+    """'' when the printed interval is the recomputed one; else what differs."""
+
+
+def check_page(text: str, cache: dict | None = None) -> list[Marked]:
+    """Every marked interval of a page, each with its `problem` ('' when it matches its recomputation).
+
+    Raises:
+        ConfigError: a marker that cannot be read (unknown key, no RESULTS file, an unknown variant or metric).
+    """
+    cache = {} if cache is None else cache
+    text = _blank_fences(text)
+    out = []
+    for m in MARKER_RE.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        printed = PRINTED_RE.match(text, m.end())
+        if printed is None:
+            out.append(Marked(m["args"], line, "", problem="no 'EST [LOW, HIGH]' follows the marker"))
+            continue
+        values, test = recompute(m["args"], cache, where=f"line {line}")
+        problem = _differs([printed["est"], printed["low"], printed["high"]], values)
+        want = _option(m["args"], "test")
+        if test is not None and want != test:
+            problem = problem or f"the tables' test is {test}, the marker says test={want}"
+        if test is not None and not problem and test.lower() not in MARKER_RE.sub("", _paragraph(text, m.start())).lower():
+            problem = f"the paragraph does not say the interval is {test}"
+        out.append(Marked(m["args"], line, printed.group().strip(), offset=printed.start("est"), problem=problem))
+    return out
+
+
+def marked_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each marked interval's printed text, so the verbatim prose check can leave them out."""
+    spans = []
+    text = _blank_fences(text)
+    for m in MARKER_RE.finditer(text):
+        printed = PRINTED_RE.match(text, m.end())
+        if printed is not None:
+            spans.append((printed.start("est"), printed.end()))
+    return spans
+
+
+def recompute(spec: str, cache: dict, where: str = "") -> tuple[tuple[float, float, float], str | None]:
+    """(estimate, low, high) and the test ('paired'/'Welch'; None for a variant's mean) a marker names."""
+    from credo.ablate.report import _variant_result, compare
+    from credo.ablate.report_cli import parse_metric
+
+    source, opts = _parse(spec, where)
+    records = _records(source, opts.get("sweep"), cache, where)
+    metric = parse_metric(opts.get("metric", "eval/accuracy:final"))
+    variants = list(dict.fromkeys(r["variant"] for r in records))
+
+    def result(name: str):
+        if name not in variants:
+            raise ConfigError(f"credo:interval at {where}: '{name}' names no variant of {source} "
+                              f"(variants: {', '.join(variants)})")
+        return _variant_result(name, [r for r in records if r["variant"] == name], [metric])
+
+    if "variant" in opts:
+        s = result(opts["variant"]).stats[metric.label]
+        return (s.mean, s.low, s.high), None
+    from credo.ablate.spec import parse_comparison
+
+    try:
+        c = parse_comparison(opts["compare"], variants, f"credo:interval at {where}: compare")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    r = compare(result(c.a), result(c.b), metric.label, c.expect)
+    return (r.diff, r.low, r.high), r.test
+
+
+def _blank_fences(text: str) -> str:
+    """The page with its code fences blanked (a marker shown there as an example is not checked), its offsets and
+    line numbers kept."""
+    return FENCE_RE.sub(lambda f: re.sub(r"[^\n]", " ", f.group()), text)
+
+
+def _parse(spec: str, where: str) -> tuple[str, dict[str, str]]:
+    try:
+        words = shlex.split(spec)
+    except ValueError as e:
+        raise ConfigError(f"credo:interval at {where}: {e}") from None
+    source = [w for w in words if "=" not in w]
+    opts = dict(w.split("=", 1) for w in words if "=" in w)
+    unknown = sorted(set(opts) - set(KEYS))
+    if len(source) != 1 or unknown:
+        raise ConfigError(f"credo:interval at {where}: expected one RESULTS file and keys among {', '.join(KEYS)} "
+                          f"(got files {source}, unknown keys {unknown})")
+    if ("compare" in opts) == ("variant" in opts):
+        raise ConfigError(f"credo:interval at {where}: give compare=\"A > B\" or variant=NAME (one of them)")
+    if "compare" in opts and opts.get("test") not in ("paired", "Welch"):
+        raise ConfigError(f"credo:interval at {where}: compare needs test=paired or test=Welch (the label the prose prints)")
+    return source[0], opts
+
+
+def _option(spec: str, key: str) -> str | None:
+    return _parse(spec, "")[1].get(key)
+
+
+def _records(source: str, sweep: str | None, cache: dict, where: str) -> list[dict]:
+    from credo.ablate.results import read_results
+
+    if source.endswith((".yaml", ".yml")):  # a sweep file: its results file and its sweep's name
+        from credo.ablate.spec import load_sweep
+
+        spec = load_sweep(Path(source))
+        source, sweep = str(spec.results), sweep or spec.name
+    if source not in cache:
+        if not Path(source).is_file():
+            raise ConfigError(f"credo:interval at {where}: results file not found: '{source}'")
+        cache[source] = read_results(source)
+    records = cache[source]
+    names = list(dict.fromkeys(r["sweep"] for r in records))
+    name = sweep or (names[0] if len(names) == 1 else None)
+    if name not in names:
+        raise ConfigError(f"credo:interval at {where}: '{source}' holds sweeps {', '.join(names)}; name one with sweep=")
+    return [r for r in records if r["sweep"] == name]
+
+
+def _differs(printed: list[str], values: tuple[float, float, float]) -> str:
+    """'' when each printed number is its value at the printed precision; else both, side by side."""
+    from credo.ablate.tables import fmt, interval
+
+    for text, x in zip(printed, values):
+        v = float(text.replace("−", "-"))
+        digits = len(text.split(".")[1]) if "." in text else 0
+        if math.isnan(x) or abs(x - v) > 0.5 * 10 ** -digits + 1e-12:
+            return (f"printed {printed[0]} [{printed[1]}, {printed[2]}], recomputed "
+                    f"{fmt(values[0], sign=True)} {interval(values[1], values[2], sign=True)}")
+    return ""
+
+
+def _paragraph(text: str, pos: int) -> str:
+    """The paragraph (or list item) around `pos`: from the blank line before to the blank line after."""
+    start = text.rfind("\n\n", 0, pos)
+    end = text.find("\n\n", pos)
+    return text[start + 1 if start >= 0 else 0: end if end >= 0 else len(text)]

@@ -1,0 +1,127 @@
+"""Issue 57 B.5: an interval quoted in a docs page's prose is tied to its comparison by a `credo:interval` marker
+and `credo report --check` recomputes it from docs/results/ (credo.ablate.prose). The recomputation is checked
+here against scipy's paired t-test written out directly, and an edited number must fail the check."""
+
+from pathlib import Path
+
+import pytest
+
+from credo import cli
+from credo.ablate.prose import check_page, recompute
+from credo.ablate.report_cli import INTERVAL_RE, _unmarked_prose, prose_intervals_unmatched
+from credo.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+PAGES = {"polymath.md": 6, "palette.md": 3, "tail_batching.md": 1, "distill.md": 4, "async.md": 10}
+DISTILL = 'recipes/ablations/distill.yaml compare="distill > grpo" metric=eval/accuracy:auc test=paired'
+
+
+@pytest.fixture(autouse=True)
+def _at_repo(monkeypatch):
+    monkeypatch.chdir(REPO)
+
+
+@pytest.mark.parametrize("name", sorted(PAGES))
+def test_every_marked_interval_of_the_family_pages_is_its_recomputation(name):
+    marked = check_page((REPO / "docs" / name).read_text())
+    assert len(marked) == PAGES[name]
+    assert [m for m in marked if m.problem] == []
+
+
+@pytest.mark.parametrize("name", sorted(PAGES))
+def test_an_edited_interval_fails(name):
+    """Each marked interval's last printed digit moved by one (two where one is within the printed rounding)."""
+    text, cache = (REPO / "docs" / name).read_text(), {}
+    for m in check_page(text, cache):
+        low = m.printed.split("[")[1].split(",")[0]
+        step = 10 ** -len(low.split(".")[1])
+        wrong_low = f"{float(low.replace('−', '-')) - 2 * step:.{len(low.split('.')[1])}f}"
+        if low.startswith("+") and not wrong_low.startswith("-"):
+            wrong_low = "+" + wrong_low
+        end = m.offset + len(m.printed)
+        assert text[m.offset:end] == m.printed
+        edited = text[:m.offset] + m.printed.replace(f"[{low},", f"[{wrong_low},", 1) + text[end:]
+        problems = [x.problem for x in check_page(edited, cache) if x.line == m.line and x.spec == m.spec]
+        assert problems and problems[0].startswith(f"printed {m.printed.split(' [')[0]} [{wrong_low},"), (m, problems)
+
+
+def test_the_recomputation_is_a_paired_t_interval():
+    """distill > grpo on the curve's mean level, from the raw results with scipy (not credo.ablate.stats)."""
+    import json
+
+    import numpy as np
+    from scipy import stats
+
+    lines = [json.loads(x) for x in (REPO / "docs/results/distill.jsonl").read_text().splitlines() if x.strip()]
+
+    def auc(rec):  # the mean of the eval curve over its logged steps (trapezoid over step / span)
+        steps, vals = zip(*sorted((int(s), v) for s, v in rec["curves"]["eval/accuracy"].items()))
+        return np.trapezoid(vals, steps) / (steps[-1] - steps[0])
+
+    by = {(r["variant"], r["seed"]): auc(r) for r in lines if r.get("sweep") == "distill"}
+    seeds = sorted(s for v, s in by if v == "grpo")
+    d = np.array([by["distill", s] - by["grpo", s] for s in seeds])
+    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    (est, low, high), test = recompute(DISTILL, {})
+    assert test == "paired"
+    assert np.allclose([est, low, high], [d.mean(), d.mean() - half, d.mean() + half], atol=1e-9)
+
+
+def test_the_printed_precision_is_the_tolerance():
+    (est, low, _), _ = recompute('recipes/ablations/staleness_lr_scaling.yaml compare="max_staleness=8,lr=0.000375,'
+                                 'staleness_lr_scaling=true vs max_staleness=8,lr=0.000375,staleness_lr_scaling=false" '
+                                 "test=paired", {})
+    assert round(low, 3) == 0.001 and round(low, 5) != 0.001  # +0.001 as printed stands for 0.000882...
+
+    def page(low_text):
+        return ('S = 8, paired: <!-- credo:interval recipes/ablations/staleness_lr_scaling.yaml compare="max_staleness=8,'
+                'lr=0.000375,staleness_lr_scaling=true vs max_staleness=8,lr=0.000375,staleness_lr_scaling=false" '
+                f"test=paired -->+0.078 [{low_text}, +0.155]\n")
+
+    assert [m.problem for m in check_page(page("+0.001"))] == [""]
+    assert [m.problem for m in check_page(page(f"+{low:.5f}"))] == [""]
+    assert check_page(page("+0.002"))[0].problem.startswith("printed +0.078 [+0.002, +0.155], recomputed +0.078")
+    assert check_page(page("+0.00089"))[0].problem  # five decimals: 0.00088, not 0.00089
+
+
+def test_the_label_must_be_the_tables_test_and_be_printed():
+    ok = f"a paired difference <!-- credo:interval {DISTILL} -->+0.016 [+0.011, +0.020]\n"
+    assert [m.problem for m in check_page(ok)] == [""]
+    welch = ok.replace("test=paired", "test=Welch").replace("a paired", "a Welch")
+    assert check_page(welch)[0].problem == "the tables' test is paired, the marker says test=Welch"
+    unlabelled = ok.replace("a paired difference", "a difference")
+    assert check_page(unlabelled)[0].problem == "the paragraph does not say the interval is paired"
+    assert check_page(f"paired <!-- credo:interval {DISTILL} --> (no number)\n")[0].problem.startswith("no 'EST")
+    assert check_page(f"```\n<!-- credo:interval {DISTILL} -->+9.0 [+1.0, +2.0]\n```\n") == []  # an example
+
+
+@pytest.mark.parametrize("spec,words", [
+    ('recipes/ablations/distill.yaml compare="distill > grpo"', "test=paired or test=Welch"),
+    ('recipes/ablations/distill.yaml compare="distill > nobody" test=paired', "'nobody' names no variant"),
+    ('recipes/ablations/distill.yaml variant=distill colour=red', "unknown keys ['colour']"),
+    ("docs/results/nope.jsonl variant=distill", "results file not found"),
+])
+def test_a_marker_that_cannot_be_read_is_a_config_error(spec, words):
+    with pytest.raises(ConfigError, match="credo:interval at line 1") as e:
+        check_page(f"paired <!-- credo:interval {spec} -->+0.1 [+0.0, +0.2]\n")
+    assert words in str(e.value)
+
+
+def test_marked_intervals_leave_the_verbatim_check_and_the_unchecked_count():
+    text = f"<!-- credo report: prose intervals -->\n\npaired <!-- credo:interval {DISTILL} -->+0.016 [+0.011, +0.020]\n"
+    assert prose_intervals_unmatched(text) == [] and INTERVAL_RE.findall(_unmarked_prose(text)) == []
+    assert prose_intervals_unmatched(text + "and -1.0 [-2.0, 0.5]\n") == ["-1.0 [-2.0, 0.5]"]
+
+
+def test_credo_report_check_fails_on_an_edited_prose_interval(tmp_path, capsys):
+    good = tmp_path / "page.md"
+    good.write_text(f"# A page\n\nDistillation, paired: <!-- credo:interval {DISTILL} -->+0.016 [+0.011, +0.020].\n")
+    assert cli.main(["report", "--check", str(good)]) == 0
+    assert "1/1 marked intervals" in capsys.readouterr().out
+    good.write_text(good.read_text().replace("+0.020]", "+0.021]"))
+    assert cli.main(["report", "--check", str(good)]) == 1
+    err = capsys.readouterr().err
+    assert f"{good}:3: credo:interval {DISTILL}: printed +0.016 [+0.011, +0.021], recomputed +0.016 [+0.011, +0.020]" in err
+    good.write_text(good.read_text().replace("test=paired", "tset=paired"))
+    assert cli.main(["report", "--check", str(good)]) == 2
+    assert capsys.readouterr().err.startswith("credo: config error: credo:interval at line 3")
