@@ -50,3 +50,22 @@ if __name__ == "__main__":
     from credo.distributed.engine import teardown_distributed
 
     teardown_distributed()
+
+
+def assert_two_ranks_match_one(one: dict, two: dict) -> None:
+    """`run`'s results of a world of 1 and of 2 (every agg mode) agree: same metrics (the clip active), the ranks'
+    parameters identical to each other and to the single process's. Shared by the DeepSpeed and FSDP2 tests."""
+    import pytest
+
+    from credo.algos import AGG_MODES
+
+    for agg in AGG_MODES:
+        a, b = one[agg], two[agg]
+        assert a["world"] == 1 and b["world"] == 2 and a["skipped"] == b["skipped"] == 0
+        assert len(set(b["digests"])) == 1, f"{agg}: ranks disagree"
+        assert a["metrics"]["train/grad_norm"] > 1.0, "the clip (1.0) must be active for the scale to show"
+        for key in ("train/grad_norm", "train/loss", "train/pg_loss", "train/entropy", "train/kl",
+                    "loss/mismatch_kl_k3", "loss/clipfrac_low", "loss/clipfrac_high"):
+            assert b["metrics"][key] == pytest.approx(a["metrics"][key], rel=1e-5, abs=1e-7), f"{agg}: {key}"
+        for k in a["params"]:
+            torch.testing.assert_close(b["params"][k], a["params"][k], rtol=0, atol=1e-6, msg=lambda m: f"{agg} {k}: {m}")
