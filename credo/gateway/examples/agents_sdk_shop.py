@@ -51,26 +51,28 @@ class Shop:
 
 
 def shop_tools(shop: Shop) -> list:
-    """The shop's four tools as the SDK's function tools (their schemas come from these signatures and docstrings)."""
+    """The shop's four tools as the SDK's function tools (their schemas come from these signatures and docstrings).
+    They are coroutines that never wait: the SDK runs a sync tool in a worker thread, so two tool calls of one answer
+    could step the env at the same time; coroutines on the episode's one event loop never overlap."""
     from agents import function_tool
 
     @function_tool
-    def search(query: str) -> str:
+    async def search(query: str) -> str:
         """Search the catalogue."""
         return shop.step(f"<search>{query}</search>")
 
     @function_tool
-    def view(product_id: int) -> str:
+    async def view(product_id: int) -> str:
         """Show a product."""
         return shop.step(f"<view>{product_id}</view>")
 
     @function_tool
-    def ask_user(question: str) -> str:
+    async def ask_user(question: str) -> str:
         """Ask the user."""
         return shop.step(f"<ask>{question}</ask>")
 
     @function_tool
-    def buy(product_id: int) -> str:
+    async def buy(product_id: int) -> str:
         """Buy a product."""
         return shop.step(f"<buy>{product_id}</buy>")
 
