@@ -4,7 +4,8 @@ char-level model made to answer with the shop's noiseless expert (its tokens for
 own), so the episode is known: ask the size, search, buy the target (reward 1.0 through the SDK's tool calls into
 the env). The trajectory's mask-1 tokens are exactly the forced ones, every call's prompt is the trajectory up to it
 (no re-tokenization of the SDK's echoed history: no drift), and the first prompt is the warm-up's rendering of the
-SDK's own tool schemas. A tool call the SDK cannot run ends the episode as the env's invalid call."""
+SDK's own tool schemas. A tool call the SDK cannot run ends the episode as the env's invalid call; arguments of the
+wrong type get the SDK's own error as the tool output until its turn limit."""
 
 from __future__ import annotations
 
@@ -132,6 +133,18 @@ def test_a_tool_call_the_sdk_cannot_run_is_the_envs_invalid_call(served):
     reward, _, calls, _, _ = run(served, ['<tool_call>{"name": "fly", "arguments": {}}</tool_call>'], "bad",
                                  task_row(0, "train"))
     assert len(calls) == 1 and reward == pytest.approx(-0.1)  # credo:Shop-v0's invalid_penalty
+
+
+def test_arguments_of_the_wrong_type_get_the_sdks_error_until_its_turn_limit(served):
+    from credo.gateway.examples.agents_sdk_shop import task_row
+
+    bad = '<tool_call>{"name": "buy", "arguments": {"product_id": "the red one"}}</tool_call>'
+    reward, _, calls, [traj], counters = run(served, [bad] * 5, "typo", task_row(0, "train"))
+    assert len(calls) == 5 and reward == pytest.approx(-0.1)  # max_turns 4 + 1 model calls, then one invalid call
+    assert counters["gateway/retokenization_drift"] == 0
+    _, tok = served
+    zero_text = tok.decode([t for t, m in zip(traj.response_ids, traj.response_mask) if not m])
+    assert zero_text.count("<|im_start|>tool\n") == 4 and "bought" not in zero_text  # the SDK's own error, no env
 
 
 def test_demonstrations_are_the_expert_in_the_sdks_messages():

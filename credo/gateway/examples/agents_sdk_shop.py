@@ -109,8 +109,9 @@ async def _play(*, base_url: str, api_key: str, model: str, task: dict) -> float
         await Runner.run(shop_agent(shop, chat_model), input=shop.request, max_turns=shop.env.max_turns + 1,
                          run_config=RunConfig(model_settings=settings, tracing_disabled=True))
     except (MaxTurnsExceeded, ModelBehaviorError):
-        # the SDK gives up on a call it cannot run (an unknown tool, arguments that are not JSON): for the shop
-        # that turn is an invalid call, judged by the env's own rule
+        # the SDK gave up: a call to a tool it does not have (ModelBehaviorError), or more model calls than the env
+        # has turns (arguments of the wrong type are answered by the SDK's own error message, and the env is not
+        # called, so such calls can repeat). For the shop that is one invalid call, judged by the env's own rule.
         shop.step("")
     finally:
         await client.close()
