@@ -8,7 +8,7 @@
 - `credo.gateway.rewards`: an episode's reward in the fields credo's multi-turn credit reads;
 - `credo.gateway.agents`: the agent contract: `run_episodes` calls an agent function once per task, isolated;
 - `credo.gateway.batching`: concurrent agents' calls sampled in one generate call (opt-in);
-- `credo.gateway.examples`: agents trained through the gateway (recipes/gateway_gem.yaml).
+- `credo.gateway.examples`: agents trained through the gateway (recipes/gateway_gem.yaml, recipes/gateway_shop.yaml).
 
 Training through it is the agent family's (`rollout.agent`, credo/families/agent/).
 
