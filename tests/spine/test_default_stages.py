@@ -456,7 +456,8 @@ class Meta:
 def _dump_batch(step=6):
     samples = [Sample([ord("h"), ord("i")], [ord("a"), ord("b"), SPECIAL], [1, 1, 0], [-0.5, -1.5, 0.0], True,
                       policy_version=5, meta={"turn": 1, "obj": Meta()}),
-               Sample([ord("q")], [ord("z")], [1], [-0.25], False, policy_version=4)]
+               Sample([ord("q")], [ord("z")], [1], [-0.25], False, policy_version=4, meta={"stream_index": 17},
+                      policy_versions=[4])]
     batch = Batch(samples=samples, problems=[Problem("hi", "42"), "no-answer"], group_ids=torch.tensor([3, 8]),
                   step=step)
     batch.rewards, batch.valid = torch.tensor([0.75, 0.0]), torch.tensor([True, False])
@@ -481,14 +482,15 @@ def test_dump_writes_one_row_per_sample_with_every_field(tmp_path):
         "prompt_ids": [104, 105], "response_ids": [97, 98, 0], "response_mask": [1, 1, 0],
         "reward": 0.75, "reward_valid": True, "finished": True, "trained": True,
         "advantages": [0.123457, -2.0, 3.0],  # columns p-1 .. p-2+n: the response's tokens, rounded to 6 places
-        "rollout_log_probs": [-0.5, -1.5, 0.0], "policy_version": 5, "answer": "42",
-        "meta": {"turn": 1, "obj": "meta-object"},
+        "rollout_log_probs": [-0.5, -1.5, 0.0], "policy_version": 5, "policy_versions": None, "stream_index": None,
+        "answer": "42", "meta": {"turn": 1, "obj": "meta-object"},
     }
     assert rows[1] == {
         "step": 6, "index": 1, "group_id": 8, "prompt": "q", "response": "z",
         "prompt_ids": [113], "response_ids": [122], "response_mask": [1],
         "reward": 0.0, "reward_valid": False, "finished": False, "trained": False,
-        "advantages": [0.5], "rollout_log_probs": [-0.25], "policy_version": 4, "answer": None, "meta": {},
+        "advantages": [0.5], "rollout_log_probs": [-0.25], "policy_version": 4, "policy_versions": [4],
+        "stream_index": 17, "answer": None, "meta": {"stream_index": 17},  # partial rollout's fields, overlap's index
     }
 
 
