@@ -53,6 +53,11 @@ HEAVY_FILES = (
     # with the skip counters' unit tests (test_faults.py, test_train_state.py)
     "tests/reliability/test_resume.py::test_kill_between_checkpoints_with_a_torn_newest",
     "tests/reliability/test_faults.py::test_consecutive_nan_steps_stop_the_run",
+    # and: vLLM's sampler against the trainer's recompute (its own engine start; test_vllm_parity.py's
+    # test_sync_gives_trainer_log_probs[tied] checks the same on the engine it shares), the ppo recipe's two steps
+    # (the asyppo recipe's and the tiny critics' run stay)
+    "tests/invariants/test_sampler_parity.py::test_recompute_matches_the_vllm_sampler",
+    "tests/critic/test_runs.py::test_two_steps_through_the_recipe[ppo]",
 )
 
 
