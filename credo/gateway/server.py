@@ -245,14 +245,21 @@ def build_app(service: ChatService, api_key: str):
             return refuse(401, "missing or wrong API key (Authorization: Bearer <the run's key>)", "invalid_api_key")
         return {"object": "list", "data": [{"id": service.model_name, "object": "model", "owned_by": "credo"}]}
 
-    async def serve(request: Request, handler):
+    async def authorised_body(request: Request):
+        """(the key presented, the JSON body), or the refusal to answer with (401 without the run's key, 400)."""
         key = presented_key(request)
         if key is None:
-            return refuse(401, "missing or wrong API key (Authorization: Bearer <the run's key>)", "invalid_api_key")
+            return None, refuse(401, "missing or wrong API key (Authorization: Bearer <the run's key>)",
+                                "invalid_api_key")
         try:
-            body = await request.json()
+            return key, await request.json()
         except ValueError:
-            return refuse(400, "the request body is not JSON", "invalid_request_error")
+            return None, refuse(400, "the request body is not JSON", "invalid_request_error")
+
+    async def serve(request: Request, handler):
+        key, body = await authorised_body(request)
+        if key is None:
+            return body
         try:
             return await run_in_threadpool(handler, body, request.headers.get("x-episode-id", ""),
                                            episode_in_key(api_key, key))
@@ -264,13 +271,9 @@ def build_app(service: ChatService, api_key: str):
 
     @app.post("/credo/reward")
     async def reward(request: Request):
-        key = presented_key(request)
+        key, body = await authorised_body(request)
         if key is None:
-            return refuse(401, "missing or wrong API key (Authorization: Bearer <the run's key>)", "invalid_api_key")
-        try:
-            body = await request.json()
-        except ValueError:
-            return refuse(400, "the request body is not JSON", "invalid_request_error")
+            return body
         try:
             return report_reward(service.store, body, request.headers.get("x-episode-id", ""),
                                  episode_in_key(api_key, key))

@@ -28,6 +28,7 @@ import torch
 
 from credo.errors import ConfigError, EnvFailureError
 from credo.distributed.rollout import Sample
+from credo.families.multiturn.source import EnvReward
 from credo.tasks import Problem
 from credo.train.batch import Batch
 from credo.train.rollout import step_problem_indices
@@ -174,18 +175,10 @@ class AgentEvaluator:
         return score
 
 
-class AgentReward:
+class AgentReward(EnvReward):
     """The `agent` reward stage: a sample's reward is its trajectory's summed turn rewards (the agent's reward on its
-    last turn, reported per-turn rewards on theirs); failed episodes are invalid (no loss, no say in baselines)."""
-
-    def __call__(self, batch: Batch) -> None:
-        batch.rewards = torch.tensor([float(sum(s.meta["turn_rewards"])) for s in batch.samples], device="cpu")
-        batch.valid = torch.tensor([not s.meta["failed"] for s in batch.samples], device="cpu")
-        batch.metrics["reward/failures"] = 0
-        batch.metrics["reward/timeouts"] = 0
-
-    def close(self) -> None:
-        pass
+    last turn, reported per-turn rewards on theirs); failed episodes are invalid (no loss, no say in baselines).
+    The multi-turn family's `env` stage computes exactly this from the same sample fields."""
 
 
 def agent_source(ctx, **kwargs) -> AgentRollout:
