@@ -1,5 +1,8 @@
 """Policy-gradient losses, registered by name for recipes (``algo.policy_loss: <name>``).
 
+One file past 400 lines on purpose, as verl's ``core_algos.py``: every registered loss side by side, so a reader
+compares PPO, CISPO, TOPR and the rest in one place; each is a short function of tensors.
+
 Contract of a registry entry (what :func:`register_policy_loss` expects)::
 
     fn(log_probs, old_log_probs, advantages, mask, **kwargs) -> (loss, metrics)

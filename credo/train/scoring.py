@@ -28,6 +28,10 @@ micro-batch view of the batch (rows sliced, its own `metrics`, and `source_rows`
 in the whole batch and that batch's size), and the views' metrics are merged:
 `perf/*` summed, `*_max` maxed, the others averaged weighted by loss tokens. A probe that reads its
 entropy only sometimes says so with `needs_entropy` (default True).
+
+It runs past 400 lines because every policy forward (recompute, reference, update; padded, packed and
+token-budget layouts; soft prefixes and MoE router replay) goes through the one scorer here, so that they score
+tokens alike: split by layout, the three forwards would drift apart.
 """
 
 from __future__ import annotations
