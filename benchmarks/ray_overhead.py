@@ -110,7 +110,7 @@ def main() -> None:
     warm.close()
     t0 = time.perf_counter()
     os.environ.setdefault("RAY_worker_niceness", "0")  # as credo's own local Ray: workers not reniced
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="warning")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="warning")
     init_s = time.perf_counter() - t0
     modes = tuple(MODES)
     trainers, backends, startups, build_s = {}, {}, [], {}

@@ -368,7 +368,8 @@ class ClusterConfig:
     """local: rollout, rewards, judges and envs run in the trainer processes; ray: on Ray workers placed by role."""
     address: str = checked("", ray_address, "'' (start a local Ray), 'auto', 'host:port' or 'ray://host:port'")
     """Ray cluster to join: 'auto' (the one `ray start` made on this node), 'ray://host:port', or '' to start a local
-    Ray in the trainer with num_cpus CPUs and no dashboard."""
+    Ray in the trainer with num_cpus CPUs and no dashboard ('' ignores RAY_ADDRESS and any cluster `ray start`
+    recorded: set 'auto' to join those)."""
     num_cpus: int = ranged(0, ge=0)
     """CPUs of a local Ray started by address '' (0 = all of this machine's)."""
     sync: str = one_of("full", ("full", "delta"))

@@ -25,7 +25,7 @@ def start_local_ray(num_cpus: int = 4):
     os.environ.setdefault("RAY_worker_niceness", "0")  # Ray's default 15 starves workers on a shared machine
     for attempt in range(6):  # Ray gives its raylet 30 s to register (fixed); a loaded shared machine can miss it
         try:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=worker_env(),
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=worker_env(),
                      logging_level="warning")
             return ray
         except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for it

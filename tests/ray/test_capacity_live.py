@@ -12,6 +12,7 @@ import pytest
 
 from credo.distributed.ray.runtime import ClusterWorkerError, WorkerGroup
 from tests.ray.fns import length_reward
+from tests.ray.test_capacity import free_port
 
 pytest.importorskip("ray")
 
@@ -37,12 +38,30 @@ def ray2():
     text = io.StringIO()
     seen = logging.StreamHandler(text)  # every record Ray's loggers emit (its own handler holds pytest's stderr)
     logging.getLogger("ray").addHandler(seen)
+    # A Ray address left in the environment (or in /tmp/ray/ray_current_cluster, which `ray start` and the
+    # multi-node tests' ray.cluster_utils.Cluster write) must not turn cluster.address='' into a join: a bare
+    # ray.init(num_cpus=...) joined it and failed "When connecting to an existing cluster, num_cpus ... must not
+    # be provided" (CI, 2026-12-07, 15 Ray tests). Here it points at a port where no Ray answers.
+    stale = f"127.0.0.1:{free_port()}"
+    old = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = stale
     try:
         connect(ClusterConfig(engine="ray", num_cpus=2), verbose=False)
     finally:
         logging.getLogger("ray").removeHandler(seen)
-    yield {"log": text.getvalue()}
+        if old is None:
+            os.environ.pop("RAY_ADDRESS")
+        else:
+            os.environ["RAY_ADDRESS"] = old
+    yield {"log": text.getvalue(), "stale": stale}
     ray.shutdown()
+
+
+def test_an_empty_address_starts_a_local_ray_whatever_address_was_recorded(ray2):
+    import ray
+
+    assert ray.get_runtime_context().gcs_address != ray2["stale"]
+    assert ray.cluster_resources()["CPU"] == 2  # the Ray it started, with cluster.num_cpus
 
 
 def test_waits_that_cannot_be_met_name_the_role_and_what_the_cluster_offers(ray2):

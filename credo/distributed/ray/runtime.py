@@ -57,7 +57,9 @@ def connect(cfg: ClusterConfig, *, roles: tuple[str, ...] = (), verbose: bool = 
             # Ray renices its workers by 15 by default (background work); here they are the step's critical path
             os.environ.setdefault("RAY_worker_niceness", "0")
             local_only()
-            ray.init(num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False, **quiet)
+            # "local", not None: ray.init(address=None) joins whatever RAY_ADDRESS or /tmp/ray/ray_current_cluster
+            # names (`ray start` and ray.cluster_utils.Cluster write it), and then refuses num_cpus
+            ray.init(address="local", num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False, **quiet)
     check_placement(cfg, ray.nodes(), roles)
     return time.perf_counter() - t0
 
