@@ -304,14 +304,14 @@ def _check_combinations(r: Recipe) -> None:
             raise ConfigError(f"config key 'reward.functions[{i}]' = {spec!r}: expected 'module:function'")
     ro = r.rollout
     if r.model.lora.r and r.optim.zero_stage >= 3:
-        raise out_of_range("optim.zero_stage", 3, "<= 2 with model.lora (ZeRO-3 would partition the frozen base "
+        raise out_of_range("engine.zero_stage", 3, "<= 2 with model.lora (ZeRO-3 would partition the frozen base "
                            "weights that the adapter is merged into for the rollout engine)")
     if r.model.lora.r and (ro.fp8_weights or (ro.dtype is not None and ro.backend == "hf")):
         key, value = ("rollout.fp8_weights", True) if ro.fp8_weights else ("rollout.dtype", ro.dtype)
         raise ConfigError(f"config key '{key}' = {value!r} is not supported with model.lora: the rollout copy at "
                           "another precision is made from the policy's own weights, not the merged ones")
     if (ro.fp8_weights or ro.dtype is not None) and r.optim.zero_stage >= 3 and ro.backend == "hf":
-        raise out_of_range("optim.zero_stage", 3, "<= 2 with rollout.dtype or rollout.fp8_weights on the hf backend "
+        raise out_of_range("engine.zero_stage", 3, "<= 2 with rollout.dtype or rollout.fp8_weights on the hf backend "
                            "(the rollout copy is made from full weights)")
     check_truncation(r)
     check_cluster(r.cluster)

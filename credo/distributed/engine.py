@@ -342,7 +342,7 @@ def engine_state_dict(engine) -> dict:
     """
     if getattr(engine, "zero_optimization_stage", lambda: 0)() >= 3:
         raise NotImplementedError("in-memory rollback of a ZeRO-3 engine is not supported (its weights are "
-                                  "partitioned); use optim.zero_stage <= 2")
+                                  "partitioned); use engine.zero_stage <= 2")
     opt = engine.optimizer
     base = getattr(opt, "optimizer", opt)  # ZeRO-1/2 wrap the torch optimizer, which owns the moments
     state = {

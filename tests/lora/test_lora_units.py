@@ -116,8 +116,8 @@ def test_check_names_the_key_before_any_warm_up():
     base = ["run.name=t", "model.lora.r=4"]
     with pytest.raises(ConfigError, match="wraps 'lm_head'"):
         check_run(load_recipe("recipes/quickstart.yaml", base + ["model.lora.target_modules=[lm_head]"]))
-    with pytest.raises(ConfigError, match=r"'optim.zero_stage' = 3 is out of range: expected <= 2 with model.lora"):
-        load_recipe("recipes/quickstart.yaml", base + ["optim.zero_stage=3"])
+    with pytest.raises(ConfigError, match=r"'engine.zero_stage' = 3 is out of range: expected <= 2 with model.lora"):
+        load_recipe("recipes/quickstart.yaml", base + ["engine.zero_stage=3"])
     with pytest.raises(ConfigError, match="'rollout.fp8_weights' = True is not supported with model.lora"):
         load_recipe("recipes/quickstart.yaml", base + ["rollout.fp8_weights=true"])
     with pytest.raises(ConfigError, match=r"'model.lora.r' = -1 is out of range"):

@@ -387,7 +387,7 @@ def test_engine_state_dict_restores_zero1_fp32_master_weights(zero1):
 def test_engine_state_dict_of_a_zero3_engine_is_refused():
     e = SimpleNamespace(zero_optimization_stage=lambda: 3)
     with pytest.raises(NotImplementedError, match=r"^in-memory rollback of a ZeRO-3 engine is not supported \(its "
-                                                  r"weights are partitioned\); use optim.zero_stage <= 2$"):
+                                                  r"weights are partitioned\); use engine.zero_stage <= 2$"):
         eng.engine_state_dict(e)
 
 

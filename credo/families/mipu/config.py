@@ -37,7 +37,7 @@ def check_mipu(r) -> None:
         raise ConfigError(f"config keys 'mipu.enabled' and 'mipu.random_rollback' = {m.random_rollback} are both set: "
                           "expected one (the random-rollback control replaces the validation, it does not add to it)")
     if (m.enabled or m.random_rollback) and r.optim.zero_stage >= 3:
-        raise out_of_range("optim.zero_stage", r.optim.zero_stage, "<= 2 with mipu.enabled or mipu.random_rollback "
+        raise out_of_range("engine.zero_stage", r.optim.zero_stage, "<= 2 with mipu.enabled or mipu.random_rollback "
                            "(a rollback restores the weights in memory; ZeRO-3 partitions them)")
     if m.enabled and m.val_prompts >= r.task.train_size:
         raise out_of_range("mipu.val_prompts", m.val_prompts, f"< task.train_size ({r.task.train_size}): the "
