@@ -235,17 +235,53 @@ def _stop(jobs: list[_Job], grace_s: float = 10.0) -> None:
         job.run.status, job.run.exit_code = "interrupted", job.proc.returncode
 
 
-def _schedule(runs: list[Run], sweep: Sweep, *, jobs: int, lock_fd: int, gpus: list[str], poll_s: float) -> None:
+class PlainSweepProgress:
+    """The sweep's progress without a terminal (a log file, a pipe): the finished-run lines as they come and a status
+    line every `heartbeat_s`, never tqdm's `\r` redraws, which filled a sweep's log with one line per poll."""
+
+    def __init__(self, name: str, total: int, initial: int, heartbeat_s: float = 300.0):
+        self.name, self.total, self.n, self.heartbeat_s = name, total, initial, heartbeat_s
+        self.t0 = self.last = time.monotonic()
+        self.post: dict = {}
+
+    def update(self, k: int) -> None:
+        self.n += k
+
+    def write(self, line: str) -> None:
+        print(f"{line} [{self.n}/{self.total} runs]", file=sys.stderr, flush=True)
+
+    def set_postfix(self, refresh: bool = False, **post) -> None:
+        self.post = post
+
+    def refresh(self) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.heartbeat_s:
+            self.last = now
+            extra = "".join(f", {k} {v}" for k, v in self.post.items())
+            print(f"ablate {self.name}: {self.n}/{self.total} runs finished{extra}, {(now - self.t0) / 60:.0f} min",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(name: str, total: int, initial: int):
+    """tqdm on a terminal; `PlainSweepProgress` when stderr is a file or a pipe (as credo.tracking's run bar)."""
+    if not sys.stderr.isatty():
+        return PlainSweepProgress(name, total, initial)
     from tqdm import tqdm
 
+    return tqdm(total=total, initial=initial, desc=f"ablate {name}", unit="run", dynamic_ncols=True)
+
+
+def _schedule(runs: list[Run], sweep: Sweep, *, jobs: int, lock_fd: int, gpus: list[str], poll_s: float) -> None:
     # seed by seed: the variants of a seed (which share its warm-up) finish close together, so a sweep stopped
     # early leaves whole seeds, the pairs of a paired comparison
     seeds = {s: i for i, s in enumerate(sweep.seeds)}
     pending = sorted((r for r in runs if r.action in ("new", "resume", "restart")), key=lambda r: seeds[r.seed])
     warm = {r.warmup_group for r in runs if r.action == "done"}
     running: list[_Job] = []
-    bar = tqdm(total=len(runs), initial=len(runs) - len(pending), desc=f"ablate {sweep.name}", unit="run",
-               dynamic_ncols=True)
+    bar = _progress(sweep.name, len(runs), len(runs) - len(pending))
     failed = 0
     try:
         while pending or running:
@@ -317,7 +353,7 @@ def _refuse_stale(sweep, runs) -> None:
     if stale:
         lines = [f"  {r.run_dir}: " + ("; ".join(r.stale_diff[:4]) or "config hash differs") for r in stale]
         raise _fail(sweep.path, f"{len(stale)} finished run(s) were made with a different config than the sweep file now "
-                                "gives:\n" + "\n".join(lines) + f"\nexpected the same config; delete those run folders to "
+                                "gives:\n" + "\n".join(lines) + "\nexpected the same config; delete those run folders to "
                                 "rerun them, or set a new output_dir")
 
 

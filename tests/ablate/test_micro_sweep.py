@@ -31,6 +31,8 @@ def test_micro_sweep_tabulates_and_resumes(tmp_path, capsys, monkeypatch):
     out = tmp_path / "sweep"
 
     assert ablate.run_sweep(path, jobs=2, poll_s=0.2, exploratory=True) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err  # stderr is no terminal here: plain lines, one per finished run
+    assert "\r" not in err and sum(line.startswith("done   ") for line in err.splitlines()) == 4, err
     with open(out / "table.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["variant"], r["n"]) for r in rows] == [("grpo", "2"), ("lite_ppo", "2")]
@@ -74,3 +76,19 @@ def test_micro_sweep_tabulates_and_resumes(tmp_path, capsys, monkeypatch):
     assert (cut / "DONE").exists() and "run.resume=auto" in (cut / "log.txt").read_text()
     assert {p: t for p, t in logs.items() if p.parent != cut} == {
         p: p.read_text() for p in out.glob("runs/*/*/log.txt") if p.parent != cut}
+
+
+def test_the_plain_progress_writes_whole_lines_and_a_heartbeat(capsys, monkeypatch):
+    from credo.ablate import scheduler
+
+    clock = iter([0.0, 10.0, 400.0, 401.0])
+    monkeypatch.setattr(scheduler.time, "monotonic", lambda: next(clock))
+    bar = scheduler.PlainSweepProgress("s", total=5, initial=1)  # reads the clock once: 0
+    bar.set_postfix(running=2, failed=0)
+    bar.refresh()  # 10 s: no line
+    bar.update(1)
+    bar.write("done   grpo/seed0 (3 s)")
+    bar.refresh()  # 400 s: a heartbeat
+    bar.refresh()  # 401 s: none (the last was 1 s ago)
+    assert capsys.readouterr().err.splitlines() == ["done   grpo/seed0 (3 s) [2/5 runs]",
+                                                    "ablate s: 2/5 runs finished, running 2, failed 0, 7 min"]
