@@ -48,6 +48,13 @@ def recipe_class(specs: tuple[str, ...] = ()) -> type:
 
 
 @functools.lru_cache(maxsize=None)
+def _schema(cls: type) -> DictConfig:
+    """The recipe type's structured config, built once: `OmegaConf.structured` was three quarters of a load (0.24 of
+    0.33 s). `OmegaConf.merge` deep-copies its first argument, so a merge never changes the cached schema."""
+    return OmegaConf.structured(cls)
+
+
+@functools.lru_cache(maxsize=None)
 def cluster_class(specs: tuple[str, ...] = ()) -> type:
     """The `cluster:` section's type: the core roles (rollout, reward) and each family's (`Family.roles`: role ->
     its dataclass, a `RoleConfig`), in table order; a family's role that is not a RoleConfig, or that the core
@@ -231,7 +238,7 @@ def load_recipe(path: str | Path | dict | DictConfig | None, overrides: list[str
     cls = recipe_class(tuple(specs))
     _check_sections_are_mappings(data, cls)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(cls), user)
+        merged = OmegaConf.merge(_schema(cls), user)
         recipe = OmegaConf.to_object(merged)
     except ConfigKeyError as e:
         raise _unknown_key(e) from None

@@ -235,3 +235,19 @@ def test_check_refuses_an_estimator_the_trainer_cannot_run(name, message, capsys
     assert main(["check", QUICKSTART, f"algo.advantage={name}"]) == 2
     err = capsys.readouterr().err
     assert message in err
+
+
+def test_a_load_leaves_the_cached_schema_as_it_was():
+    """load_recipe merges into one cached structured schema per recipe type: a load's recipe and overrides must not
+    reach the next load's defaults."""
+    from omegaconf import OmegaConf
+
+    from credo.config import recipe_to_dict
+    from credo.config.load import _schema, recipe_class
+
+    before = OmegaConf.to_yaml(_schema(recipe_class(())))
+    quick = recipe_to_dict(load_recipe("recipes/quickstart.yaml"))
+    a = load_recipe("recipes/shop.yaml", ["run.steps=7", "task.kwargs.extra=1", "algo.loss_kwargs={clip_low: 0.1}"])
+    assert (a.run.steps, a.task.kwargs["extra"], a.algo.loss_kwargs) == (7, 1, {"clip_low": 0.1})
+    assert recipe_to_dict(load_recipe("recipes/quickstart.yaml")) == quick
+    assert OmegaConf.to_yaml(_schema(recipe_class(()))) == before
