@@ -36,10 +36,10 @@ DEFAULT_TEMPLATE = (
 ROLES = ("system", "developer", "user", "assistant", "tool")
 SAMPLING_KEYS = {"model", "messages", "tools", "tool_choice", "n", "temperature", "top_p", "max_tokens",
                  "max_completion_tokens", "stop", "logprobs", "top_logprobs", "seed", "user", "stream",
-                 "parallel_tool_calls", "frequency_penalty", "presence_penalty", "metadata", "store"}
+                 "stream_options", "parallel_tool_calls", "frequency_penalty", "presence_penalty", "metadata", "store"}
 """The body keys the chat endpoint reads or accepts; any other key is a 400 naming it (a typo is not sampled around)."""
 COMPLETION_KEYS = {"model", "prompt", "n", "temperature", "top_p", "max_tokens", "stop", "logprobs", "seed", "user",
-                   "stream", "echo", "suffix", "best_of", "frequency_penalty", "presence_penalty"}
+                   "stream", "stream_options", "echo", "suffix", "best_of", "frequency_penalty", "presence_penalty"}
 """The same for /v1/completions."""
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
@@ -126,14 +126,22 @@ def _number(body: dict, key: str, default, lo: float, hi: float, kind=float):
 
 
 def _sampling(body: Any, keys: set[str], max_tokens_cap: int) -> dict:
-    """The settings both endpoints share, checked: unknown keys, stream and penalties refused, numbers in range."""
+    """The settings both endpoints share, checked: unknown keys and penalties refused, numbers in range."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     unknown = sorted(set(body) - keys)
     if unknown:
         raise RequestError(f"unsupported request key(s): {', '.join(unknown)}", param=unknown[0])
-    if body.get("stream"):
-        raise RequestError("'stream': true is not supported yet (the gateway answers in one response)", param="stream")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise RequestError(f"'stream' must be true or false, got {stream!r}", param="stream")
+    options = body.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise RequestError("'stream_options' is only allowed with 'stream': true", param="stream_options")
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise RequestError(f"'stream_options' must be {{'include_usage': true|false}}, got {options!r}",
+                               param="stream_options")
     for key in ("frequency_penalty", "presence_penalty", "top_logprobs"):
         if body.get(key):  # accepted only at their no-op value: sampling without them silently is a wrong answer
             raise RequestError(f"'{key}' is not supported yet (got {body[key]!r}; only 0 or absent)", param=key)
@@ -152,6 +160,8 @@ def _sampling(body: Any, keys: set[str], max_tokens_cap: int) -> dict:
         "stop": stop or [],
         "seed": _number(body, "seed", None, -2**63, 2**63 - 1, int),
         "user": body.get("user") if isinstance(body.get("user"), str) else None,
+        "stream": bool(stream),
+        "include_usage": bool((options or {}).get("include_usage")),
     }
 
 

@@ -2,7 +2,8 @@
 
 `POST /v1/chat/completions` renders the messages (credo.gateway.chat), builds the prompt ids by the capture rules
 (credo.gateway.capture), samples `n` answers through one `SampleFn` (credo.gateway.backend), records them under the
-episode and answers in OpenAI's format (tool calls parsed, log-probs when asked). `POST /v1/completions` does the
+episode and answers in OpenAI's format (tool calls parsed, log-probs when asked; with `stream: true` as server-sent
+events, credo.gateway.streaming). `POST /v1/completions` does the
 same for a text prompt (no template). `GET /v1/models` lists the one model. A request without the run's key, or
 one the gateway cannot serve, is refused with OpenAI's error body (credo.gateway.chat names the key at fault).
 
@@ -26,13 +27,14 @@ import threading
 import time
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from credo.gateway.backend import SampleFn
 from credo.gateway.capture import EpisodeStore
 from credo.gateway.chat import (RequestError, check_completion_request, check_request, cut_at_stop, parse_tool_calls,
                                 render)
+from credo.gateway.streaming import server_sent_events
 
 log = logging.getLogger("credo.gateway")
 
@@ -261,8 +263,12 @@ def build_app(service: ChatService, api_key: str):
         if key is None:
             return body
         try:
-            return await run_in_threadpool(handler, body, request.headers.get("x-episode-id", ""),
-                                           episode_in_key(api_key, key))
+            response = await run_in_threadpool(handler, body, request.headers.get("x-episode-id", ""),
+                                               episode_in_key(api_key, key))
+            if body.get("stream") is True:  # checked by the handler: a bool, stream_options a known mapping
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return StreamingResponse(server_sent_events(response, include_usage), media_type="text/event-stream")
+            return response
         except RequestError as e:
             return refuse(e.status, str(e), e.code, e.param)
         except Exception as e:  # noqa: BLE001 - a backend failure is one call's 500, not the server's end

@@ -230,7 +230,8 @@ def test_sampling_options_it_cannot_honour_are_refused_not_ignored(gateway):
     gw, _, _ = gateway
     c = client(gw, "opts")
     for kwargs, name in (({"presence_penalty": 0.5}, "presence_penalty"), ({"tool_choice": "none"}, "tool_choice"),
-                         ({"stream": True}, "stream"), ({"extra_body": {"best_of": 2}}, "best_of")):
+                         ({"stream_options": {"include_usage": True}}, "stream_options"),
+                         ({"extra_body": {"best_of": 2}}, "best_of")):
         with pytest.raises(openai.BadRequestError, match=name):
             c.chat.completions.create(model=MODEL, messages=FIRST, **kwargs)
 
@@ -253,3 +254,49 @@ def test_text_completions_are_captured_by_the_same_rules(gateway):
         "input_ids"] + calls[1].choices[0]["response_ids"]
     assert first.choices[0].logprobs.token_logprobs == calls[0].choices[0]["log_probs"]
     assert second.choices[0].text == tok.decode(calls[1].choices[0]["response_ids"], skip_special_tokens=True)
+
+
+def test_a_streamed_answer_is_the_unstreamed_one_and_is_captured_the_same(gateway):
+    """`stream: true` through the openai client: the chunks rebuild the answer, tool call and log-probs of the same
+    call without streaming (same seed, another episode), and both episodes record the same tokens."""
+    gw, _, _ = gateway
+    kwargs = dict(model=MODEL, messages=FIRST, tools=TOOLS, temperature=1.0, logprobs=True, max_tokens=80)
+    with one_thread():
+        for seed in range(20):  # the first seed whose answer is a tool call (the policy makes one most times)
+            whole = client(gw, "unstreamed").chat.completions.create(**kwargs, seed=seed, user=f"unstreamed{seed}")
+            if whole.choices[0].message.tool_calls:
+                break
+        chunks = list(client(gw, "streamed").chat.completions.create(
+            **kwargs, seed=seed, stream=True, stream_options={"include_usage": True}))
+    content, calls, logprobs, finish = "", {}, [], None
+    for ch in chunks[:-1]:
+        [c] = ch.choices
+        content += c.delta.content or ""
+        for tc in c.delta.tool_calls or []:
+            calls.setdefault(tc.index, []).append(tc)
+        logprobs += c.logprobs.content if c.logprobs and c.logprobs.content else []
+        finish = c.finish_reason or finish
+    msg = whole.choices[0].message
+    assert whole.choices[0].finish_reason == "tool_calls" and finish == "tool_calls"
+    assert content == (msg.content or "")
+    assert [(c[0].id, c[0].function.name, c[0].function.arguments) for c in calls.values()] == \
+        [(c.id.replace(f"unstreamed{seed}", "streamed"), c.function.name, c.function.arguments) for c in msg.tool_calls]
+    assert [lp.logprob for lp in logprobs] == [lp.logprob for lp in whole.choices[0].logprobs.content]
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+    assert all(ch.usage is None for ch in chunks[:-1])
+    [a], [b] = gw.store.episode_calls(f"unstreamed{seed}"), gw.store.episode_calls("streamed")
+    assert (a.prompt_ids, a.choices) == (b.prompt_ids, b.choices)
+
+
+def test_streamed_text_completions_and_bad_stream_settings(gateway):
+    gw, _, _ = gateway
+    c = client(gw, "text-stream")
+    with one_thread():
+        whole = c.completions.create(model=MODEL, prompt="once upon", max_tokens=6, seed=5, n=2, user="t-whole")
+        parts = list(c.completions.create(model=MODEL, prompt="once upon", max_tokens=6, seed=5, n=2, stream=True,
+                                          user="t-stream"))
+    assert [(p.choices[0].index, p.choices[0].text, p.choices[0].finish_reason) for p in parts] == \
+        [(x.index, x.text, x.finish_reason) for x in whole.choices]
+    for bad, name in (({"stream": "yes"}, "stream"), ({"stream": True, "stream_options": {"x": 1}}, "stream_options")):
+        with pytest.raises(openai.BadRequestError, match=name):
+            c.completions.create(model=MODEL, prompt="x", max_tokens=2, extra_body=bad)
