@@ -21,6 +21,10 @@ and `--check` recomputes it from the results file (credo.ablate.prose: the rule,
 A page that holds the line `<!-- credo report: prose intervals -->` (on a line of its own) (the family pages whose prose quotes a
 report) has its other prose intervals checked too: every interval printed outside a block, outside code fences and
 without a marker, `-0.117 [-0.171, -0.062]`, must stand verbatim in one of the page's blocks.
+An interval that is no comparison of committed results is marked `<!-- credo:quoted KIND: REASON -->` (counted by
+kind, not recomputed). A page of first runs whose per-seed values were not kept holds the line
+`<!-- credo report: historical intervals -->`: its prose intervals are counted on the check's output as historical,
+not recomputed; the mark is refused on a page with a block or a credo:interval marker (its numbers have raw results).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from credo.ablate.spec import REDUCES, Metric, default_label, load_sweep, parse_
 from credo.config import ConfigError
 
 PROSE_MARK = "<!-- credo report: prose intervals -->"
+HISTORY_MARK = "<!-- credo report: historical intervals -->"
 INTERVAL_RE = re.compile(r"[-+−]?\d*\.\d+ \[[-+−]?\d*\.\d+, [-+−]?\d*\.\d+\]")
 """A printed estimate with its interval, as the tables print a Δ: '+0.012 [+0.00154, +0.022]'."""
 BLOCK_RE = re.compile(r"^<!-- credo report (?P<argv>.*?) -->\n(?P<body>.*?)^<!-- /credo report -->$", re.M | re.S)
@@ -181,9 +186,9 @@ def doc_blocks(text: str) -> list[tuple[str, str]]:
     return [(m["argv"], m["body"]) for m in BLOCK_RE.finditer(text) if not _in_fence(text, m.start())]
 
 
-def prose_marked(text: str) -> bool:
-    """Whether the page holds the prose mark on a line of its own (a mention of it in a sentence does not count)."""
-    return any(line.strip() == PROSE_MARK for line in FENCE_RE.sub("", text).splitlines())
+def prose_marked(text: str, mark: str = PROSE_MARK) -> bool:
+    """Whether the page holds the prose mark (or `mark`) on a line of its own (a mention in a sentence does not count)."""
+    return any(line.strip() == mark for line in FENCE_RE.sub("", text).splitlines())
 
 
 def prose_intervals_unmatched(text: str) -> list[str]:
@@ -211,24 +216,32 @@ def _stands_in(iv: str, row: str) -> bool:
 
 def report_pages(root: Path = Path("docs")) -> list[Path]:
     """The pages under `root` that hold a `credo report` block, the prose mark or a credo:interval marker, sorted."""
-    return sorted(p for p in root.rglob("*.md")
-                  if doc_blocks(p.read_text()) or prose_marked(p.read_text()) or _has_markers(p.read_text()))
+    return sorted(p for p in root.rglob("*.md") if doc_blocks(p.read_text()) or prose_marked(p.read_text())
+                  or _has_markers(p.read_text()) or prose_marked(p.read_text(), HISTORY_MARK))
 
 
 def _has_markers(text: str) -> bool:
-    from credo.ablate.prose import MARKER_RE
+    from credo.ablate.prose import MARKER_RE, QUOTED_ANY_RE
 
-    return MARKER_RE.search(FENCE_RE.sub("", text)) is not None
+    bare = FENCE_RE.sub("", text)
+    return MARKER_RE.search(bare) is not None or QUOTED_ANY_RE.search(bare) is not None
 
 
-def _list_unchecked(root: Path) -> None:
-    """Say which pages print intervals in prose that no check covers (no prose mark): the work left to do."""
+def _list_unchecked(root: Path) -> int:
+    """Say which pages print intervals in prose that no check covers (no marker, no prose mark): the work left to
+    do; and how many a historical page holds. Returns how many pages print unchecked intervals."""
+    unchecked = 0
     for page in sorted(root.rglob("*.md")):
         text = page.read_text()
         n = len(INTERVAL_RE.findall(_unmarked_prose(text)))
-        if n and not prose_marked(text):
+        if n and prose_marked(text, HISTORY_MARK):
+            print(f"credo report: {page}: {n} intervals in prose, historical: not recomputed (the page's "
+                  f"'{HISTORY_MARK}': first runs whose per-seed values were not kept)")
+        elif n and not prose_marked(text):
+            unchecked += 1
             print(f"credo report: {page}: {n} intervals in prose, not checked (no credo:interval marker, and the "
                   "page has no prose mark)")
+    return unchecked
 
 
 def _update(doc: Path, *, check: bool) -> int:
@@ -262,7 +275,7 @@ def _update(doc: Path, *, check: bool) -> int:
         if prose_marked(text):
             print(f"credo report: {len(INTERVAL_RE.findall(_unmarked_prose(text))) - len(loose)} unmarked "
                   f"intervals in the prose of {doc} stand in its blocks, {len(loose)} do not")
-        wrong = _check_marked(doc, text)
+        wrong = _check_marked(doc, text) + _check_quoted(doc, text) + _check_historical(doc, text)
         return 1 if stale or loose or wrong else 0
     if new != text:
         doc.write_text(new)
@@ -282,6 +295,29 @@ def _check_marked(doc: Path, text: str) -> int:
         print(f"credo report: {len(marked) - len(wrong)}/{len(marked)} marked intervals of {doc} match their "
               "recomputation")
     return len(wrong)
+
+
+def _check_quoted(doc: Path, text: str) -> int:
+    """Count the page's `credo:quoted` intervals by kind on the output; print each without an interval. Returns
+    how many are wrong."""
+    from credo.ablate.prose import quoted_intervals
+
+    counts, problems = quoted_intervals(text)
+    for p in problems:
+        print(f"credo report: {doc}:{p}", file=sys.stderr)
+    if counts:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
+        print(f"credo report: {sum(counts.values())} intervals of {doc} quoted, not recomputed ({kinds})")
+    return len(problems)
+
+
+def _check_historical(doc: Path, text: str) -> int:
+    """The historical mark is for pages of first runs only: refused (1) on a page with a block or a marker."""
+    if prose_marked(text, HISTORY_MARK) and (doc_blocks(text) or _has_markers(text)):
+        print(f"credo report: {doc}: '{HISTORY_MARK}' on a page with credo report blocks or credo:interval "
+              "markers: its intervals have raw results; mark them instead", file=sys.stderr)
+        return 1
+    return 0
 
 
 def report_main(args: argparse.Namespace) -> int:
