@@ -29,8 +29,12 @@ timings, a first run whose per-seed values were not kept) says what it is instea
 
     the paper reports <!-- credo:quoted paper: Table 2 of arXiv 2508.08221 -->+0.8 [+0.3, +1.3]
 
+A hand-made table or section of such intervals (a first run's table) is quoted as a whole, between
+`<!-- credo:quoted-begin KIND: REASON -->` and `<!-- credo:quoted-end -->`; every interval inside counts as quoted.
+
 `credo report --check` does not recompute a quoted interval, but counts it by kind on the page's line of its
-output, so nothing passes silently; a quoted marker with no interval after it, or an unknown kind, fails.
+output, so nothing passes silently; a quoted marker with no interval after it, a region with none inside, a region
+not closed, or an unknown kind, fails.
 """
 
 from __future__ import annotations
@@ -50,7 +54,10 @@ PRINTED_RE = re.compile(rf"\s*(?P<est>{NUMBER}) \[(?P<low>{NUMBER}), (?P<high>{N
 FENCE_RE = re.compile(r"^```.*?^```", re.M | re.S)  # a marker shown as an example in a code fence is not checked
 KEYS = ("compare", "variant", "metric", "test", "sweep", "stat", "unpaired")
 QUOTED_RE = re.compile(r"<!-- credo:quoted (?P<kind>[a-z]+): (?P<reason>[^>]*?\S[^>]*?) -->")
-QUOTED_ANY_RE = re.compile(r"<!-- credo:quoted\b(?P<args>.*?)-->", re.S)
+QUOTED_ANY_RE = re.compile(r"<!-- credo:quoted(?:\s(?P<args>.*?))?-->", re.S)
+REGION_RE = re.compile(r"<!-- credo:quoted-begin (?P<kind>[a-z]+): (?P<reason>[^>]*?\S[^>]*?) -->(?P<body>.*?)"
+                       r"(?:<!-- credo:quoted-end -->|\Z)", re.S)
+REGION_END = "<!-- credo:quoted-end -->"
 QUOTED_KINDS = {
     "paper": "a figure quoted from the paper, not a run of ours",
     "timing": "a measured spread of timings (e.g. median [min, max]), not a confidence interval over seeds",
@@ -117,16 +124,38 @@ def marked_spans(text: str) -> list[tuple[int, int]]:
     return sorted(spans)
 
 
+def unquoted(text: str) -> str:
+    """The text without its marked and quoted intervals (marker and number) and its quoted regions."""
+    for start, end in reversed(marked_spans(text)):
+        text = text[:start] + text[end:]
+    return REGION_RE.sub("", QUOTED_ANY_RE.sub("", MARKER_RE.sub("", text)))
+
+
 def quoted_intervals(text: str) -> tuple[dict[str, int], list[str]]:
     """The page's `credo:quoted` intervals counted by kind, and the problems (line: what) of those that are wrong.
 
     Raises:
         ConfigError: a quoted marker with an unknown kind or no reason, naming its line.
     """
+    from credo.ablate.report_cli import INTERVAL_RE
+
     text = _blank_fences(text)
     counts: dict[str, int] = {}
     problems = []
+    for r in REGION_RE.finditer(text):
+        line = text.count("\n", 0, r.start()) + 1
+        if r["kind"] not in QUOTED_KINDS:
+            raise ConfigError(f"credo:quoted-begin at line {line}: unknown kind '{r['kind']}' (one of "
+                              f"{', '.join(QUOTED_KINDS)})")
+        n = len(INTERVAL_RE.findall(unquoted(r["body"])))
+        if not r[0].endswith(REGION_END):
+            problems.append(f"{line}: credo:quoted-begin {r['kind']}: no '{REGION_END}' closes it")
+        elif n == 0:
+            problems.append(f"{line}: credo:quoted-begin {r['kind']}: no interval inside the region")
+        counts[r["kind"]] = counts.get(r["kind"], 0) + n
     for m in QUOTED_ANY_RE.finditer(text):
+        if m.group().startswith(("<!-- credo:quoted-begin", "<!-- credo:quoted-end")):
+            continue
         line = text.count("\n", 0, m.start()) + 1
         q = QUOTED_RE.fullmatch(m.group())
         if q is None or q["kind"] not in QUOTED_KINDS:

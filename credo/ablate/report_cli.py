@@ -200,11 +200,9 @@ def prose_intervals_unmatched(text: str) -> list[str]:
 
 def _unmarked_prose(text: str) -> str:
     """The page without its blocks, its code fences and its marked intervals (marker and printed interval)."""
-    from credo.ablate.prose import MARKER_RE, marked_spans
+    from credo.ablate.prose import unquoted
 
-    for start, end in reversed(marked_spans(text)):
-        text = text[:start] + text[end:]
-    return FENCE_RE.sub("", BLOCK_RE.sub("", MARKER_RE.sub("", text)))
+    return FENCE_RE.sub("", BLOCK_RE.sub("", unquoted(text)))
 
 
 def _stands_in(iv: str, row: str) -> bool:
