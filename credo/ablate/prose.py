@@ -63,6 +63,8 @@ QUOTED_KINDS = {
     "timing": "a measured spread of timings (e.g. median [min, max]), not a confidence interval over seeds",
     "legacy": "a first run whose per-seed values were not kept (docs/results/legacy_summaries.yaml)",
     "setting": "a range of settings or a tolerance, not a result",
+    "script": "printed by a named script from committed raw results, in a form credo report does not make (the script "
+              "and its own test compute it)",
 }
 """What a `credo:quoted` interval may be: kind -> what it means (the check prints the counts per kind)."""
 
