@@ -49,8 +49,9 @@ from credo.config import ConfigError
 
 MARKER_RE = re.compile(r"<!-- credo:interval (?P<args>.*?) -->", re.S)
 NUMBER = r"[-+−]?\d*\.?\d+"
-PRINTED_RE = re.compile(rf"\s*(?P<est>{NUMBER}) \[(?P<low>{NUMBER}), (?P<high>{NUMBER})\]")
-"""What must follow a marker: 'EST [LOW, HIGH]' (only white space before it, a line break allowed)."""
+GAP = r"(?:[ \t]+\n?[ \t]*|\n[ \t]*)"  # as credo.ablate.report_cli.GAP: wrapped prose may break the line there
+PRINTED_RE = re.compile(rf"\s*(?P<est>{NUMBER}){GAP}\[(?P<low>{NUMBER}),{GAP}(?P<high>{NUMBER})\]")
+"""What must follow a marker: 'EST [LOW, HIGH]' (only white space before it; a line break allowed, also inside)."""
 FENCE_RE = re.compile(r"^```.*?^```", re.M | re.S)  # a marker shown as an example in a code fence is not checked
 KEYS = ("compare", "variant", "metric", "test", "sweep", "stat", "unpaired")
 QUOTED_RE = re.compile(r"<!-- credo:quoted (?P<kind>[a-z]+): (?P<reason>[^>]*?\S[^>]*?) -->")

@@ -41,8 +41,10 @@ from credo.config import ConfigError
 
 PROSE_MARK = "<!-- credo report: prose intervals -->"
 HISTORY_MARK = "<!-- credo report: historical intervals -->"
-INTERVAL_RE = re.compile(r"[-+−]?\d*\.\d+ \[[-+−]?\d*\.\d+, [-+−]?\d*\.\d+\]")
-"""A printed estimate with its interval, as the tables print a Δ: '+0.012 [+0.00154, +0.022]'."""
+GAP = r"(?:[ \t]+\n?[ \t]*|\n[ \t]*)"
+"""The space between an estimate and its bracket, or after the bracket's comma: a line break counts (prose is wrapped)."""
+INTERVAL_RE = re.compile(rf"[-+−]?\d*\.\d+{GAP}\[[-+−]?\d*\.\d+,{GAP}[-+−]?\d*\.\d+\]")
+"""A printed estimate with its interval, as the tables print a Δ: '+0.012 [+0.00154, +0.022]' (wrapped or not)."""
 BLOCK_RE = re.compile(r"^<!-- credo report (?P<argv>.*?) -->\n(?P<body>.*?)^<!-- /credo report -->$", re.M | re.S)
 FENCE_RE = re.compile(r"^```.*?^```", re.M | re.S)  # an example block inside a code fence is not a table
 DEFAULT_METRICS = ("eval/accuracy:final", "eval/accuracy:best", "eval/accuracy:auc", "eval/accuracy:slope")
@@ -195,7 +197,8 @@ def prose_intervals_unmatched(text: str) -> list[str]:
     """The intervals printed in a page's prose (outside blocks and code fences, without a credo:interval marker,
     which is checked by recomputation instead) that none of its blocks holds."""
     rows = [line for _, body in doc_blocks(text) for line in body.splitlines()]
-    return [iv for iv in INTERVAL_RE.findall(_unmarked_prose(text)) if not any(_stands_in(iv, row) for row in rows)]
+    found = [" ".join(iv.split()) for iv in INTERVAL_RE.findall(_unmarked_prose(text))]
+    return [iv for iv in found if not any(_stands_in(iv, row) for row in rows)]
 
 
 def _unmarked_prose(text: str) -> str:
