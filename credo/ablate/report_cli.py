@@ -76,8 +76,11 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", nargs="?", const="", default=None, metavar="DOC.md",
                    help="exit 1, naming the blocks, when a block of this markdown file differs from its command's output, "
                    f"or (on a page holding '{PROSE_MARK}') when an interval in its prose is in none of its blocks, "
-                   "or when an interval marked <!-- credo:interval ... --> differs from its recomputation; "
-                   "without DOC.md: every page under docs/ holding a block or a marker")
+                   "or when an interval marked <!-- credo:interval ... --> differs from its recomputation, "
+                   "or a <!-- credo:quoted KIND: REASON --> marker has no interval; "
+                   "without DOC.md: every page under docs/ holding a block or a marker, and exit 1 when a page's prose "
+                   "prints an interval with no marker (outside a quoted region, a page with the prose mark, or a "
+                   "page marked historical)")
 
 
 def parse_metric(text: str) -> Metric:
@@ -240,8 +243,8 @@ def _list_unchecked(root: Path) -> int:
                   f"'{HISTORY_MARK}': first runs whose per-seed values were not kept)")
         elif n and not prose_marked(text):
             unchecked += 1
-            print(f"credo report: {page}: {n} intervals in prose, not checked (no credo:interval marker, and the "
-                  "page has no prose mark)")
+            print(f"credo report: {page}: {n} intervals in prose, not checked (no credo:interval or credo:quoted "
+                  "marker, and the page has no prose mark)", file=sys.stderr)
     return unchecked
 
 
@@ -339,8 +342,7 @@ def _report(args: argparse.Namespace) -> int:
 
     if args.check == "":
         code = max((_update(page, check=True) for page in report_pages()), default=0)
-        _list_unchecked(Path("docs"))
-        return code
+        return max(code, 1 if _list_unchecked(Path("docs")) else 0)  # an unchecked interval fails the check
     if args.update or args.check:
         return _update(Path(args.update or args.check), check=args.check is not None)
     req = _request(args)
