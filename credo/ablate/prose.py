@@ -49,9 +49,19 @@ from credo.config import ConfigError
 
 MARKER_RE = re.compile(r"<!-- credo:interval (?P<args>.*?) -->", re.S)
 NUMBER = r"[-+−]?\d*\.?\d+"
-GAP = r"(?:[ \t]+\n?[ \t]*|\n[ \t]*)"  # as credo.ablate.report_cli.GAP: wrapped prose may break the line there
+GAP = r"(?:[ \t]+\n?[ \t]*|\n[ \t]*)"
+"""The space between an estimate and its bracket, or after the bracket's comma: a line break counts (prose is wrapped)."""
 PRINTED_RE = re.compile(rf"\s*(?P<est>{NUMBER}){GAP}\[(?P<low>{NUMBER}),{GAP}(?P<high>{NUMBER})\]")
-"""What must follow a marker: 'EST [LOW, HIGH]' (only white space before it; a line break allowed, also inside)."""
+"""What must follow a credo:interval marker: 'EST [LOW, HIGH]' (only white space before it; a line break allowed)."""
+_DEC = r"[-+−]?\d*\.\d+"
+INTERVAL_RE = re.compile(
+    rf"{_DEC}{GAP}\[{_DEC},{GAP}{_DEC}\]"                                 # '+0.012 [+0.00154, +0.022]' (a table's Δ)
+    rf"|\b(?:CI|interval)(?: of)?{GAP}\[{NUMBER}%?,{GAP}{NUMBER}%?\]"       # '2.29x, 95% CI [1.89, 2.78]'
+    rf"|{NUMBER}[%x]{GAP}\[{NUMBER}[%x]?,{GAP}{NUMBER}[%x]?\]"           # '95.0% [90.4%, 97.4%]'
+    rf"|(?<![\w.])\d+{GAP}\[\d+,{GAP}\d+\]")                             # '3234 [3489, 2980]'
+"""What the check calls an interval in prose: an estimate with its bracket, in the forms the docs print."""
+FOLLOW_RE = re.compile(rf"\s*(?:{INTERVAL_RE.pattern})")
+"""What must follow a credo:quoted marker: any interval the detector sees."""
 FENCE_RE = re.compile(r"^```.*?^```", re.M | re.S)  # a marker shown as an example in a code fence is not checked
 KEYS = ("compare", "variant", "metric", "test", "sweep", "stat", "unpaired")
 QUOTED_RE = re.compile(r"<!-- credo:quoted (?P<kind>[a-z]+): (?P<reason>[^>]*?\S[^>]*?) -->")
@@ -120,10 +130,14 @@ def marked_spans(text: str) -> list[tuple[int, int]]:
     """(start, end) of each marked interval's printed text, so the verbatim prose check can leave them out."""
     spans = []
     text = _blank_fences(text)
-    for m in [*MARKER_RE.finditer(text), *QUOTED_ANY_RE.finditer(text)]:
+    for m in MARKER_RE.finditer(text):
         printed = PRINTED_RE.match(text, m.end())
         if printed is not None:
             spans.append((printed.start("est"), printed.end()))
+    for m in QUOTED_ANY_RE.finditer(text):
+        follow = FOLLOW_RE.match(text, m.end())
+        if follow is not None:
+            spans.append((m.end(), follow.end()))
     return sorted(spans)
 
 
@@ -140,8 +154,6 @@ def quoted_intervals(text: str) -> tuple[dict[str, int], list[str]]:
     Raises:
         ConfigError: a quoted marker with an unknown kind or no reason, naming its line.
     """
-    from credo.ablate.report_cli import INTERVAL_RE
-
     text = _blank_fences(text)
     counts: dict[str, int] = {}
     problems = []
@@ -164,8 +176,8 @@ def quoted_intervals(text: str) -> tuple[dict[str, int], list[str]]:
         if q is None or q["kind"] not in QUOTED_KINDS:
             raise ConfigError(f"credo:quoted at line {line}: expected '<!-- credo:quoted KIND: REASON -->' with KIND "
                               f"one of {', '.join(QUOTED_KINDS)} and a reason (got {m.group()!r})")
-        if PRINTED_RE.match(text, m.end()) is None:
-            problems.append(f"{line}: credo:quoted {q['kind']}: no 'EST [LOW, HIGH]' follows the marker")
+        if FOLLOW_RE.match(text, m.end()) is None:
+            problems.append(f"{line}: credo:quoted {q['kind']}: no interval follows the marker")
             continue
         counts[q["kind"]] = counts.get(q["kind"], 0) + 1
     return counts, problems

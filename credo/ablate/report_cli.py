@@ -36,15 +36,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from credo.ablate.prose import GAP, INTERVAL_RE  # noqa: F401 (INTERVAL_RE: what the check calls an interval)
 from credo.ablate.spec import REDUCES, Metric, default_label, load_sweep, parse_comparison
 from credo.config import ConfigError
 
 PROSE_MARK = "<!-- credo report: prose intervals -->"
 HISTORY_MARK = "<!-- credo report: historical intervals -->"
-GAP = r"(?:[ \t]+\n?[ \t]*|\n[ \t]*)"
-"""The space between an estimate and its bracket, or after the bracket's comma: a line break counts (prose is wrapped)."""
-INTERVAL_RE = re.compile(rf"[-+−]?\d*\.\d+{GAP}\[[-+−]?\d*\.\d+,{GAP}[-+−]?\d*\.\d+\]")
-"""A printed estimate with its interval, as the tables print a Δ: '+0.012 [+0.00154, +0.022]' (wrapped or not)."""
 BLOCK_RE = re.compile(r"^<!-- credo report (?P<argv>.*?) -->\n(?P<body>.*?)^<!-- /credo report -->$", re.M | re.S)
 FENCE_RE = re.compile(r"^```.*?^```", re.M | re.S)  # an example block inside a code fence is not a table
 DEFAULT_METRICS = ("eval/accuracy:final", "eval/accuracy:best", "eval/accuracy:auc", "eval/accuracy:slope")
@@ -225,10 +222,10 @@ def report_pages(root: Path = Path("docs")) -> list[Path]:
 
 
 def _has_markers(text: str) -> bool:
-    from credo.ablate.prose import MARKER_RE, QUOTED_ANY_RE
+    from credo.ablate.prose import MARKER_RE, QUOTED_ANY_RE, REGION_RE
 
     bare = FENCE_RE.sub("", text)
-    return MARKER_RE.search(bare) is not None or QUOTED_ANY_RE.search(bare) is not None
+    return any(r.search(bare) is not None for r in (MARKER_RE, QUOTED_ANY_RE, REGION_RE))
 
 
 def _list_unchecked(root: Path) -> int:

@@ -194,24 +194,27 @@ def test_a_quoted_interval_is_counted_by_kind_and_must_hold_an_interval(tmp_path
     assert INTERVAL_RE.findall(_unmarked_prose(page.read_text())) == []
     page.write_text(page.read_text().replace("-->1.77 [1.50,\n1.79] s.", "--> (lost)"))
     assert cli.main(["report", "--check", str(page)]) == 1
-    assert "credo:quoted timing: no 'EST [LOW, HIGH]' follows the marker" in capsys.readouterr().err
+    assert "credo:quoted timing: no interval follows the marker" in capsys.readouterr().err
     page.write_text("<!-- credo:quoted guess: because -->+0.8 [+0.3, +1.3]\n")
     assert cli.main(["report", "--check", str(page)]) == 2
     assert "KIND one of paper, timing, legacy, setting, script" in capsys.readouterr().err
 
 
-def test_a_quoted_region_counts_every_interval_inside_and_must_be_closed_and_hold_one(tmp_path, capsys):
+def test_a_quoted_region_counts_every_interval_inside_and_must_be_closed_and_hold_one(tmp_path, monkeypatch, capsys):
     table = "| a | 0.444 [0.422, 0.466] | +0.401 [0.382,\n0.419] |\n"
     page = _page(tmp_path, f"<!-- credo:quoted-begin legacy: first run, values not kept -->\n{table}"
                            "<!-- credo:quoted-end -->\n\nAfter it: 0.1 [0.0, 0.2].")
-    assert cli.main(["report", "--check", str(page)]) == 0
-    assert f"2 intervals of {page} quoted, not recomputed (legacy 2)" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["report", "--check"]) == 1  # the unmarked one after the region fails the whole check
+    out, err = capsys.readouterr()
+    assert "2 intervals of docs/page.md quoted, not recomputed (legacy 2)" in out  # a page with only a region counts
+    assert "docs/page.md: 1 intervals in prose, not checked" in err
     assert INTERVAL_RE.findall(_unmarked_prose(page.read_text())) == ["0.1 [0.0, 0.2]"]  # outside: still unmarked
     page.write_text(page.read_text().replace("<!-- credo:quoted-end -->", ""))
-    assert cli.main(["report", "--check", str(page)]) == 1
+    assert cli.main(["report", "--check", "docs/page.md"]) == 1
     assert "no '<!-- credo:quoted-end -->' closes it" in capsys.readouterr().err
     page.write_text("<!-- credo:quoted-begin legacy: x -->\nno numbers\n<!-- credo:quoted-end -->\n")
-    assert cli.main(["report", "--check", str(page)]) == 1
+    assert cli.main(["report", "--check", "docs/page.md"]) == 1
     assert "no interval inside the region" in capsys.readouterr().err
 
 
@@ -261,3 +264,18 @@ def test_every_marked_interval_of_every_page_is_its_recomputation():
         assert quoted_intervals(text)[1] == [], page
         n += len(marked)
     assert n >= 198  # 198 on 2026-12-07: a page that loses its markers is caught here
+
+
+@pytest.mark.parametrize("form", ["2.29x, 95% CI [1.89, 2.78]", "kill rate 95.0% [90.4%, 97.4%]", "3234 [3489, 2980]",
+                                  "slope +0.08 with an interval [-0.05,\n+0.21]", "+0.016 [+0.011, +0.020]"])
+def test_the_detector_sees_every_printed_form_and_a_quoted_marker_takes_it(form):
+    assert len(INTERVAL_RE.findall(form)) == 1
+    est, bracket = form.rsplit("[", 1)
+    head, _, last = est.rstrip().rpartition(" ")
+    quoted = f"{head} <!-- credo:quoted timing: t -->{last} [{bracket}" if head else f"<!-- credo:quoted timing: t -->{form}"
+    assert INTERVAL_RE.findall(_unmarked_prose(quoted)) == [], quoted
+
+
+@pytest.mark.parametrize("not_one", ["clamped to [-20, 20]", "shape [4, 7]", "`[0, 10]`", "in [0, 1], over"])
+def test_the_detector_leaves_ranges_and_shapes_alone(not_one):
+    assert INTERVAL_RE.findall(not_one) == []
