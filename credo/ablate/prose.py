@@ -17,8 +17,24 @@ The rule (docs/reproductions.md, "Intervals in prose"):
 - `variant=NAME`: that variant's mean and its t-interval over seeds (the tables' `mean` and `[95% CI]` columns);
 - `metric=KEY[:REDUCE[:ARG]]` as `credo report --metric` (default eval/accuracy:final); `sweep=NAME` when the
   results file holds several sweeps;
+- `stat=g`: the comparison's effect size and its interval instead of the difference (g_av for a paired design,
+  Hedges' g for Welch, as the tables' `effect size` column); the paragraph must name the kind (`g_av` or `g`);
+- `unpaired=true`: Welch's difference even where the tables pair the runs (a sentence that restates a paired
+  comparison unpaired, on purpose); it needs `test=Welch`, and the paragraph must say Welch;
 - every printed number must equal the recomputed one at the precision printed: `+0.001` stands for anything that
   rounds to 0.001 at three decimals, `+0.00154` for anything that rounds to 0.00154 at five.
+
+An interval that is not a comparison of committed raw results (a figure quoted from a paper, a measured spread of
+timings, a first run whose per-seed values were not kept) says what it is instead, with a kind and a reason::
+
+    the paper reports <!-- credo:quoted paper: Table 2 of arXiv 2508.08221 -->+0.8 [+0.3, +1.3]
+
+A hand-made table or section of such intervals (a first run's table) is quoted as a whole, between
+`<!-- credo:quoted-begin KIND: REASON -->` and `<!-- credo:quoted-end -->`; every interval inside counts as quoted.
+
+`credo report --check` does not recompute a quoted interval, but counts it by kind on the page's line of its
+output, so nothing passes silently; a quoted marker with no interval after it, a region with none inside, a region
+not closed, or an unknown kind, fails.
 """
 
 from __future__ import annotations
@@ -33,10 +49,35 @@ from credo.config import ConfigError
 
 MARKER_RE = re.compile(r"<!-- credo:interval (?P<args>.*?) -->", re.S)
 NUMBER = r"[-+−]?\d*\.?\d+"
-PRINTED_RE = re.compile(rf"\s*(?P<est>{NUMBER}) \[(?P<low>{NUMBER}), (?P<high>{NUMBER})\]")
-"""What must follow a marker: 'EST [LOW, HIGH]' (only white space before it, a line break allowed)."""
+GAP = r"(?:[ \t]+\n?[ \t]*|\n[ \t]*)"
+"""The space between an estimate and its bracket, or after the bracket's comma: a line break counts (prose is wrapped)."""
+PRINTED_RE = re.compile(rf"\s*(?P<est>{NUMBER}){GAP}\[(?P<low>{NUMBER}),{GAP}(?P<high>{NUMBER})\]")
+"""What must follow a credo:interval marker: 'EST [LOW, HIGH]' (only white space before it; a line break allowed)."""
+_DEC = r"[-+−]?\d*\.\d+"
+INTERVAL_RE = re.compile(
+    rf"{_DEC}{GAP}\[{_DEC},{GAP}{_DEC}\]"                                 # '+0.012 [+0.00154, +0.022]' (a table's Δ)
+    rf"|\b(?:CI|interval)(?: of)?{GAP}\[{NUMBER}%?,{GAP}{NUMBER}%?\]"       # '2.29x, 95% CI [1.89, 2.78]'
+    rf"|{NUMBER}[%x]{GAP}\[{NUMBER}[%x]?,{GAP}{NUMBER}[%x]?\]"           # '95.0% [90.4%, 97.4%]'
+    rf"|(?<![\w.])\d+{GAP}\[\d+,{GAP}\d+\]")                             # '3234 [3489, 2980]'
+"""What the check calls an interval in prose: an estimate with its bracket, in the forms the docs print."""
+FOLLOW_RE = re.compile(rf"\s*(?:{INTERVAL_RE.pattern})")
+"""What must follow a credo:quoted marker: any interval the detector sees."""
 FENCE_RE = re.compile(r"^```.*?^```", re.M | re.S)  # a marker shown as an example in a code fence is not checked
-KEYS = ("compare", "variant", "metric", "test", "sweep")
+KEYS = ("compare", "variant", "metric", "test", "sweep", "stat", "unpaired")
+QUOTED_RE = re.compile(r"<!-- credo:quoted (?P<kind>[a-z]+): (?P<reason>[^>]*?\S[^>]*?) -->")
+QUOTED_ANY_RE = re.compile(r"<!-- credo:quoted(?:\s(?P<args>.*?))?-->", re.S)
+REGION_RE = re.compile(r"<!-- credo:quoted-begin (?P<kind>[a-z]+): (?P<reason>[^>]*?\S[^>]*?) -->(?P<body>.*?)"
+                       r"(?:<!-- credo:quoted-end -->|\Z)", re.S)
+REGION_END = "<!-- credo:quoted-end -->"
+QUOTED_KINDS = {
+    "paper": "a figure quoted from the paper, not a run of ours",
+    "timing": "a measured spread of timings (e.g. median [min, max]), not a confidence interval over seeds",
+    "legacy": "a first run whose per-seed values were not kept (docs/results/legacy_summaries.yaml)",
+    "setting": "a range of settings or a tolerance, not a result",
+    "script": "printed by a named script from committed raw results, in a form credo report does not make (the script "
+              "and its own test compute it)",
+}
+"""What a `credo:quoted` interval may be: kind -> what it means (the check prints the counts per kind)."""
 
 
 @dataclass
@@ -75,8 +116,12 @@ def check_page(text: str, cache: dict | None = None) -> list[Marked]:
         want = _option(m["args"], "test")
         if test is not None and want != test:
             problem = problem or f"the tables' test is {test}, the marker says test={want}"
-        if test is not None and not problem and test.lower() not in MARKER_RE.sub("", _paragraph(text, m.start())).lower():
+        words = MARKER_RE.sub("", _paragraph(text, m.start()))
+        if test is not None and not problem and test.lower() not in words.lower():
             problem = f"the paragraph does not say the interval is {test}"
+        kind = "g_av" if test == "paired" else "g"
+        if _option(m["args"], "stat") == "g" and not problem and not re.search(rf"\b{kind}\b", words):
+            problem = f"the paragraph does not say the effect size is {kind}"
         out.append(Marked(m["args"], line, printed.group().strip(), offset=printed.start("est"), problem=problem))
     return out
 
@@ -89,7 +134,53 @@ def marked_spans(text: str) -> list[tuple[int, int]]:
         printed = PRINTED_RE.match(text, m.end())
         if printed is not None:
             spans.append((printed.start("est"), printed.end()))
-    return spans
+    for m in QUOTED_ANY_RE.finditer(text):
+        follow = FOLLOW_RE.match(text, m.end())
+        if follow is not None:
+            spans.append((m.end(), follow.end()))
+    return sorted(spans)
+
+
+def unquoted(text: str) -> str:
+    """The text without its marked and quoted intervals (marker and number) and its quoted regions."""
+    for start, end in reversed(marked_spans(text)):
+        text = text[:start] + text[end:]
+    return REGION_RE.sub("", QUOTED_ANY_RE.sub("", MARKER_RE.sub("", text)))
+
+
+def quoted_intervals(text: str) -> tuple[dict[str, int], list[str]]:
+    """The page's `credo:quoted` intervals counted by kind, and the problems (line: what) of those that are wrong.
+
+    Raises:
+        ConfigError: a quoted marker with an unknown kind or no reason, naming its line.
+    """
+    text = _blank_fences(text)
+    counts: dict[str, int] = {}
+    problems = []
+    for r in REGION_RE.finditer(text):
+        line = text.count("\n", 0, r.start()) + 1
+        if r["kind"] not in QUOTED_KINDS:
+            raise ConfigError(f"credo:quoted-begin at line {line}: unknown kind '{r['kind']}' (one of "
+                              f"{', '.join(QUOTED_KINDS)})")
+        n = len(INTERVAL_RE.findall(unquoted(r["body"])))
+        if not r[0].endswith(REGION_END):
+            problems.append(f"{line}: credo:quoted-begin {r['kind']}: no '{REGION_END}' closes it")
+        elif n == 0:
+            problems.append(f"{line}: credo:quoted-begin {r['kind']}: no interval inside the region")
+        counts[r["kind"]] = counts.get(r["kind"], 0) + n
+    for m in QUOTED_ANY_RE.finditer(text):
+        if m.group().startswith(("<!-- credo:quoted-begin", "<!-- credo:quoted-end")):
+            continue
+        line = text.count("\n", 0, m.start()) + 1
+        q = QUOTED_RE.fullmatch(m.group())
+        if q is None or q["kind"] not in QUOTED_KINDS:
+            raise ConfigError(f"credo:quoted at line {line}: expected '<!-- credo:quoted KIND: REASON -->' with KIND "
+                              f"one of {', '.join(QUOTED_KINDS)} and a reason (got {m.group()!r})")
+        if FOLLOW_RE.match(text, m.end()) is None:
+            problems.append(f"{line}: credo:quoted {q['kind']}: no interval follows the marker")
+            continue
+        counts[q["kind"]] = counts.get(q["kind"], 0) + 1
+    return counts, problems
 
 
 def recompute(spec: str, cache: dict, where: str = "") -> tuple[tuple[float, float, float], str | None]:
@@ -117,8 +208,26 @@ def recompute(spec: str, cache: dict, where: str = "") -> tuple[tuple[float, flo
         c = parse_comparison(opts["compare"], variants, f"credo:interval at {where}: compare")
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    r = compare(result(c.a), result(c.b), metric.label, c.expect)
+    a, b = result(c.a), result(c.b)
+    if opts.get("unpaired") == "true":
+        return _welch(a, b, metric.label, opts.get("stat") == "g")
+    r = compare(a, b, metric.label, c.expect)
+    if opts.get("stat") == "g":
+        return (r.g.g, r.g.low, r.g.high), r.test
     return (r.diff, r.low, r.high), r.test
+
+
+def _welch(a, b, label: str, effect: bool) -> tuple[tuple[float, float, float], str]:
+    """a - b (or Hedges' g) by Welch's test on the two variants' values, whatever the tables' design."""
+    from credo.ablate.report import CONFIDENCE
+    from credo.ablate.stats import hedges_g, welch_diff
+
+    xs, ys = list(a.values[label].values()), list(b.values[label].values())
+    if effect:
+        g = hedges_g(xs, ys, CONFIDENCE)
+        return (g.g, g.low, g.high), "Welch"
+    r = welch_diff(xs, ys, CONFIDENCE)
+    return (r.diff, r.low, r.high), "Welch"
 
 
 def _blank_fences(text: str) -> str:
@@ -142,6 +251,10 @@ def _parse(spec: str, where: str) -> tuple[str, dict[str, str]]:
         raise ConfigError(f"credo:interval at {where}: give compare=\"A > B\" or variant=NAME (one of them)")
     if "compare" in opts and opts.get("test") not in ("paired", "Welch"):
         raise ConfigError(f"credo:interval at {where}: compare needs test=paired or test=Welch (the label the prose prints)")
+    if opts.get("stat", "diff") not in ("diff", "g") or ("stat" in opts and "compare" not in opts):
+        raise ConfigError(f"credo:interval at {where}: stat=g (the effect size) goes with compare=; got stat={opts.get('stat')}")
+    if "unpaired" in opts and (opts["unpaired"] != "true" or "compare" not in opts or opts.get("test") != "Welch"):
+        raise ConfigError(f"credo:interval at {where}: unpaired=true goes with compare= and test=Welch")
     return source[0], opts
 
 

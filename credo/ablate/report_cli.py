@@ -21,6 +21,10 @@ and `--check` recomputes it from the results file (credo.ablate.prose: the rule,
 A page that holds the line `<!-- credo report: prose intervals -->` (on a line of its own) (the family pages whose prose quotes a
 report) has its other prose intervals checked too: every interval printed outside a block, outside code fences and
 without a marker, `-0.117 [-0.171, -0.062]`, must stand verbatim in one of the page's blocks.
+An interval that is no comparison of committed results is marked `<!-- credo:quoted KIND: REASON -->` (counted by
+kind, not recomputed). A page of first runs whose per-seed values were not kept holds the line
+`<!-- credo report: historical intervals -->`: its prose intervals are counted on the check's output as historical,
+not recomputed; the mark is refused on a page with a block or a credo:interval marker (its numbers have raw results).
 """
 
 from __future__ import annotations
@@ -32,12 +36,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from credo.ablate.prose import GAP, INTERVAL_RE  # noqa: F401 (INTERVAL_RE: what the check calls an interval)
 from credo.ablate.spec import REDUCES, Metric, default_label, load_sweep, parse_comparison
 from credo.config import ConfigError
 
 PROSE_MARK = "<!-- credo report: prose intervals -->"
-INTERVAL_RE = re.compile(r"[-+−]?\d*\.\d+ \[[-+−]?\d*\.\d+, [-+−]?\d*\.\d+\]")
-"""A printed estimate with its interval, as the tables print a Δ: '+0.012 [+0.00154, +0.022]'."""
+HISTORY_MARK = "<!-- credo report: historical intervals -->"
 BLOCK_RE = re.compile(r"^<!-- credo report (?P<argv>.*?) -->\n(?P<body>.*?)^<!-- /credo report -->$", re.M | re.S)
 FENCE_RE = re.compile(r"^```.*?^```", re.M | re.S)  # an example block inside a code fence is not a table
 DEFAULT_METRICS = ("eval/accuracy:final", "eval/accuracy:best", "eval/accuracy:auc", "eval/accuracy:slope")
@@ -69,8 +73,11 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", nargs="?", const="", default=None, metavar="DOC.md",
                    help="exit 1, naming the blocks, when a block of this markdown file differs from its command's output, "
                    f"or (on a page holding '{PROSE_MARK}') when an interval in its prose is in none of its blocks, "
-                   "or when an interval marked <!-- credo:interval ... --> differs from its recomputation; "
-                   "without DOC.md: every page under docs/ holding a block or a marker")
+                   "or when an interval marked <!-- credo:interval ... --> differs from its recomputation, "
+                   "or a <!-- credo:quoted KIND: REASON --> marker has no interval; "
+                   "without DOC.md: every page under docs/ holding a block or a marker, and exit 1 when a page's prose "
+                   "prints an interval with no marker (outside a quoted region, a page with the prose mark, or a "
+                   "page marked historical)")
 
 
 def parse_metric(text: str) -> Metric:
@@ -181,25 +188,24 @@ def doc_blocks(text: str) -> list[tuple[str, str]]:
     return [(m["argv"], m["body"]) for m in BLOCK_RE.finditer(text) if not _in_fence(text, m.start())]
 
 
-def prose_marked(text: str) -> bool:
-    """Whether the page holds the prose mark on a line of its own (a mention of it in a sentence does not count)."""
-    return any(line.strip() == PROSE_MARK for line in FENCE_RE.sub("", text).splitlines())
+def prose_marked(text: str, mark: str = PROSE_MARK) -> bool:
+    """Whether the page holds the prose mark (or `mark`) on a line of its own (a mention in a sentence does not count)."""
+    return any(line.strip() == mark for line in FENCE_RE.sub("", text).splitlines())
 
 
 def prose_intervals_unmatched(text: str) -> list[str]:
     """The intervals printed in a page's prose (outside blocks and code fences, without a credo:interval marker,
     which is checked by recomputation instead) that none of its blocks holds."""
     rows = [line for _, body in doc_blocks(text) for line in body.splitlines()]
-    return [iv for iv in INTERVAL_RE.findall(_unmarked_prose(text)) if not any(_stands_in(iv, row) for row in rows)]
+    found = [" ".join(iv.split()) for iv in INTERVAL_RE.findall(_unmarked_prose(text))]
+    return [iv for iv in found if not any(_stands_in(iv, row) for row in rows)]
 
 
 def _unmarked_prose(text: str) -> str:
     """The page without its blocks, its code fences and its marked intervals (marker and printed interval)."""
-    from credo.ablate.prose import MARKER_RE, marked_spans
+    from credo.ablate.prose import unquoted
 
-    for start, end in reversed(marked_spans(text)):
-        text = text[:start] + text[end:]
-    return FENCE_RE.sub("", BLOCK_RE.sub("", MARKER_RE.sub("", text)))
+    return FENCE_RE.sub("", BLOCK_RE.sub("", unquoted(text)))
 
 
 def _stands_in(iv: str, row: str) -> bool:
@@ -211,24 +217,32 @@ def _stands_in(iv: str, row: str) -> bool:
 
 def report_pages(root: Path = Path("docs")) -> list[Path]:
     """The pages under `root` that hold a `credo report` block, the prose mark or a credo:interval marker, sorted."""
-    return sorted(p for p in root.rglob("*.md")
-                  if doc_blocks(p.read_text()) or prose_marked(p.read_text()) or _has_markers(p.read_text()))
+    return sorted(p for p in root.rglob("*.md") if doc_blocks(p.read_text()) or prose_marked(p.read_text())
+                  or _has_markers(p.read_text()) or prose_marked(p.read_text(), HISTORY_MARK))
 
 
 def _has_markers(text: str) -> bool:
-    from credo.ablate.prose import MARKER_RE
+    from credo.ablate.prose import MARKER_RE, QUOTED_ANY_RE, REGION_RE
 
-    return MARKER_RE.search(FENCE_RE.sub("", text)) is not None
+    bare = FENCE_RE.sub("", text)
+    return any(r.search(bare) is not None for r in (MARKER_RE, QUOTED_ANY_RE, REGION_RE))
 
 
-def _list_unchecked(root: Path) -> None:
-    """Say which pages print intervals in prose that no check covers (no prose mark): the work left to do."""
+def _list_unchecked(root: Path) -> int:
+    """Say which pages print intervals in prose that no check covers (no marker, no prose mark): the work left to
+    do; and how many a historical page holds. Returns how many pages print unchecked intervals."""
+    unchecked = 0
     for page in sorted(root.rglob("*.md")):
         text = page.read_text()
         n = len(INTERVAL_RE.findall(_unmarked_prose(text)))
-        if n and not prose_marked(text):
-            print(f"credo report: {page}: {n} intervals in prose, not checked (no credo:interval marker, and the "
-                  "page has no prose mark)")
+        if n and prose_marked(text, HISTORY_MARK):
+            print(f"credo report: {page}: {n} intervals in prose, historical: not recomputed (the page's "
+                  f"'{HISTORY_MARK}': first runs whose per-seed values were not kept)")
+        elif n and not prose_marked(text):
+            unchecked += 1
+            print(f"credo report: {page}: {n} intervals in prose, not checked (no credo:interval or credo:quoted "
+                  "marker, and the page has no prose mark)", file=sys.stderr)
+    return unchecked
 
 
 def _update(doc: Path, *, check: bool) -> int:
@@ -262,7 +276,7 @@ def _update(doc: Path, *, check: bool) -> int:
         if prose_marked(text):
             print(f"credo report: {len(INTERVAL_RE.findall(_unmarked_prose(text))) - len(loose)} unmarked "
                   f"intervals in the prose of {doc} stand in its blocks, {len(loose)} do not")
-        wrong = _check_marked(doc, text)
+        wrong = _check_marked(doc, text) + _check_quoted(doc, text) + _check_historical(doc, text)
         return 1 if stale or loose or wrong else 0
     if new != text:
         doc.write_text(new)
@@ -284,6 +298,29 @@ def _check_marked(doc: Path, text: str) -> int:
     return len(wrong)
 
 
+def _check_quoted(doc: Path, text: str) -> int:
+    """Count the page's `credo:quoted` intervals by kind on the output; print each without an interval. Returns
+    how many are wrong."""
+    from credo.ablate.prose import quoted_intervals
+
+    counts, problems = quoted_intervals(text)
+    for p in problems:
+        print(f"credo report: {doc}:{p}", file=sys.stderr)
+    if counts:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
+        print(f"credo report: {sum(counts.values())} intervals of {doc} quoted, not recomputed ({kinds})")
+    return len(problems)
+
+
+def _check_historical(doc: Path, text: str) -> int:
+    """The historical mark is for pages of first runs only: refused (1) on a page with a block or a marker."""
+    if prose_marked(text, HISTORY_MARK) and (doc_blocks(text) or _has_markers(text)):
+        print(f"credo report: {doc}: '{HISTORY_MARK}' on a page with credo report blocks or credo:interval "
+              "markers: its intervals have raw results; mark them instead", file=sys.stderr)
+        return 1
+    return 0
+
+
 def report_main(args: argparse.Namespace) -> int:
     """`credo report`: print (or --out) the table, draw --plot; or --update / --check a doc's blocks.
 
@@ -302,8 +339,7 @@ def _report(args: argparse.Namespace) -> int:
 
     if args.check == "":
         code = max((_update(page, check=True) for page in report_pages()), default=0)
-        _list_unchecked(Path("docs"))
-        return code
+        return max(code, 1 if _list_unchecked(Path("docs")) else 0)  # an unchecked interval fails the check
     if args.update or args.check:
         return _update(Path(args.update or args.check), check=args.check is not None)
     req = _request(args)

@@ -125,3 +125,157 @@ def test_credo_report_check_fails_on_an_edited_prose_interval(tmp_path, capsys):
     good.write_text(good.read_text().replace("test=paired", "tset=paired"))
     assert cli.main(["report", "--check", str(good)]) == 2
     assert capsys.readouterr().err.startswith("credo: config error: credo:interval at line 3")
+
+
+# --- every interval of every page: stat=g, unpaired=true, credo:quoted, quoted regions, the historical mark ---
+
+def _distill_final():
+    """distill and grpo's final eval accuracy per seed, read from the raw file (not through credo.ablate)."""
+    import json
+
+    lines = [json.loads(x) for x in (REPO / "docs/results/distill.jsonl").read_text().splitlines() if x.strip()]
+    last = {}
+    for r in lines:
+        if r.get("sweep") == "distill":
+            curve = r["curves"]["eval/accuracy"]
+            last[r["variant"], r["seed"]] = curve[max(curve, key=int)]
+    seeds = sorted(s for v, s in last if v == "grpo")
+    return [last["distill", s] for s in seeds], [last["grpo", s] for s in seeds]
+
+
+def test_stat_g_is_the_paired_g_av_and_the_paragraph_must_name_it():
+    import numpy as np
+    from scipy import special
+
+    a, b = (np.array(x) for x in _distill_final())
+    n = len(a)
+    j = special.gamma((n - 1) / 2) / (np.sqrt((n - 1) / 2) * special.gamma((n - 2) / 2))  # exact Hedges J(n - 1)
+    g_av = j * (a.mean() - b.mean()) / np.sqrt((a.var(ddof=1) + b.var(ddof=1)) / 2)
+    spec = 'recipes/ablations/distill.yaml compare="distill > grpo" test=paired stat=g'
+    (g, low, high), test = recompute(spec, {})
+    assert test == "paired" and abs(g - g_av) < 1e-9 and low < g < high
+    text = f"paired, g_av <!-- credo:interval {spec} -->{g:+.2f} [{low:+.2f}, {high:+.2f}]\n"
+    assert [m.problem for m in check_page(text)] == [""]
+    assert check_page(text.replace("g_av", "g"))[0].problem == "the paragraph does not say the effect size is g_av"
+    assert check_page(text.replace(f"{g:+.2f} [", f"{g + 0.05:+.2f} ["))[0].problem.startswith("printed")
+
+
+def test_unpaired_is_welchs_interval_whatever_the_tables_design():
+    import numpy as np
+    from scipy import stats
+
+    a, b = (np.array(x) for x in _distill_final())
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = stats.t.ppf(0.975, df) * np.sqrt(va + vb)
+    spec = 'recipes/ablations/distill.yaml compare="distill > grpo" test=Welch unpaired=true'
+    (est, low, high), test = recompute(spec, {})
+    assert test == "Welch" and np.allclose([est, low, high], [a.mean() - b.mean(), a.mean() - b.mean() - half,
+                                                             a.mean() - b.mean() + half], atol=1e-9)
+    paired, _ = recompute(spec.replace(" test=Welch unpaired=true", " test=paired"), {})
+    assert paired[1] != low  # the tables pair these runs: unpaired=true is what makes it Welch
+    with pytest.raises(ConfigError, match="unpaired=true goes with compare= and test=Welch"):
+        recompute(spec.replace("test=Welch", "test=paired"), {})
+
+
+def _page(tmp_path, body: str) -> Path:
+    docs = tmp_path / "docs"
+    docs.mkdir(exist_ok=True)
+    page = docs / "page.md"
+    page.write_text(f"# A page\n\n{body}\n")
+    return page
+
+
+def test_a_quoted_interval_is_counted_by_kind_and_must_hold_an_interval(tmp_path, capsys):
+    page = _page(tmp_path, "The paper: <!-- credo:quoted paper: Table 2 of arXiv 2508.08221 -->+0.8 [+0.3, +1.3];\n"
+                           "timed <!-- credo:quoted timing: median of 3 runs [min, max] -->1.77 [1.50,\n1.79] s.")
+    assert cli.main(["report", "--check", str(page)]) == 0
+    assert f"2 intervals of {page} quoted, not recomputed (paper 1, timing 1)" in capsys.readouterr().out
+    assert INTERVAL_RE.findall(_unmarked_prose(page.read_text())) == []
+    page.write_text(page.read_text().replace("-->1.77 [1.50,\n1.79] s.", "--> (lost)"))
+    assert cli.main(["report", "--check", str(page)]) == 1
+    assert "credo:quoted timing: no interval follows the marker" in capsys.readouterr().err
+    page.write_text("<!-- credo:quoted guess: because -->+0.8 [+0.3, +1.3]\n")
+    assert cli.main(["report", "--check", str(page)]) == 2
+    assert "KIND one of paper, timing, legacy, setting, script" in capsys.readouterr().err
+
+
+def test_a_quoted_region_counts_every_interval_inside_and_must_be_closed_and_hold_one(tmp_path, monkeypatch, capsys):
+    table = "| a | 0.444 [0.422, 0.466] | +0.401 [0.382,\n0.419] |\n"
+    page = _page(tmp_path, f"<!-- credo:quoted-begin legacy: first run, values not kept -->\n{table}"
+                           "<!-- credo:quoted-end -->\n\nAfter it: 0.1 [0.0, 0.2].")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["report", "--check"]) == 1  # the unmarked one after the region fails the whole check
+    out, err = capsys.readouterr()
+    assert "2 intervals of docs/page.md quoted, not recomputed (legacy 2)" in out  # a page with only a region counts
+    assert "docs/page.md: 1 intervals in prose, not checked" in err
+    assert INTERVAL_RE.findall(_unmarked_prose(page.read_text())) == ["0.1 [0.0, 0.2]"]  # outside: still unmarked
+    page.write_text(page.read_text().replace("<!-- credo:quoted-end -->", ""))
+    assert cli.main(["report", "--check", "docs/page.md"]) == 1
+    assert "no '<!-- credo:quoted-end -->' closes it" in capsys.readouterr().err
+    page.write_text("<!-- credo:quoted-begin legacy: x -->\nno numbers\n<!-- credo:quoted-end -->\n")
+    assert cli.main(["report", "--check", "docs/page.md"]) == 1
+    assert "no interval inside the region" in capsys.readouterr().err
+
+
+def test_every_docs_page_checks_every_interval_and_a_new_one_is_reported(tmp_path, monkeypatch, capsys):
+    from credo.ablate.report_cli import _list_unchecked
+
+    assert _list_unchecked(REPO / "docs") == 0, capsys.readouterr().err  # the repository's pages: nothing unchecked
+    out = capsys.readouterr().out
+    assert "reproductions-history.md: " in out and "historical: not recomputed" in out
+    page = _page(tmp_path, f"paired <!-- credo:interval {DISTILL} -->+0.016 [+0.011, +0.020], and later −0.008\n"
+                           "[−0.045, +0.029] with none.")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").symlink_to(REPO / "recipes")
+    (tmp_path / "docs" / "results").symlink_to(REPO / "docs" / "results")
+    assert cli.main(["report", "--check"]) == 1  # one wrapped, unmarked interval fails the whole check
+    err = capsys.readouterr().err
+    assert "docs/page.md: 1 intervals in prose, not checked" in err
+
+
+def test_the_historical_mark_counts_its_page_and_is_refused_where_results_exist(tmp_path, monkeypatch, capsys):
+    from credo.ablate.report_cli import HISTORY_MARK
+
+    page = _page(tmp_path, f"{HISTORY_MARK}\n\nThe first run: 0.886 [0.875, 0.896] and +0.1 [+0.0, +0.2].")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["report", "--check"]) == 0
+    assert "docs/page.md: 2 intervals in prose, historical: not recomputed" in capsys.readouterr().out
+    page.write_text(page.read_text() + "\nNow <!-- credo:quoted paper: p. 3 -->+0.5 [+0.1, +0.9].\n")
+    assert cli.main(["report", "--check"]) == 1
+    assert "its intervals have raw results; mark them instead" in capsys.readouterr().err
+
+
+def test_a_wrapped_interval_after_a_marker_is_checked():
+    text = f"paired <!-- credo:interval {DISTILL} -->+0.016\n[+0.011, +0.020]\n"
+    assert [m.problem for m in check_page(text)] == [""]
+    assert check_page(text.replace("+0.020]", "+0.021]"))[0].problem.startswith("printed +0.016 [+0.011, +0.021]")
+
+
+def test_every_marked_interval_of_every_page_is_its_recomputation():
+    """Every docs page's credo:interval markers (the family pages' are edited one by one above) and quoted markers."""
+    from credo.ablate.prose import quoted_intervals
+
+    cache, n = {}, 0
+    for page in sorted((REPO / "docs").rglob("*.md")):
+        text = page.read_text()
+        marked = check_page(text, cache)
+        assert [(m.line, m.problem) for m in marked if m.problem] == [], page
+        assert quoted_intervals(text)[1] == [], page
+        n += len(marked)
+    assert n >= 198  # 198 on 2026-12-07: a page that loses its markers is caught here
+
+
+@pytest.mark.parametrize("form", ["2.29x, 95% CI [1.89, 2.78]", "kill rate 95.0% [90.4%, 97.4%]", "3234 [3489, 2980]",
+                                  "slope +0.08 with an interval [-0.05,\n+0.21]", "+0.016 [+0.011, +0.020]"])
+def test_the_detector_sees_every_printed_form_and_a_quoted_marker_takes_it(form):
+    assert len(INTERVAL_RE.findall(form)) == 1
+    est, bracket = form.rsplit("[", 1)
+    head, _, last = est.rstrip().rpartition(" ")
+    quoted = f"{head} <!-- credo:quoted timing: t -->{last} [{bracket}" if head else f"<!-- credo:quoted timing: t -->{form}"
+    assert INTERVAL_RE.findall(_unmarked_prose(quoted)) == [], quoted
+
+
+@pytest.mark.parametrize("not_one", ["clamped to [-20, 20]", "shape [4, 7]", "`[0, 10]`", "in [0, 1], over"])
+def test_the_detector_leaves_ranges_and_shapes_alone(not_one):
+    assert INTERVAL_RE.findall(not_one) == []
