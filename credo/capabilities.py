@@ -58,11 +58,13 @@ BACKENDS: dict[str, frozenset[str]] = {
     "hf": frozenset({RACE, PROMPT_EMBEDS, WEIGHT_PUSH, LOCAL_REPLICAS, ROUTING_CAPTURE}),
     "vllm": frozenset({RACE, PROMPT_EMBEDS, PER_SAMPLE_SEEDS, WEIGHT_PUSH}),
     "ray": frozenset({RACE, PROMPT_EMBEDS, PER_SAMPLE_SEEDS, WEIGHT_PUSH}),
+    "vllm_async": frozenset({PER_SAMPLE_SEEDS, WEIGHT_PUSH}),
 }
 """Rollout backend (`rollout.backend`, or 'ray' for the Ray pool of cluster.engine: ray) -> what it provides.
 The Ray pool's workers hold an hf or vLLM backend each; the pool runs a race whole on one worker and sends each
 shard's prompt embeddings with it (`credo.distributed.ray.rollout`). It has no local replicas (the overlap
-schedule's), so a plan that needs them is refused, naming cluster.engine."""
+schedule's), so a plan that needs them is refused, naming cluster.engine. 'vllm_async' is rollout.backend vllm with
+rollout.vllm_engine: async (`credo.distributed.vllm_async`): no race and no prompt embeddings yet."""
 
 DEFAULT_SOURCE = frozenset({PROMPT_DRAW, BATCH_STATE})
 """What the default rollout source (the task's single-turn prompts, `credo.train.rollout.PromptRollout`) provides."""
@@ -174,6 +176,14 @@ CORE_REFUSALS: list[Refusal] = [
     Refusal(("algo.router_replay", "stages.rollout"),
             lambda r, p: r.algo.router_replay and p.stages["rollout"].resolved is not None,
             "only the default rollout source asks the engine for each token's experts (docs/moe.md)"),
+    Refusal(("rollout.vllm_engine", "rollout.backend"),
+            lambda r, p: r.rollout.vllm_engine == "async" and r.rollout.backend != "vllm",
+            "the asynchronous engine is vLLM's (AsyncLLM); expected rollout.backend: vllm, or rollout.vllm_engine: "
+            "offline"),
+    Refusal(("rollout.vllm_engine", "cluster.engine"),
+            lambda r, p: r.rollout.vllm_engine == "async" and r.cluster.engine == "ray",
+            "the Ray pool's vLLM workers run the offline engine (LLM.generate); expected rollout.vllm_engine: offline "
+            "with cluster.engine: ray"),
     Refusal(("stages.schedule", "WORLD_SIZE"), lambda r, p: p.schedule.name == "overlap" and _world() > 1,
             "overlap's rollout workers sample for one trainer process; under torchrun use stages.schedule: fixed_lag"),
 ]
