@@ -212,10 +212,13 @@ class AsyncVLLMBackend:
         self._loop.run(self.engine.abort(live.request_id))
         return fut.result().finish_reason == "abort"
 
-    def load_weights(self, model, version: int) -> None:
+    def load_weights(self, model, version: int, *, recompute_kv: bool | None = None) -> None:
         """New weights between engine steps; every token sampled after this carries `version` (module docstring).
-        `model`: the trainer's module (or a DeepSpeed engine), as `VLLMBackend.sync_weights` takes it."""
+        `model`: the trainer's module (or a DeepSpeed engine), as `VLLMBackend.sync_weights` takes it. `recompute_kv`:
+        re-read the running requests under the new weights (True) or keep their old KV cache (False); None: the
+        backend's setting."""
         self._check_open("load_weights")
+        self._calls.recompute_kv = self.recompute_kv if recompute_kv is None else recompute_kv
         t0 = time.perf_counter()
         transform = None
         if self.fp8_weights:
