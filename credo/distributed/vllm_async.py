@@ -87,6 +87,10 @@ class _Live:
     request_id: str
     prompt: list
     seed: int | None
+    service: bool
+    """Submitted through `submit` (its result goes to `take`), not by `generate` (which waits for it itself)."""
+    finish_order: int = -1
+    """Its place among the requests that ended (set in the engine thread)."""
     tokens: list = field(default_factory=list)
     log_probs: list = field(default_factory=list)
 
@@ -142,7 +146,7 @@ class AsyncVLLMBackend:
         self.version = 0
         self.weight_transport, self.fp8_weights, self.recompute_kv = weight_transport, fp8_weights, recompute_kv
         self._calls = _EngineCalls(self._loop, self.engine, recompute_kv)
-        self._next = 0
+        self._next = self._finished = 0
         self._live: dict[int, tuple[_Live, object]] = {}  # handle -> (request, its collecting task's future)
         self._done: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
@@ -157,7 +161,7 @@ class AsyncVLLMBackend:
         self._check_open("generate")
         params = VLLMBackend._sampling_params(self, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                               top_p=top_p, seeds=seeds, top_k=top_k, min_p=min_p)
-        lives = [self._add(list(p), sp, None if seeds is None else seeds[i]) for i, (p, sp) in
+        lives = [self._add(list(p), sp, None if seeds is None else seeds[i], service=False) for i, (p, sp) in
                  enumerate(zip(prompts, params))]
         results = [fut.result() for _, fut in lives]
         with self._lock:
@@ -182,23 +186,22 @@ class AsyncVLLMBackend:
         (params,) = VLLMBackend._sampling_params(self, [list(request.prompt_ids)], max_new_tokens=s.max_new_tokens,
                                                  temperature=s.temperature, top_p=s.top_p, seeds=[request.seed],
                                                  top_k=s.top_k, min_p=s.min_p)
-        live, fut = self._add(list(request.prompt_ids), params, request.seed)
-        fut.add_done_callback(lambda f: self._done.put(f))
+        live, fut = self._add(list(request.prompt_ids), params, request.seed, service=True)
+        fut.add_done_callback(lambda f: self._done.put(None))  # wakes a waiting take()
         return live.handle
 
     def take(self, *, wait: bool = True, timeout: float | None = None) -> list[GenerationResult]:
         """The results finished or aborted since the last take, in finishing order. `wait`: block until there is one
-        (or nothing is in flight). An engine error is raised here."""
-        futures = []
-        if wait and self._done.empty() and self.in_flight():
-            futures.append(self._done.get(timeout=timeout))
-        while not self._done.empty():
-            futures.append(self._done.get_nowait())
-        out = [f.result() for f in futures]
-        with self._lock:
-            for r in out:
-                self._live.pop(r.handle, None)
-        return out
+        (or nothing submitted is in flight). An engine error is raised here."""
+        while True:
+            with self._lock:
+                done = [(live, fut) for live, fut in self._live.values() if live.service and fut.done()]
+                for live, _ in done:
+                    del self._live[live.handle]
+                waiting = any(live.service for live, _ in self._live.values())
+            if done or not wait or not waiting:
+                return [fut.result() for _, fut in sorted(done, key=lambda e: e[0].finish_order)]
+            self._done.get(timeout=timeout)  # a request ended (perhaps one already taken: then look again)
 
     def abort(self, handle: int) -> bool:
         """Stop a request in flight; its result (next `take`) keeps the tokens and log-probs produced so far. False
@@ -263,7 +266,7 @@ class AsyncVLLMBackend:
         if self.engine is None:
             raise RuntimeError(f"{what} called after close()")
 
-    def _add(self, prompt: list[int], params, seed):
+    def _add(self, prompt: list[int], params, seed, *, service: bool):
         """Add one request to the engine (waits until the engine has it, so an abort right after finds it) and start
         the task that collects its outputs; returns (its record, the task's future)."""
         from vllm.inputs import TokensPrompt
@@ -272,7 +275,7 @@ class AsyncVLLMBackend:
         params.output_kind = RequestOutputKind.DELTA
         with self._lock:
             handle, self._next = self._next, self._next + 1
-        live = _Live(handle, f"credo-{handle}", prompt, seed)
+        live = _Live(handle, f"credo-{handle}", prompt, seed, service)
         collector = self._loop.run(self.engine.add_request(live.request_id, TokensPrompt(prompt_token_ids=prompt),
                                                            params))
         fut = self._loop.spawn(self._collect(live, collector))
@@ -293,6 +296,7 @@ class AsyncVLLMBackend:
                     break
         finally:
             collector.close()
+            live.finish_order, self._finished = self._finished, self._finished + 1
         reason = {"stop": "stop", "length": "length", "abort": "abort"}.get(str(comp.finish_reason), "abort")
         versions = span_versions(comp.weight_versions, len(live.tokens), self.version)
         return GenerationResult(live.handle, live.prompt, live.tokens, live.log_probs, versions, reason,

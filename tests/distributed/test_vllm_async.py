@@ -85,6 +85,14 @@ def wait_for_tokens(engine, handle, n, timeout=60.0):
         time.sleep(0.002)
 
 
+def take_all(engine) -> dict:
+    """handle -> result of every request submitted, once all have ended (take() returns [] only then)."""
+    got = {}
+    while results := engine.take():
+        got.update({r.handle: r for r in results})
+    return got
+
+
 def test_same_seeds_draw_the_offline_backends_tokens(offline, engine):
     ps, seeds = prompts(), [11, 12, 13, 14, 15, 16]
     for temperature in (1.0, 0.7):
@@ -101,10 +109,7 @@ def test_same_seeds_draw_the_offline_backends_tokens(offline, engine):
     settings = SamplingSettings(max_new_tokens=32, temperature=1.0)
     want = offline.generate(ps, max_new_tokens=32, temperature=1.0, seeds=seeds)
     handles = [engine.submit(GenerationRequest(tuple(p), settings, s)) for p, s in zip(ps, seeds)]
-    got = {}
-    while engine.in_flight():
-        got.update({r.handle: r for r in engine.take()})
-    got.update({r.handle: r for r in engine.take(wait=False)})
+    got = take_all(engine)
     for h, w in zip(handles, want):
         assert got[h].response_ids == w.response_ids and got[h].policy_versions == [0] * len(w.response_ids)
         close(got[h].log_probs, w.rollout_log_probs, ATOL_ENGINES)
@@ -122,10 +127,7 @@ def test_an_abort_keeps_the_partial_tokens_and_their_log_probs(path, offline, en
     wait_for_tokens(engine, handles[i], 8)
     assert engine.abort(handles[i])
     assert not engine.abort(handles[i])  # already ended
-    results = {}
-    while engine.in_flight():
-        results.update({r.handle: r for r in engine.take()})
-    results.update({r.handle: r for r in engine.take(wait=False)})
+    results = take_all(engine)
     cut = results[handles[i]]
     n = len(cut.response_ids)
     assert cut.finish_reason == "abort" and 8 <= n < len(want[i].response_ids)
@@ -167,17 +169,14 @@ def test_each_token_carries_the_version_loaded_when_it_was_sampled(path, offline
     (the continued requests were re-read under the new weights); without it the continued tokens attend to KV computed
     under the old weights, and their log-probs are not the new weights' recompute (which shows the check can fail)."""
     ps, seeds = prompts(), [41, 42, 43, 44, 45, 46]
-    n_new = 120
+    n_new = 200
     want = offline.generate(ps, max_new_tokens=n_new, temperature=1.0, seeds=seeds)
     settings = SamplingSettings(max_new_tokens=n_new, temperature=1.0)
+    m1 = perturbed(path, seed=1, scale=0.3)  # built first: the load must come while the requests run
     handles = [engine.submit(GenerationRequest(tuple(p), settings, s)) for p, s in zip(ps, seeds)]
     wait_for_tokens(engine, handles[max(range(len(ps)), key=lambda i: len(want[i].response_ids))], 6)
-    m1 = perturbed(path, seed=1, scale=0.3)
     engine.load_weights(m1, 1, recompute_kv=recompute_kv)
-    got = {}
-    while engine.in_flight():
-        got.update({r.handle: r for r in engine.take()})
-    got.update({r.handle: r for r in engine.take(wait=False)})
+    got = take_all(engine)
     m0, crossed, off = fresh_model(path), 0, 0.0
     for h, w, p in zip(handles, want, ps):
         r = got[h]
