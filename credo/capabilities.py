@@ -9,7 +9,8 @@ A capability is a short string. The ones credo's parts use:
               per_sample_seeds each prompt's tokens depend on its own seed only (any split of the work draws alike)
               weight_push      sync_weights(model, version): the engine takes the trainer's new weights
               local_replicas   the policy can be copied into local worker processes that sample beside training
-                               (overlap's rollout workers run the hf backend on such copies)
+                               (overlap's rollout workers run the hf backend on such copies; vllm_async's engine
+                               core is such a process, its weights loaded between engine steps)
               routing_capture  generate(..., routing=True): each token's MoE experts per layer in
                                Sample.routed_experts (algo.router_replay, docs/moe.md)
     source    prompt_draw      single-turn prompts drawn as a pure function of (seed, step) from the task, which a
@@ -58,7 +59,7 @@ BACKENDS: dict[str, frozenset[str]] = {
     "hf": frozenset({RACE, PROMPT_EMBEDS, WEIGHT_PUSH, LOCAL_REPLICAS, ROUTING_CAPTURE}),
     "vllm": frozenset({RACE, PROMPT_EMBEDS, PER_SAMPLE_SEEDS, WEIGHT_PUSH}),
     "ray": frozenset({RACE, PROMPT_EMBEDS, PER_SAMPLE_SEEDS, WEIGHT_PUSH}),
-    "vllm_async": frozenset({PER_SAMPLE_SEEDS, WEIGHT_PUSH}),
+    "vllm_async": frozenset({PER_SAMPLE_SEEDS, WEIGHT_PUSH, LOCAL_REPLICAS}),
 }
 """Rollout backend (`rollout.backend`, or 'ray' for the Ray pool of cluster.engine: ray) -> what it provides.
 The Ray pool's workers hold an hf or vLLM backend each; the pool runs a race whole on one worker and sends each
@@ -184,6 +185,15 @@ CORE_REFUSALS: list[Refusal] = [
             lambda r, p: r.rollout.vllm_engine == "async" and r.cluster.engine == "ray",
             "the Ray pool's vLLM workers run the offline engine (LLM.generate); expected rollout.vllm_engine: offline "
             "with cluster.engine: ray"),
+    Refusal(("stages.schedule_kwargs.partial_rollout", "rollout.vllm_engine"),
+            lambda r, p: p.backend == "vllm_async" and p.schedule.name == "overlap"
+            and not p.schedule.settings.partial_rollout,
+            "the asynchronous engine loads new weights between engine steps, into the requests in flight (partial "
+            "rollout); expected stages.schedule_kwargs.partial_rollout: true, or rollout.vllm_engine: offline"),
+    Refusal(("stages.schedule_kwargs.workers", "rollout.vllm_engine"),
+            lambda r, p: p.backend == "vllm_async" and p.schedule.name == "overlap" and p.schedule.settings.workers > 1,
+            "overlap runs one asynchronous vLLM engine (its continuous batching in place of several workers); "
+            "expected stages.schedule_kwargs.workers: 1"),
     Refusal(("stages.schedule", "WORLD_SIZE"), lambda r, p: p.schedule.name == "overlap" and _world() > 1,
             "overlap's rollout workers sample for one trainer process; under torchrun use stages.schedule: fixed_lag"),
 ]

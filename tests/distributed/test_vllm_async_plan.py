@@ -20,6 +20,9 @@ def test_the_default_is_the_offline_engine():
     r = load_recipe(QUICK, ["rollout.backend=vllm"])
     assert r.rollout.vllm_engine == "offline" and resolve_plan(r).backend == "vllm"
     assert resolve_plan(load_recipe(QUICK, ASYNC)).backend == "vllm_async"
+    partial = resolve_plan(load_recipe(QUICK, [*ASYNC, "stages.schedule=overlap",
+                                               "stages.schedule_kwargs={partial_rollout: true}"]))
+    assert (partial.backend, partial.schedule.name) == ("vllm_async", "overlap")
 
 
 @pytest.mark.parametrize("recipe,overrides,keys", [
@@ -27,6 +30,9 @@ def test_the_default_is_the_offline_engine():
     (QUICK, [*ASYNC, "cluster.engine=ray"], ("'rollout.vllm_engine'", "'cluster.engine'")),
     (QUICK, [*ASYNC, "stages.schedule=tail_batching"], ("stages.schedule", "'rollout.vllm_engine' = 'async'")),
     ("recipes/palette.yaml", ASYNC, ("stages.rollout", "'rollout.vllm_engine' = 'async'")),
+    (QUICK, [*ASYNC, "stages.schedule=overlap"], ("'stages.schedule_kwargs.partial_rollout'", "'rollout.vllm_engine'")),
+    (QUICK, [*ASYNC, "stages.schedule=overlap", "stages.schedule_kwargs={partial_rollout: true, workers: 2}"],
+     ("'stages.schedule_kwargs.workers'", "'rollout.vllm_engine'")),
 ])
 def test_credo_check_refuses_what_the_async_engine_cannot_run(recipe, overrides, keys, capsys, tmp_path):
     from credo.cli import main
