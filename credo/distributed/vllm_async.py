@@ -18,8 +18,8 @@ How the service maps onto AsyncLLM:
                   step runs on half-pushed weights. With `recompute_kv` (default), the running requests are
                   preempted (`reset_prefix_cache(reset_running_requests=True)`) and re-read whole (prompt + partial
                   response) under the new weights, as partial rollout does with the hf backend (docs/async.md) and
-                  AReaL and verl do; without it they keep the KV cache computed under the old weights. The prefix
-                  cache is reset either way.
+                  AReaL and verl do; without it they keep the KV cache computed under the old weights (and the
+                  prefix cache keeps their blocks: see `load_weights`).
 
 Token versions are vLLM's own: every engine output carries the engine's weight version, and a finished (or aborted)
 request reports its tokens' version spans (`CompletionOutput.weight_versions`), turned here into per-token versions.
@@ -192,7 +192,7 @@ class AsyncVLLMBackend:
 
     def take(self, *, wait: bool = True, timeout: float | None = None) -> list[GenerationResult]:
         """The results finished or aborted since the last take, in finishing order. `wait`: block until there is one
-        (or nothing submitted is in flight). An engine error is raised here."""
+        (or nothing submitted is in flight); `queue.Empty` after `timeout` seconds. An engine error is raised here."""
         while True:
             with self._lock:
                 done = [(live, fut) for live, fut in self._live.values() if live.service and fut.done()]
@@ -218,8 +218,9 @@ class AsyncVLLMBackend:
     def load_weights(self, model, version: int, *, recompute_kv: bool | None = None) -> None:
         """New weights between engine steps; every token sampled after this carries `version` (module docstring).
         `model`: the trainer's module (or a DeepSpeed engine), as `VLLMBackend.sync_weights` takes it. `recompute_kv`:
-        re-read the running requests under the new weights (True) or keep their old KV cache (False); None: the
-        backend's setting."""
+        re-read the running requests under the new weights (True) or keep their old KV cache (False: then the prefix
+        cache cannot be reset while they run, and a later request sharing their prefix may reuse blocks computed under
+        the old weights; a research switch that no schedule uses); None: the backend's setting."""
         self._check_open("load_weights")
         self._calls.recompute_kv = self.recompute_kv if recompute_kv is None else recompute_kv
         t0 = time.perf_counter()
@@ -306,7 +307,9 @@ class AsyncVLLMBackend:
         finally:
             collector.close()
             live.finish_order, self._finished = self._finished, self._finished + 1
-        reason = {"stop": "stop", "length": "length", "abort": "abort"}.get(str(comp.finish_reason), "abort")
+        reason = str(comp.finish_reason)
+        if reason not in ("stop", "length", "abort"):
+            raise RuntimeError(f"vLLM ended request {live.request_id} with finish reason {reason!r}")
         versions = span_versions(comp.weight_versions, len(live.tokens), self.version)
         return GenerationResult(live.handle, live.prompt, live.tokens, live.log_probs, versions, reason,
                                 meta={"seed": live.seed, "version": self.version})
