@@ -196,3 +196,30 @@ def test_each_token_carries_the_version_loaded_when_it_was_sampled(path, offline
         assert r.sample().policy_version == min(v)
     assert crossed, {h: got[h].policy_versions.count(0) for h in handles}  # some request ran across the load
     assert recompute_kv or off > 100 * ATOL_RECOMPUTE, off
+
+
+def test_overlaps_engine_workers_continue_a_request_across_a_publish(path, engine, restore):
+    """overlap's worker calls on the async engine (credo/distributed/vllm_overlap.py): a request's prompts run across
+    a publish; its samples carry per-token versions, the oldest as their version, and one interruption each."""
+    from credo.distributed.rollout_workers import GenerationRequest as WorkerRequest
+    from credo.distributed.vllm_overlap import EngineWorkers
+
+    workers = EngineWorkers(engine)
+    ps, seeds = prompts(), [51, 52, 53, 54, 55, 56]
+    m1 = perturbed(path, seed=2, scale=0.3)
+    workers.publish(fresh_model(path), 0)  # the version it holds: nothing to load
+    assert engine.version == 0
+    workers.submit(0, WorkerRequest(7, ps, seeds, max_new_tokens=200))
+    assert workers.outstanding == [1] and workers.next_result(0.001) is None  # nothing has ended yet
+    wait_for_tokens(engine, max(engine._live), 6)  # the last prompt's request (its handles are the newest)
+    workers.publish(m1, 1)
+    result = workers.next_result(300)
+    assert (result.id, result.version, workers.outstanding) == (7, 0, [0])
+    crossed = 0
+    for s, p in zip(result.samples, ps):
+        v = s.policy_versions
+        assert s.prompt_ids == p and len(v) == len(s.response_ids) and v == sorted(v)
+        assert s.policy_version == min(v) and s.meta["interrupted"] == len(set(v)) - 1
+        crossed += set(v) == {0, 1}
+    assert crossed, [s.policy_versions.count(0) for s in result.samples]
+    assert workers.busy_seconds()[0] > 0 and workers.next_result(0.001) is None
