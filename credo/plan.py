@@ -116,7 +116,7 @@ class RunPlan:
     """StagePlan per entry of stages.probes."""
     schedule: SchedulePlan
     backend: str
-    """'hf', 'vllm', 'vllm_async' (rollout.vllm_engine: async) or 'ray' (the Ray rollout pool of cluster.engine: ray)."""
+    """'hf', 'vllm', 'vllm_async' (rollout.vllm_engine: async) or 'ray' (the Ray pool of cluster.engine: ray)."""
     engine: str
     provided: Mapping[str, frozenset]
     """'backend', 'source', 'engine' -> what each provides."""
