@@ -9,7 +9,8 @@ A capability is a short string. The ones credo's parts use:
               per_sample_seeds each prompt's tokens depend on its own seed only (any split of the work draws alike)
               weight_push      sync_weights(model, version): the engine takes the trainer's new weights
               local_replicas   the policy can be copied into local worker processes that sample beside training
-                               (overlap's rollout workers run the hf backend on such copies)
+                               (overlap's rollout workers run the hf backend on such copies; vllm_async's engine
+                               core is such a process, its weights loaded between engine steps)
               routing_capture  generate(..., routing=True): each token's MoE experts per layer in
                                Sample.routed_experts (algo.router_replay, docs/moe.md)
     source    prompt_draw      single-turn prompts drawn as a pure function of (seed, step) from the task, which a
@@ -58,11 +59,13 @@ BACKENDS: dict[str, frozenset[str]] = {
     "hf": frozenset({RACE, PROMPT_EMBEDS, WEIGHT_PUSH, LOCAL_REPLICAS, ROUTING_CAPTURE}),
     "vllm": frozenset({RACE, PROMPT_EMBEDS, PER_SAMPLE_SEEDS, WEIGHT_PUSH}),
     "ray": frozenset({RACE, PROMPT_EMBEDS, PER_SAMPLE_SEEDS, WEIGHT_PUSH}),
+    "vllm_async": frozenset({PER_SAMPLE_SEEDS, WEIGHT_PUSH, LOCAL_REPLICAS}),
 }
 """Rollout backend (`rollout.backend`, or 'ray' for the Ray pool of cluster.engine: ray) -> what it provides.
 The Ray pool's workers hold an hf or vLLM backend each; the pool runs a race whole on one worker and sends each
 shard's prompt embeddings with it (`credo.distributed.ray.rollout`). It has no local replicas (the overlap
-schedule's), so a plan that needs them is refused, naming cluster.engine."""
+schedule's), so a plan that needs them is refused, naming cluster.engine. 'vllm_async' is rollout.backend vllm with
+rollout.vllm_engine: async (`credo.distributed.vllm_async`): no race and no prompt embeddings yet."""
 
 DEFAULT_SOURCE = frozenset({PROMPT_DRAW, BATCH_STATE})
 """What the default rollout source (the task's single-turn prompts, `credo.train.rollout.PromptRollout`) provides."""
@@ -174,6 +177,23 @@ CORE_REFUSALS: list[Refusal] = [
     Refusal(("algo.router_replay", "stages.rollout"),
             lambda r, p: r.algo.router_replay and p.stages["rollout"].resolved is not None,
             "only the default rollout source asks the engine for each token's experts (docs/moe.md)"),
+    Refusal(("rollout.vllm_engine", "rollout.backend"),
+            lambda r, p: r.rollout.vllm_engine == "async" and r.rollout.backend != "vllm",
+            "the asynchronous engine is vLLM's (AsyncLLM); expected rollout.backend: vllm, or rollout.vllm_engine: "
+            "offline"),
+    Refusal(("rollout.vllm_engine", "cluster.engine"),
+            lambda r, p: r.rollout.vllm_engine == "async" and r.cluster.engine == "ray",
+            "the Ray pool's vLLM workers run the offline engine (LLM.generate); expected rollout.vllm_engine: offline "
+            "with cluster.engine: ray"),
+    Refusal(("stages.schedule_kwargs.partial_rollout", "rollout.vllm_engine"),
+            lambda r, p: p.backend == "vllm_async" and p.schedule.name == "overlap"
+            and not p.schedule.settings.partial_rollout,
+            "the asynchronous engine loads new weights between engine steps, into the requests in flight (partial "
+            "rollout); expected stages.schedule_kwargs.partial_rollout: true, or rollout.vllm_engine: offline"),
+    Refusal(("stages.schedule_kwargs.workers", "rollout.vllm_engine"),
+            lambda r, p: p.backend == "vllm_async" and p.schedule.name == "overlap" and p.schedule.settings.workers > 1,
+            "overlap runs one asynchronous vLLM engine (its continuous batching in place of several workers); "
+            "expected stages.schedule_kwargs.workers: 1"),
     Refusal(("stages.schedule", "WORLD_SIZE"), lambda r, p: p.schedule.name == "overlap" and _world() > 1,
             "overlap's rollout workers sample for one trainer process; under torchrun use stages.schedule: fixed_lag"),
 ]

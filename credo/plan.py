@@ -116,7 +116,7 @@ class RunPlan:
     """StagePlan per entry of stages.probes."""
     schedule: SchedulePlan
     backend: str
-    """'hf', 'vllm' or 'ray' (the Ray rollout pool of cluster.engine: ray)."""
+    """'hf', 'vllm', 'vllm_async' (rollout.vllm_engine: async) or 'ray' (the Ray pool of cluster.engine: ray)."""
     engine: str
     provided: Mapping[str, frozenset]
     """'backend', 'source', 'engine' -> what each provides."""
@@ -160,7 +160,7 @@ def resolve_plan(r) -> RunPlan:
     sched = SchedulePlan(spec, settings_of(Resolved(lambda ctx: None, spec.settings), kwargs, key), key)
     if spec.check is not None:
         spec.check(r, sched.settings, key)
-    backend = "ray" if r.cluster.engine == "ray" else r.rollout.backend
+    backend = backend_name(r)
     engine = r.engine.backend
     from credo.distributed.engines import check_engine
 
@@ -177,8 +177,19 @@ def resolve_plan(r) -> RunPlan:
     return plan
 
 
+def backend_name(r) -> str:
+    """The `BACKENDS` entry a recipe runs: 'ray' (cluster.engine: ray), 'vllm_async' (rollout.backend vllm with
+    rollout.vllm_engine: async) or rollout.backend."""
+    if r.cluster.engine == "ray":
+        return "ray"
+    if r.rollout.backend == "vllm" and r.rollout.vllm_engine == "async":
+        return "vllm_async"
+    return r.rollout.backend
+
+
 def _requirements(r, sched: SchedulePlan, stages: dict, probes: tuple, backend: str, provided: dict) -> list:
-    backend_key = "'cluster.engine' = 'ray'" if backend == "ray" else f"'rollout.backend' = '{backend}'"
+    backend_key = {"ray": "'cluster.engine' = 'ray'", "vllm_async": "'rollout.vllm_engine' = 'async'"}.get(
+        backend, f"'rollout.backend' = '{backend}'")
     source = stages["rollout"]
     engine_key = (f"'engine.zero_stage' = {r.engine.zero_stage} (engine deepspeed)" if r.engine.backend == "deepspeed"
                   else f"'engine.backend' = '{r.engine.backend}'")

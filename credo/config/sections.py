@@ -164,6 +164,9 @@ class RolloutConfig:
     """Skip vLLM's graph compilation (faster start, slower sampling); default: eager on CPU, compiled on GPU."""
     vllm_gpu_memory_utilization: float = ranged(0.3, gt=0, le=1)
     """Fraction of GPU memory vLLM may take (GPU only)."""
+    vllm_engine: str = one_of("offline", ("offline", "async"))
+    """rollout.backend vllm: 'offline' (LLM.generate per batch) or 'async' (AsyncLLM: continuous batching, per-request
+    abort, weights loaded between engine steps; docs/vllm.md)."""
     dtype: Optional[str] = one_of(None, (None, "float32", "bfloat16", "float16"))
     """Rollout weights' dtype: null = model.dtype (hf: sample with the trainer's own module); float32, bfloat16 or
     float16 = a copy of the policy at that dtype (hf) or the vLLM engine's dtype, re-synced after each update."""

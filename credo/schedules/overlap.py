@@ -26,7 +26,8 @@ with that step's problem and sampling seeds, as a synchronous run draws them. Th
                is trained (or dropped, counted) once
 
 Settings (`stages.schedule_kwargs`, `OverlapSettings`): max_staleness (S), stale_policy, workers, prompt_replication,
-request_prompts, timeout_s, partial_rollout. It needs the default source's draw (capability `prompt_draw`), a backend whose policy can
+request_prompts, timeout_s, partial_rollout. With rollout.vllm_engine: async the workers are vLLM's asynchronous
+engine (`credo.distributed.vllm_overlap`; partial rollout only). It needs the default source's draw (capability `prompt_draw`), a backend whose policy can
 be copied into local worker processes (`local_replicas`: hf in this process) and an engine holding the full
 parameters (`full_params`: ZeRO <= 2); one trainer process (a refusal row in `credo.capabilities`).
 
@@ -266,6 +267,12 @@ def wrap(source, ctx, s: OverlapSettings) -> OverlapSource:
                           "use stages.schedule: fixed_lag under torchrun")
     r = ctx.recipe
     ro = r.rollout
+    if ro.backend == "vllm" and ro.vllm_engine == "async":  # the engine samples beside the trainer in its own process
+        from credo.distributed.vllm_overlap import EngineWorkers
+
+        return OverlapSource(source, EngineWorkers(source.backend), ctx.engine.module, staleness=s.max_staleness,
+                             stale_policy=s.stale_policy, request_prompts=s.request_prompts, timeout_s=s.timeout_s,
+                             last_step=r.run.steps, replicate=False, partial=True)
     others = max(1, (os.cpu_count() or 1) - torch.get_num_threads())
     spec = WorkerSpec(policy_path=ctx.policy_path, dtype=r.model.dtype, eos_id=ctx.tokenizer.eos_token_id,
                       pad_id=ctx.tokenizer.pad_token_id, max_batch=ro.hf_max_batch, rollout_dtype=ro.dtype,

@@ -155,11 +155,16 @@ def make_backend(plan, engine, tokenizer, policy_path: str, cluster=None):
     from credo.distributed.vllm_backend import VLLMBackend
 
     eager = ro.vllm_enforce_eager
-    backend = VLLMBackend(policy_path, dtype=ro.dtype or r.model.dtype, seed=r.run.seed,
-                          kv_cache_gib=ro.vllm_kv_cache_gib, gpu_memory_utilization=ro.vllm_gpu_memory_utilization,
-                          enforce_eager=(not torch.cuda.is_available()) if eager is None else eager,
-                          fp8_weights=ro.fp8_weights,
-                          input_embeddings=engine.module.get_input_embeddings() if embeds else None)
+    common = dict(dtype=ro.dtype or r.model.dtype, seed=r.run.seed, kv_cache_gib=ro.vllm_kv_cache_gib,
+                  gpu_memory_utilization=ro.vllm_gpu_memory_utilization,
+                  enforce_eager=(not torch.cuda.is_available()) if eager is None else eager, fp8_weights=ro.fp8_weights)
+    if ro.vllm_engine == "async":  # the plan refused what it does not provide (prompt embeddings, the race)
+        from credo.distributed.vllm_async import AsyncVLLMBackend
+
+        backend = AsyncVLLMBackend(policy_path, **common)
+    else:
+        backend = VLLMBackend(policy_path, **common,
+                              input_embeddings=engine.module.get_input_embeddings() if embeds else None)
     if ro.fp8_weights:  # the engine loaded full-precision weights from disk: quantise them before step 1
         backend.sync_weights(engine.module, 0)
     return backend

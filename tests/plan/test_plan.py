@@ -78,9 +78,11 @@ def test_declared_backend_capabilities_are_really_there():
     """Each capability a backend class declares is a method or keyword it has."""
     from credo.distributed.ray.rollout import RayRolloutBackend
     from credo.distributed.rollout import HFBackend
+    from credo.distributed.vllm_async import AsyncVLLMBackend
     from credo.distributed.vllm_backend import VLLMBackend
 
-    for cls, name in ((HFBackend, "hf"), (VLLMBackend, "vllm"), (RayRolloutBackend, "ray")):
+    for cls, name in ((HFBackend, "hf"), (VLLMBackend, "vllm"), (RayRolloutBackend, "ray"),
+                      (AsyncVLLMBackend, "vllm_async")):
         assert cls.provides == BACKENDS[name]
         assert (RACE in cls.provides) == hasattr(cls, "generate_race"), cls
         assert (PROMPT_EMBEDS in cls.provides) == ("prefix_embeds" in inspect.signature(cls.generate).parameters), cls
