@@ -14,8 +14,9 @@ it and its behaviour log-prob under that version (what partial rollout, item 3, 
         def in_flight(self) -> int
         def close(self) -> None
 
-Adapters: `credo.distributed.hf_service.HFGenerationService` over the hf backend, and a sketch over vLLM's V1 engine
-(`credo.distributed.vllm_service`). The Ray pool has none yet; `generate` stays the path every schedule uses today
+Adapters: `credo.distributed.hf_service.HFGenerationService` over the hf backend, and
+`credo.distributed.vllm_async.AsyncVLLMBackend` over vLLM's AsyncLLM (`rollout.vllm_engine: async`). The Ray pool has
+none yet; `generate` stays the path every schedule uses today
 (docs/generation_service.md).
 """
 
