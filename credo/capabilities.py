@@ -20,6 +20,11 @@ A capability is a short string. The ones credo's parts use:
     engine    full_params      the trainer's module holds the full parameters (not ZeRO-3 shards) between steps
               module_weight_push  a rollout engine can read the policy's weights straight from the module (plain
                                tensors, not FSDP2's DTensor shards): vLLM, the Ray pool, a rollout copy
+              copy_push        the hf backend's rollout copy at another precision (rollout.dtype, rollout.fp8_weights)
+                               can take the policy's full weights at every sync
+              vllm_push        the vLLM engine can be pushed the policy's full weights (rollout.backend: vllm)
+              ray_push         the Ray pool's workers can be pushed the policy's full weights (cluster.engine: ray)
+                               (FSDP2 provides each push it gathers for, `credo.distributed.engines.weights`)
               lora             it trains a PEFT LoRA adapter (tested)
 
 `BACKENDS` declares the built-in backends (the classes carry the same sets as `provides`; tests check that each
@@ -52,6 +57,9 @@ ENV_EPISODES = "env_episodes"
 FULL_PARAMS = "full_params"
 MODULE_WEIGHT_PUSH = "module_weight_push"
 LORA = "lora"
+COPY_PUSH = "copy_push"
+VLLM_PUSH = "vllm_push"
+RAY_PUSH = "ray_push"
 ROUTING_CAPTURE = "routing_capture"
 
 BACKENDS: dict[str, frozenset[str]] = {
@@ -68,11 +76,12 @@ DEFAULT_SOURCE = frozenset({PROMPT_DRAW, BATCH_STATE})
 """What the default rollout source (the task's single-turn prompts, `credo.train.rollout.PromptRollout`) provides."""
 
 ENGINES: dict[str, Callable[[Any], frozenset[str]]] = {
-    "deepspeed": lambda r: frozenset({MODULE_WEIGHT_PUSH, LORA} | ({FULL_PARAMS} if r.engine.zero_stage < 3 else set())),
-    "fsdp2": lambda r: frozenset(),
+    "deepspeed": lambda r: frozenset({MODULE_WEIGHT_PUSH, COPY_PUSH, VLLM_PUSH, RAY_PUSH, LORA}
+                                     | ({FULL_PARAMS} if r.engine.zero_stage < 3 else set())),
+    "fsdp2": lambda r: frozenset({COPY_PUSH}),
 }
 """Training engine (`engine.backend`) -> what it provides under a recipe's settings (ZeRO-3 shards the parameters;
-FSDP2's blocks hold DTensor shards that no weight push gathers yet, docs/engines.md)."""
+FSDP2's blocks hold DTensor shards, gathered bucket by bucket for the pushes it declares, docs/engines.md)."""
 
 
 @runtime_checkable

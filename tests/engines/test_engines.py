@@ -108,7 +108,7 @@ def test_fsdp2_rollback_and_dcp_checkpoint_train_on_exactly(world, tmp_path):
 
 
 @pytest.mark.parametrize("key,value", [("rollout.backend", "vllm"), ("model.lora.r", 8), ("cluster.engine", "ray"),
-                                       ("rollout.fp8_weights", True), ("stages.schedule", "overlap")])
+                                       ("stages.schedule", "overlap")])
 def test_fsdp2_refuses_weight_paths_it_cannot_gather_naming_both_keys(key, value):
     """Declared as capabilities FSDP2 lacks (credo.capabilities.ENGINES) and refused by the run plan (credo check)."""
     from credo.plan import resolve_plan
@@ -122,3 +122,57 @@ def test_fsdp2_refuses_weight_paths_it_cannot_gather_naming_both_keys(key, value
 def test_cpu_offload_is_an_fsdp2_setting():
     with pytest.raises(ConfigError, match="'engine.cpu_offload'"):
         check_engine(load_recipe("recipes/quickstart.yaml", ["engine.cpu_offload=true"]))
+
+
+def test_fsdp2_accepts_a_rollout_copy_at_another_precision():
+    """rollout.dtype / rollout.fp8_weights (the MIPU recipe): the copy takes FSDP2's gathered weights."""
+    from credo.plan import resolve_plan
+
+    for over in (["rollout.dtype=bfloat16"], ["rollout.fp8_weights=true"]):
+        resolve_plan(load_recipe("recipes/quickstart.yaml", ["engine.backend=fsdp2", *over]))
+    resolve_plan(load_recipe("recipes/mipu.yaml", ["engine.backend=fsdp2"]))
+
+
+def _same(a: dict, b: dict) -> None:
+    assert list(a) == list(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+def test_fsdp2_weight_push_gives_deepspeeds_names_dtypes_and_values(world):
+    """Every push reads the same tensors under either engine: the vLLM/Ray state dict (names, tied alias once,
+    dtypes, values), bucketed or not, the hf rollout copy in bf16 with FP8 linears, and overlap's weight buffer."""
+    from credo.distributed.engines.weights import weight_buckets
+    from credo.distributed.rollout_copy import RolloutCopy
+    from credo.distributed.weight_buffer import WeightBuffers
+    from credo.distributed.weight_sync import full_state_dict
+
+    data = batches(4)
+    ds, fs = make_engine("deepspeed", tiny_model(), **SETTINGS), make_engine("fsdp2", tiny_model(), **SETTINGS)
+    train(ds, data), train(fs, data)
+    a, b = full_state_dict(ds.module), full_state_dict(fs.module)
+    _same(a, b)
+    assert all(not hasattr(v, "to_local") for v in b.values()), "plain tensors, not DTensors"
+    small = list(weight_buckets(fs.module, bucket_bytes=1))  # one tensor per bucket
+    assert len(small) == len(b) and dict(t for bk in small for t in bk).keys() == b.keys()
+    ca, cb = (RolloutCopy(e.module, dtype="bfloat16", fp8_weights=True) for e in (ds, fs))
+    _same(ca.module.state_dict(), cb.module.state_dict())
+    assert all(p.dtype == torch.bfloat16 for p in cb.module.parameters())
+    ctx = torch.multiprocessing.get_context("spawn")
+    wa, wb = WeightBuffers(ds.module, ctx), WeightBuffers(fs.module, ctx)
+    train(ds, data[:2]), train(fs, data[:2])
+    ca.sync_from(ds.module), cb.sync_from(fs.module), wa.publish(ds.module, 1, timeout_s=5), wb.publish(fs.module, 1,
+                                                                                                          timeout_s=5)
+    _same(ca.module.state_dict(), cb.module.state_dict())
+    assert wa.names == wb.names and all(torch.equal(x, y) for x, y in zip(wa.slots[0], wb.slots[0]))
+
+
+def test_fsdp2_pushes_bf16_as_deepspeeds_bf16_module_does(world):
+    """Mixed precision keeps fp32 master shards; the push casts them to bf16, the dtype DeepSpeed's module holds."""
+    from credo.distributed.weight_sync import full_state_dict
+
+    bf16 = {**SETTINGS, "bf16": True}
+    ds, fs = make_engine("deepspeed", tiny_model(), **bf16), make_engine("fsdp2", tiny_model(), **bf16)
+    a, b = full_state_dict(ds.module), full_state_dict(fs.module)
+    assert {v.dtype for v in b.values()} == {torch.bfloat16}
+    _same(a, b)

@@ -89,6 +89,10 @@ class TrainEngine(Protocol):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective: the policy's full weights, under the base model's names (LoRA merged), on the CPU."""
 
+    def weight_buckets(self, bucket_bytes: int, dst: int | None):
+        """Collective: the full weights a rollout engine is pushed, as buckets of (name, CPU tensor) under the base
+        model's names, tied aliases once, at the dtype the module computes in (`credo.distributed.engines.weights`)."""
+
     def export(self, tokenizer, out_dir: Path, rank: int) -> Path | None:
         """Collective: the policy as a Hugging Face folder; rank 0 writes and returns it."""
 
