@@ -46,6 +46,29 @@ def test_the_quickstart_under_fsdp2_equals_deepspeed_bit_for_bit(tmp_path):
     assert all(torch.equal(exported[k], pb[k]) for k in pb)
 
 
+def same_rows_under_both_engines(tmp_path, recipe: str, **over) -> list[dict]:
+    """Runs `recipe` (tiny, 3 steps) under deepspeed and fsdp2; asserts equal metrics.jsonl rows (every key but
+    perf/*) and returns them."""
+    rows = {}
+    for backend in ("deepspeed", "fsdp2"):
+        p = run_cli(["run", recipe, *tiny_overrides(tmp_path / backend, **{"engine.backend": backend, **over})])
+        assert p.returncode == 0, p.stderr[-3000:]
+        rows[backend] = comparable_rows(tmp_path / backend)
+    assert [r["step"] for r in rows["deepspeed"]] == [0, 1, 2, 3]
+    for a, b in zip(rows["deepspeed"], rows["fsdp2"]):
+        assert a == b, {k: (a.get(k), b.get(k)) for k in {*a, *b} if a.get(k) != b.get(k)}
+    return rows["deepspeed"]
+
+
+def test_mipu_under_fsdp2_equals_deepspeed_with_rollbacks(tmp_path):
+    """The MIPU recipe samples from a bf16 copy with FP8 linears (rollout.dtype, rollout.fp8_weights), which FSDP2
+    fills from its gathered shards at every sync; c_k annealed from -1 makes steps 1 and 2 roll back (the gate
+    restores the weights and re-syncs the copy) and step 3 accept. Every row equal bit for bit."""
+    rows = same_rows_under_both_engines(tmp_path, "recipes/mipu.yaml", **{
+        "mipu.c_start": -1.0, "mipu.c_end": 0.001, "mipu.anneal_steps": 2})
+    assert [r.get("mipu/accepted") for r in rows[1:]] == [0.0, 0.0, 1.0], rows
+
+
 def test_sigkill_right_after_a_checkpoint_and_resume_under_fsdp2_is_exact(tmp_path):
     nan = {"CREDO_FAULT_NAN_STEP": "2"}
     whole = start(kill_recipe(tmp_path / "whole", **FSDP2), tmp_path / "whole.log", **nan)
@@ -65,3 +88,27 @@ def test_two_processes_under_fsdp2_update_exactly_as_one(tmp_path):
     two = torch.load(tmp_path / "w2" / "world2.pt")
     one = dp_worker.run(tmp_path / "w1", "fsdp2")
     dp_worker.assert_two_ranks_match_one(one, two)
+
+
+def test_two_processes_gather_the_single_process_weights(tmp_path):
+    """The gathered push under torchrun (2 ranks, uneven shards, a tied embedding, many 2 KiB buckets) gives rank 0
+    the weights one process has after the same training, bit for bit; rank 1 joins every gather and keeps nothing
+    with dst=0, and the full state dict (every rank keeps) is the same on both ranks."""
+    from tests.engines import gather_worker
+
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+                "-m", "tests.engines.gather_worker"]
+    proc = run_cli([str(tmp_path)], launcher=launcher, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r0, r1 = (torch.load(tmp_path / f"rank{r}_of2.pt") for r in (0, 1))
+    one = run_cli(["-c", f"from tests.engines.gather_worker import run; run({str(tmp_path)!r})"],
+                  launcher=[sys.executable], timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    single = torch.load(tmp_path / "rank0_of1.pt")
+    assert r0["sharded"] and "model.embed_tokens.weight" not in r0["sharded"]  # blocks sharded, embedding whole
+    assert "lm_head.weight" not in single["dst0"]  # the tied alias once, as DeepSpeed's push sends it
+    assert len(r0["buckets"]) > 3 and r1["dst0"] == {} and all(b == [] for b in r1["buckets"])
+    for got in (r0["dst0"], r0["all"], r1["all"]):
+        assert list(got) == list(single["dst0"])
+        for k, v in single["dst0"].items():
+            assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
