@@ -23,6 +23,8 @@ A capability is a short string. The ones credo's parts use:
               copy_push        the hf backend's rollout copy at another precision (rollout.dtype, rollout.fp8_weights)
                                can take the policy's full weights at every sync
               vllm_push        the vLLM engine can be pushed the policy's full weights (rollout.backend: vllm)
+              replica_push     overlap's local rollout workers can be published the policy's full weights (their
+                               shared-memory weight buffer; ZeRO-3 partitions are not gathered for it)
               ray_push         the Ray pool's workers can be pushed the policy's full weights (cluster.engine: ray)
                                (FSDP2 provides each push it gathers for, `credo.distributed.engines.weights`)
               lora             it trains a PEFT LoRA adapter (tested)
@@ -60,6 +62,7 @@ LORA = "lora"
 COPY_PUSH = "copy_push"
 VLLM_PUSH = "vllm_push"
 RAY_PUSH = "ray_push"
+REPLICA_PUSH = "replica_push"
 ROUTING_CAPTURE = "routing_capture"
 
 BACKENDS: dict[str, frozenset[str]] = {
@@ -77,8 +80,8 @@ DEFAULT_SOURCE = frozenset({PROMPT_DRAW, BATCH_STATE})
 
 ENGINES: dict[str, Callable[[Any], frozenset[str]]] = {
     "deepspeed": lambda r: frozenset({MODULE_WEIGHT_PUSH, COPY_PUSH, VLLM_PUSH, RAY_PUSH, LORA}
-                                     | ({FULL_PARAMS} if r.engine.zero_stage < 3 else set())),
-    "fsdp2": lambda r: frozenset({COPY_PUSH, VLLM_PUSH}),
+                                     | ({FULL_PARAMS, REPLICA_PUSH} if r.engine.zero_stage < 3 else set())),
+    "fsdp2": lambda r: frozenset({COPY_PUSH, VLLM_PUSH, REPLICA_PUSH}),
 }
 """Training engine (`engine.backend`) -> what it provides under a recipe's settings (ZeRO-3 shards the parameters;
 FSDP2's blocks hold DTensor shards, gathered bucket by bucket for the pushes it declares, docs/engines.md)."""

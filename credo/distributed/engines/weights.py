@@ -83,8 +83,8 @@ def gather_buckets(module: torch.nn.Module, *, dtype: torch.dtype | None, bucket
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, t in module.state_dict().items():
-        if isinstance(t, DTensor):
-            full = t.full_tensor()  # every rank joins this all-gather
+        if isinstance(t, DTensor):  # every rank joins this all-gather (a world of one holds it whole: no collective)
+            full = t.to_local() if t.device_mesh.size() == 1 else t.full_tensor()
         else:
             key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)) if t.numel() else None
             if key is not None and key in seen:  # a tied alias (lm_head.weight of a tied embedding): pushed once
