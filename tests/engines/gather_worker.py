@@ -4,7 +4,9 @@
 
 Every rank builds the same tiny Qwen2 (an odd vocabulary and intermediate size, so the shards are uneven) as an
 FSDP2 engine and trains 3 optimizer steps on the same batches, each rank's loss halved (the engine averages the
-ranks' gradients: the same gradient as one process on the whole loss, so the same weights). Then the push:
+ranks' gradients: (g + g) / 2 = g exactly, the same gradient as one process, so the same weights bit for bit).
+No clipping: the global norm summed over shards rounds differently from one process's, and its clip factor would
+move the last bits (tests/invariants/test_data_parallel.py compares that with a tolerance). Then the push:
 `weight_buckets(dst=0)` in buckets of 2 KiB (many buckets; rank 1 joins each gather and keeps nothing) and
 `weight_sync.full_state_dict` (every rank keeps). Each rank writes `OUT_DIR/rank<r>_of<world>.pt`.
 """
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-SETTINGS = dict(lr=3e-3, betas=(0.9, 0.99), weight_decay=0.01, grad_clip=0.5, warmup_steps=1, micro_batch=2,
+SETTINGS = dict(lr=3e-3, betas=(0.9, 0.99), weight_decay=0.01, grad_clip=0.0, warmup_steps=1, micro_batch=2,
                 grad_accum=1, bf16=False, zero_stage=0)
 
 

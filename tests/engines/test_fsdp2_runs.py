@@ -5,7 +5,9 @@ the fast in-process siblings):
   same final weights, and a Hugging Face folder that loads with those weights;
 - a run SIGKILLed right after a checkpoint and resumed with run.resume=auto equals the uninterrupted run (rows
   and final weights), with a NaN-skipped step before the kill so the skip counters must carry over;
-- two processes under torchrun update exactly as one (tests/invariants/test_data_parallel.py, on FSDP2).
+- two processes under torchrun update exactly as one (tests/invariants/test_data_parallel.py, on FSDP2);
+- every weight push FSDP2 gathers for trains as under deepspeed: MIPU (a bf16 rollout copy with FP8 linears,
+  through rollbacks), the vLLM backend, overlap's rollout worker; and two ranks gather the single process's weights.
 """
 
 from __future__ import annotations
@@ -46,14 +48,14 @@ def test_the_quickstart_under_fsdp2_equals_deepspeed_bit_for_bit(tmp_path):
     assert all(torch.equal(exported[k], pb[k]) for k in pb)
 
 
-def same_rows_under_both_engines(tmp_path, recipe: str, **over) -> list[dict]:
+def same_rows_under_both_engines(tmp_path, recipe: str, clock_keys: tuple = (), **over) -> list[dict]:
     """Runs `recipe` (tiny, 3 steps) under deepspeed and fsdp2; asserts equal metrics.jsonl rows (every key but
-    perf/*) and returns them."""
+    perf/* and the wall-clock fractions in `clock_keys`) and returns them."""
     rows = {}
     for backend in ("deepspeed", "fsdp2"):
         p = run_cli(["run", recipe, *tiny_overrides(tmp_path / backend, **{"engine.backend": backend, **over})])
         assert p.returncode == 0, p.stderr[-3000:]
-        rows[backend] = comparable_rows(tmp_path / backend)
+        rows[backend] = [{k: v for k, v in r.items() if k not in clock_keys} for r in comparable_rows(tmp_path / backend)]
     assert [r["step"] for r in rows["deepspeed"]] == [0, 1, 2, 3]
     for a, b in zip(rows["deepspeed"], rows["fsdp2"]):
         assert a == b, {k: (a.get(k), b.get(k)) for k in {*a, *b} if a.get(k) != b.get(k)}
@@ -75,6 +77,17 @@ def test_the_quickstart_on_vllm_under_fsdp2_equals_deepspeed(tmp_path):
     bit, the sampler's log-probs (loss/mismatch_*) included, so the engine samples with the same weights."""
     rows = same_rows_under_both_engines(tmp_path, "recipes/quickstart.yaml", **{"rollout.backend": "vllm"})
     assert all("loss/mismatch_kl_k3" in r for r in rows[1:])
+
+
+def test_overlap_under_fsdp2_equals_deepspeed(tmp_path):
+    """Overlap's rollout worker process is published FSDP2's gathered weights through the shared-memory buffer.
+    max_staleness 0 and one worker make the run deterministic (each step's groups are sampled by version step - 1,
+    whole, in one request): every row equal bit for bit but async/trainer_idle_frac and async/rollout_idle_frac,
+    which are wall-clock fractions like perf/*."""
+    rows = same_rows_under_both_engines(
+        tmp_path, "recipes/quickstart.yaml", clock_keys=("async/trainer_idle_frac", "async/rollout_idle_frac"),
+        **{"stages.schedule": "overlap", "stages.schedule_kwargs": "{max_staleness: 0, workers: 1}"})
+    assert all(r["async/staleness_mean"] == 0.0 for r in rows[1:]), rows
 
 
 def test_sigkill_right_after_a_checkpoint_and_resume_under_fsdp2_is_exact(tmp_path):
