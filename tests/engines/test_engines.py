@@ -69,7 +69,7 @@ def test_both_engines_implement_the_interface_and_declare_known_capabilities(wor
         e = make_engine(backend, tiny_model(), **SETTINGS)
         assert isinstance(e, TrainEngine) and e.backend == backend
         assert e.capabilities and e.capabilities <= set(CAPABILITIES), e.capabilities - set(CAPABILITIES)
-    assert "zero3_gather" not in e.capabilities and {"dcp_checkpoint", "sharded_params"} <= e.capabilities
+    assert "zero3_gather" not in e.capabilities and {"dcp_checkpoint", "sharded_params", "gathered_weight_push"} <= e.capabilities
 
 
 def test_fsdp2_trains_as_deepspeed_zero1_bit_for_bit_with_clipping_and_a_skipped_step(world):
@@ -107,7 +107,7 @@ def test_fsdp2_rollback_and_dcp_checkpoint_train_on_exactly(world, tmp_path):
     assert all(torch.equal(ref[1][k], v) for k, v in got[1].items())
 
 
-@pytest.mark.parametrize("key,value", [("model.lora.r", 8), ("cluster.engine", "ray")])
+@pytest.mark.parametrize("key,value", [("model.lora.r", 8)])
 def test_fsdp2_refuses_weight_paths_it_cannot_gather_naming_both_keys(key, value):
     """Declared as capabilities FSDP2 lacks (credo.capabilities.ENGINES) and refused by the run plan (credo check)."""
     from credo.plan import resolve_plan
@@ -124,12 +124,13 @@ def test_cpu_offload_is_an_fsdp2_setting():
 
 
 def test_fsdp2_accepts_the_pushes_it_gathers_for():
-    """rollout.dtype / rollout.fp8_weights (the MIPU recipe), the vLLM backend and overlap's rollout workers take
+    """rollout.dtype / rollout.fp8_weights (the MIPU recipe), the vLLM backend, the Ray pool and overlap's workers take
     FSDP2's gathered weights (tests/engines/test_fsdp2_runs.py trains each against deepspeed)."""
     from credo.plan import resolve_plan
 
     for over in (["rollout.dtype=bfloat16"], ["rollout.fp8_weights=true"], ["rollout.backend=vllm"],
-                 ["rollout.backend=vllm", "rollout.fp8_weights=true"], ["stages.schedule=overlap"]):
+                 ["rollout.backend=vllm", "rollout.fp8_weights=true"], ["stages.schedule=overlap"],
+                 ["cluster.engine=ray"], ["cluster.engine=ray", "rollout.backend=vllm"]):
         resolve_plan(load_recipe("recipes/quickstart.yaml", ["engine.backend=fsdp2", *over]))
     resolve_plan(load_recipe("recipes/mipu.yaml", ["engine.backend=fsdp2"]))
 

@@ -7,7 +7,7 @@ the fast in-process siblings):
   and final weights), with a NaN-skipped step before the kill so the skip counters must carry over;
 - two processes under torchrun update exactly as one (tests/invariants/test_data_parallel.py, on FSDP2);
 - every weight push FSDP2 gathers for trains as under deepspeed: MIPU (a bf16 rollout copy with FP8 linears,
-  through rollbacks), the vLLM backend, overlap's rollout worker; and two ranks gather the single process's weights.
+  through rollbacks), the vLLM backend, overlap's rollout worker, the Ray pool; and two ranks gather the single process's weights.
 """
 
 from __future__ import annotations
@@ -88,6 +88,16 @@ def test_overlap_under_fsdp2_equals_deepspeed(tmp_path):
         tmp_path, "recipes/quickstart.yaml", clock_keys=("async/trainer_idle_frac", "async/rollout_idle_frac"),
         **{"stages.schedule": "overlap", "stages.schedule_kwargs": "{max_staleness: 0, workers: 1}"})
     assert all(r["async/staleness_mean"] == 0.0 for r in rows[1:]), rows
+
+
+def test_the_ray_pool_under_fsdp2_equals_deepspeed(tmp_path):
+    """The Ray pool's worker is pushed FSDP2's gathered weights through the object store: every row equal bit for
+    bit but the cluster's wall-clock keys (connect, worker start, push seconds, busy fractions), like perf/*."""
+    clock = ("cluster/rollout_busy_frac", "cluster/reward_busy_frac", "cluster/rollout_start_s", "cluster/connect_s",
+             "cluster/rollout_sync_s")
+    rows = same_rows_under_both_engines(tmp_path, "recipes/quickstart.yaml", clock_keys=clock,
+                                        **{"cluster.engine": "ray", "cluster.num_cpus": 2})
+    assert all("cluster/rollout_sync_full_bytes" in r for r in rows[1:]), rows[1]
 
 
 def test_sigkill_right_after_a_checkpoint_and_resume_under_fsdp2_is_exact(tmp_path):

@@ -58,7 +58,7 @@ class FSDP2Engine:
 
     backend = "fsdp2"
     capabilities = frozenset({"sharded_params", "sharded_checkpoint", "dcp_checkpoint", "cpu_offload",
-                              "mixed_precision", "inplace_rollback"})
+                              "mixed_precision", "inplace_rollback", "gathered_weight_push"})
 
     def __init__(self, model: torch.nn.Module, *, lr: float, betas, weight_decay: float, grad_clip: float,
                  warmup_steps: int, grad_accum: int, bf16: bool, lr_schedule: str = "constant", total_steps: int = 0,
