@@ -81,10 +81,11 @@ DEFAULT_SOURCE = frozenset({PROMPT_DRAW, BATCH_STATE})
 ENGINES: dict[str, Callable[[Any], frozenset[str]]] = {
     "deepspeed": lambda r: frozenset({MODULE_WEIGHT_PUSH, COPY_PUSH, VLLM_PUSH, RAY_PUSH, LORA}
                                      | ({FULL_PARAMS, REPLICA_PUSH} if r.engine.zero_stage < 3 else set())),
-    "fsdp2": lambda r: frozenset({COPY_PUSH, VLLM_PUSH, REPLICA_PUSH, RAY_PUSH}),
+    "fsdp2": lambda r: frozenset({COPY_PUSH, VLLM_PUSH, REPLICA_PUSH, RAY_PUSH, LORA}),
 }
-"""Training engine (`engine.backend`) -> what it provides under a recipe's settings (ZeRO-3 shards the parameters;
-FSDP2's blocks hold DTensor shards, gathered bucket by bucket for the pushes it declares, docs/engines.md)."""
+"""Training engine (`engine.backend`) -> what it provides under a recipe's settings (ZeRO-3 partitions the parameters
+and no push to overlap's workers gathers them; FSDP2's blocks hold DTensor shards, gathered bucket by bucket for
+every push, a LoRA adapter merged: credo.distributed.engines.weights, docs/engines.md)."""
 
 
 @runtime_checkable

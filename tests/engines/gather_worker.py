@@ -8,7 +8,8 @@ ranks' gradients: (g + g) / 2 = g exactly, the same gradient as one process, so 
 No clipping: the global norm summed over shards rounds differently from one process's, and its clip factor would
 move the last bits (tests/invariants/test_data_parallel.py compares that with a tolerance). Then the push:
 `weight_buckets(dst=0)` in buckets of 2 KiB (many buckets; rank 1 joins each gather and keeps nothing) and
-`weight_sync.full_state_dict` (every rank keeps). Each rank writes `OUT_DIR/rank<r>_of<world>.pt`.
+`weight_sync.full_state_dict` (every rank keeps). Each rank writes `OUT_DIR/rank<r>_of<world>.pt`; then the same
+with a LoRA adapter on the model (`OUT_DIR/lora_rank<r>_of<world>.pt`, the push merged).
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ def tiny_model():
 
 
 def run(out_dir: Path) -> dict:
+    """The plain model, then the same with a LoRA adapter (its push merged: W + (alpha / r) B A per layer)."""
+    return {"plain": run_one(out_dir, lora=False), "lora": run_one(out_dir, lora=True)}
+
+
+def run_one(out_dir: Path, lora: bool) -> dict:
     import torch.distributed as dist
 
     from credo.distributed.engine import setup_distributed
@@ -40,7 +46,13 @@ def run(out_dir: Path) -> dict:
     from credo.distributed.weight_sync import full_state_dict
 
     rank, world = setup_distributed(backend="fsdp2")
-    engine = make_engine("fsdp2", tiny_model(), **SETTINGS)
+    model = tiny_model()
+    if lora:
+        from credo.config import LoraConfig
+        from credo.lora import add_lora
+
+        add_lora(model, LoraConfig(r=4, alpha=8.0), seed=0)
+    engine = make_engine("fsdp2", model, **{**SETTINGS, "lr": 3e-2 if lora else 3e-3})
     g = torch.Generator().manual_seed(1)
     for _ in range(3):
         ids = torch.randint(0, 51, (2, 9), generator=g, device="cpu")
@@ -52,7 +64,7 @@ def run(out_dir: Path) -> dict:
     out = {"rank": rank, "world": world, "buckets": [[n for n, _ in b] for b in buckets],
            "dst0": {n: t for b in buckets for n, t in b}, "all": full_state_dict(engine.module),
            "sharded": sorted(n for n, p in engine.module.named_parameters() if hasattr(p, "to_local"))}
-    torch.save(out, Path(out_dir) / f"rank{rank}_of{world}.pt")
+    torch.save(out, Path(out_dir) / f"{'lora_' if lora else ''}rank{rank}_of{world}.pt")
     if world > 1:
         dist.barrier()
     return out

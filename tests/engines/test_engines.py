@@ -107,15 +107,14 @@ def test_fsdp2_rollback_and_dcp_checkpoint_train_on_exactly(world, tmp_path):
     assert all(torch.equal(ref[1][k], v) for k, v in got[1].items())
 
 
-@pytest.mark.parametrize("key,value", [("model.lora.r", 8)])
-def test_fsdp2_refuses_weight_paths_it_cannot_gather_naming_both_keys(key, value):
-    """Declared as capabilities FSDP2 lacks (credo.capabilities.ENGINES) and refused by the run plan (credo check)."""
+def test_a_push_an_engine_cannot_make_is_still_refused_naming_both_keys():
+    """Overlap's workers need `replica_push`, which ZeRO-3 (partitions no push gathers for them) does not give."""
     from credo.plan import resolve_plan
 
-    r = load_recipe("recipes/quickstart.yaml", ["engine.backend=fsdp2", f"{key}={value}"])
-    with pytest.raises(ConfigError, match=f"config keys '{key}'.* and 'engine.backend' = 'fsdp2' do not combine"):
+    r = load_recipe("recipes/quickstart.yaml", ["engine.zero_stage=3", "stages.schedule=overlap"])
+    with pytest.raises(ConfigError, match="config keys 'stages.schedule'.* and 'engine.zero_stage' = 3 .*do not "
+                                          "combine: the first needs 'replica_push'"):
         resolve_plan(r)
-    resolve_plan(load_recipe("recipes/quickstart.yaml", [f"{key}={value}"]))  # deepspeed provides them
 
 
 def test_cpu_offload_is_an_fsdp2_setting():
@@ -123,16 +122,15 @@ def test_cpu_offload_is_an_fsdp2_setting():
         check_engine(load_recipe("recipes/quickstart.yaml", ["engine.cpu_offload=true"]))
 
 
-def test_fsdp2_accepts_the_pushes_it_gathers_for():
+def test_fsdp2_accepts_the_pushes_it_gathers_for_and_lora():
     """rollout.dtype / rollout.fp8_weights (the MIPU recipe), the vLLM backend, the Ray pool and overlap's workers take
-    FSDP2's gathered weights (tests/engines/test_fsdp2_runs.py trains each against deepspeed)."""
+    FSDP2's gathered weights, LoRA's merged (tests/engines/test_fsdp2_runs.py trains each against deepspeed)."""
     from credo.plan import resolve_plan
 
-    for over in (["rollout.dtype=bfloat16"], ["rollout.fp8_weights=true"], ["rollout.backend=vllm"],
-                 ["rollout.backend=vllm", "rollout.fp8_weights=true"], ["stages.schedule=overlap"],
-                 ["cluster.engine=ray"], ["cluster.engine=ray", "rollout.backend=vllm"]):
+    for over in (["rollout.dtype=bfloat16"], ["rollout.backend=vllm", "rollout.fp8_weights=true"],
+                 ["stages.schedule=overlap"], ["cluster.engine=ray", "rollout.backend=vllm"],
+                 ["model.lora.r=8", "rollout.backend=vllm"]):
         resolve_plan(load_recipe("recipes/quickstart.yaml", ["engine.backend=fsdp2", *over]))
-    resolve_plan(load_recipe("recipes/mipu.yaml", ["engine.backend=fsdp2"]))
 
 
 def _same(a: dict, b: dict) -> None:
@@ -149,7 +147,7 @@ def test_fsdp2_weight_push_gives_deepspeeds_names_dtypes_and_values(world):
     from credo.distributed.weight_buffer import WeightBuffers
     from credo.distributed.weight_sync import full_state_dict
 
-    data = batches(4)
+    data = batches(2)
     ds, fs = make_engine("deepspeed", tiny_model(), **SETTINGS), make_engine("fsdp2", tiny_model(), **SETTINGS)
     train(ds, data), train(fs, data)
     a, b = full_state_dict(ds.module), full_state_dict(fs.module)
@@ -162,7 +160,7 @@ def test_fsdp2_weight_push_gives_deepspeeds_names_dtypes_and_values(world):
     assert all(p.dtype == torch.bfloat16 for p in cb.module.parameters())
     ctx = torch.multiprocessing.get_context("spawn")
     wa, wb = WeightBuffers(ds.module, ctx), WeightBuffers(fs.module, ctx)
-    train(ds, data[:2]), train(fs, data[:2])
+    train(ds, data), train(fs, data)
     ca.sync_from(ds.module), cb.sync_from(fs.module), wa.publish(ds.module, 1, timeout_s=5), wb.publish(fs.module, 1,
                                                                                                           timeout_s=5)
     _same(ca.module.state_dict(), cb.module.state_dict())
@@ -178,3 +176,28 @@ def test_fsdp2_pushes_bf16_as_deepspeeds_bf16_module_does(world):
     a, b = full_state_dict(ds.module), full_state_dict(fs.module)
     assert {v.dtype for v in b.values()} == {torch.bfloat16}
     _same(a, b)
+
+
+def test_fsdp2_trains_a_lora_adapter_and_pushes_its_merged_weights_as_deepspeed(world):
+    """A PEFT adapter inside FSDP2's blocks trains as under DeepSpeed (norms, LRs), and the push and the full state
+    dict give the merged weights, W + (alpha / r) B A under the base names, bit for bit (the adapter's matrices
+    gathered and folded in with their base weight)."""
+    from credo.lora import add_lora
+    from credo.distributed.weight_sync import full_state_dict
+
+    lora = load_recipe("recipes/quickstart.yaml", ["model.lora.r=4", "model.lora.alpha=8.0"]).model.lora
+
+    def build(backend):
+        m = tiny_model()
+        add_lora(m, lora, seed=0)
+        return make_engine(backend, m, **{**SETTINGS, "lr": 3e-2})
+
+    ds, fs = build("deepspeed"), build("fsdp2")
+    data = batches(2)
+    assert train(ds, data) == train(fs, data)
+    pushed = full_state_dict(fs.module)
+    _same(full_state_dict(ds.module), pushed)
+    assert not any("lora_" in k or "base_layer" in k for k in pushed)
+    assert not torch.equal(pushed["model.layers.0.self_attn.q_proj.weight"],
+                           fs.module.state_dict()["model.layers.0.self_attn.q_proj.base_layer.weight"].full_tensor())
+    _same(ds.full_state_dict(), fs.full_state_dict())

@@ -7,7 +7,8 @@ the fast in-process siblings):
   and final weights), with a NaN-skipped step before the kill so the skip counters must carry over;
 - two processes under torchrun update exactly as one (tests/invariants/test_data_parallel.py, on FSDP2);
 - every weight push FSDP2 gathers for trains as under deepspeed: MIPU (a bf16 rollout copy with FP8 linears,
-  through rollbacks), the vLLM backend, overlap's rollout worker, the Ray pool; and two ranks gather the single process's weights.
+  through rollbacks), the vLLM backend, overlap's rollout worker, the Ray pool, a LoRA adapter's merged weights;
+  and two ranks gather the single process's weights.
 """
 
 from __future__ import annotations
@@ -100,6 +101,21 @@ def test_the_ray_pool_under_fsdp2_equals_deepspeed(tmp_path):
     assert all("cluster/rollout_sync_full_bytes" in r for r in rows[1:]), rows[1]
 
 
+@pytest.mark.vllm
+def test_lora_on_vllm_under_fsdp2_equals_deepspeed(tmp_path):
+    """A LoRA adapter trained inside FSDP2's blocks, the vLLM engine pushed the merged weights (W + (alpha / r) B A,
+    gathered per layer) after every update, the KL reference the module with its adapter off, a checkpoint and the
+    merged final/ folder: every row equal bit for bit, and final/ holds the same merged weights."""
+    from safetensors.torch import load_file
+
+    rows = same_rows_under_both_engines(tmp_path, "recipes/quickstart.yaml", **{
+        "rollout.backend": "vllm", "model.lora.r": 8, "model.lora.alpha": 16.0, "model.ref_model": True,
+        "algo.kl_coef": 0.001, "optim.lr": 3e-2, "run.save_every": 3})
+    assert rows[-1]["train/kl"] > 0, rows[-1]
+    a, b = (load_file(tmp_path / e / "final" / "model.safetensors") for e in ("deepspeed", "fsdp2"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_sigkill_right_after_a_checkpoint_and_resume_under_fsdp2_is_exact(tmp_path):
     nan = {"CREDO_FAULT_NAN_STEP": "2"}
     whole = start(kill_recipe(tmp_path / "whole", **FSDP2), tmp_path / "whole.log", **nan)
@@ -122,24 +138,27 @@ def test_two_processes_under_fsdp2_update_exactly_as_one(tmp_path):
 
 
 def test_two_processes_gather_the_single_process_weights(tmp_path):
-    """The gathered push under torchrun (2 ranks, uneven shards, a tied embedding, many 2 KiB buckets) gives rank 0
-    the weights one process has after the same training, bit for bit; rank 1 joins every gather and keeps nothing
-    with dst=0, and the full state dict (every rank keeps) is the same on both ranks."""
+    """The gathered push under torchrun (2 ranks, uneven shards, a tied embedding, many 2 KiB buckets; plain and
+    with a LoRA adapter, merged) gives rank 0 the weights one process has after the same training, bit for bit;
+    rank 1 joins every gather and keeps nothing with dst=0, and the full state dict (every rank keeps) is the same
+    on both ranks."""
     from tests.engines import gather_worker
 
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
                 "-m", "tests.engines.gather_worker"]
     proc = run_cli([str(tmp_path)], launcher=launcher, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    r0, r1 = (torch.load(tmp_path / f"rank{r}_of2.pt") for r in (0, 1))
     one = run_cli(["-c", f"from tests.engines.gather_worker import run; run({str(tmp_path)!r})"],
                   launcher=[sys.executable], timeout=300)
     assert one.returncode == 0, one.stderr[-3000:]
-    single = torch.load(tmp_path / "rank0_of1.pt")
-    assert r0["sharded"] and "model.embed_tokens.weight" not in r0["sharded"]  # blocks sharded, embedding whole
-    assert "lm_head.weight" not in single["dst0"]  # the tied alias once, as DeepSpeed's push sends it
-    assert len(r0["buckets"]) > 3 and r1["dst0"] == {} and all(b == [] for b in r1["buckets"])
-    for got in (r0["dst0"], r0["all"], r1["all"]):
-        assert list(got) == list(single["dst0"])
-        for k, v in single["dst0"].items():
-            assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+    for kind in ("", "lora_"):  # the plain model, then with a LoRA adapter (the push merged per layer)
+        r0, r1 = (torch.load(tmp_path / f"{kind}rank{r}_of2.pt") for r in (0, 1))
+        single = torch.load(tmp_path / f"{kind}rank0_of1.pt")
+        assert r0["sharded"] and "model.embed_tokens.weight" not in r0["sharded"]  # blocks sharded, embedding whole
+        assert "lm_head.weight" not in single["dst0"]  # the tied alias once, as DeepSpeed's push sends it
+        assert not any("lora_" in k for k in single["dst0"])
+        assert len(r0["buckets"]) > 3 and r1["dst0"] == {} and all(b == [] for b in r1["buckets"])
+        for got in (r0["dst0"], r0["all"], r1["all"]):
+            assert list(got) == list(single["dst0"])
+            for k, v in single["dst0"].items():
+                assert got[k].dtype == v.dtype and torch.equal(got[k], v), (kind, k)

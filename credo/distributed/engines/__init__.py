@@ -120,8 +120,8 @@ def check_engine(r) -> None:
     plan, before any long work).
 
     FSDP2's blocks hold DTensor shards, which every weight push gathers bucket by bucket through the engine
-    (`weight_buckets`: the vLLM and Ray pushes, the rollout copy at another precision, overlap's weight buffer); a
-    LoRA adapter under FSDP2 is untested. What each engine can push is declared in `credo.capabilities.ENGINES` and
+    (`weight_buckets`: the vLLM and Ray pushes, the rollout copy at another precision, overlap's weight buffer; a
+    LoRA adapter merged). What each engine can push is declared in `credo.capabilities.ENGINES` and
     checked by the run plan, naming both keys.
     """
     from credo.errors import ConfigError
@@ -131,8 +131,8 @@ def check_engine(r) -> None:
             raise ConfigError("config key 'engine.cpu_offload' = true: an fsdp2 setting; expected engine.backend: "
                               "fsdp2 (or cpu_offload: false)")
         return
-    # what FSDP2 cannot do yet (LoRA) is declared as a capability it lacks (credo.capabilities.ENGINES) and refused
-    # by the run plan, naming both keys
+    # a push or LoRA an engine cannot make is a capability it lacks (credo.capabilities.ENGINES), refused by the run
+    # plan naming both keys
 
 
 def as_train_engine(engine) -> TrainEngine:

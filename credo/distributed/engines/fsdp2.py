@@ -58,7 +58,7 @@ class FSDP2Engine:
 
     backend = "fsdp2"
     capabilities = frozenset({"sharded_params", "sharded_checkpoint", "dcp_checkpoint", "cpu_offload",
-                              "mixed_precision", "inplace_rollback", "gathered_weight_push"})
+                              "mixed_precision", "inplace_rollback", "gathered_weight_push", "lora"})
 
     def __init__(self, model: torch.nn.Module, *, lr: float, betas, weight_decay: float, grad_clip: float,
                  warmup_steps: int, grad_accum: int, bf16: bool, lr_schedule: str = "constant", total_steps: int = 0,
@@ -248,7 +248,12 @@ class FSDP2Engine:
 
     # ------------------------------------------------------------------ full weights
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every rank gets the full weights on the CPU (gathered one parameter at a time)."""
+        """Every rank gets the full weights on the CPU (gathered one parameter at a time); with a LoRA adapter,
+        merged under the base model's names (as DeepSpeed's `credo.lora.policy_state_dict`), at the master dtype."""
+        from credo.lora import has_lora
+
+        if has_lora(self.module):
+            return {k: v for b in weights.gather_buckets(self.module, dtype=None, rank=dist.get_rank()) for k, v in b}
         return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu().clone()
                 for k, v in self.module.state_dict().items()}
 

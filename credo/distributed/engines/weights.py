@@ -78,25 +78,31 @@ def gather_buckets(module: torch.nn.Module, *, dtype: torch.dtype | None, bucket
         dst: the rank that keeps the tensors (None: every rank); the others get empty buckets.
         rank: this process's rank.
     """
+    from credo.lora import lora_layers
+
     keep = dst is None or dst == rank
+    layers = lora_layers(module)
+    state = module.state_dict()
     seen: set = set()
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
-    for name, t in module.state_dict().items():
-        if isinstance(t, DTensor):  # every rank joins this all-gather (a world of one holds it whole: no collective)
-            full = t.to_local() if t.device_mesh.size() == 1 else t.full_tensor()
-        else:
-            key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)) if t.numel() else None
-            if key is not None and key in seen:  # a tied alias (lm_head.weight of a tied embedding): pushed once
-                continue
-            seen.add(key)
-            full = t
-        if not keep:
-            del full
+    for name, t in state.items():
+        owner = _lora_owner(name, layers)
+        if owner is not None and not name.startswith(owner + ".base_layer."):
+            continue  # an adapter's own matrix (lora_A, lora_B): gathered and folded in with its base weight
+        key = None if isinstance(t, DTensor) or not t.numel() else \
+            (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key is not None and key in seen:  # a tied alias (lm_head.weight of a tied embedding): pushed once
             continue
-        cast = dtype if dtype is not None and full.is_floating_point() else full.dtype
-        out = full.detach().to("cpu", cast, copy=True)
-        del full  # the device's full tensor goes now: one parameter gathered at a time
+        seen.add(key)
+        out = _gathered(t, dtype, keep)
+        if owner is not None:  # PEFT's `merge`: the base weight + (alpha / r) B A, under the base layer's name
+            name = owner + "." + name[len(owner) + len(".base_layer."):]
+            if name.endswith(".weight"):
+                delta = _lora_delta(layers[owner], state, owner, dtype, keep)
+                out = out + delta if keep else None
+        if not keep:
+            continue
         bucket.append((name, out))
         size += out.numel() * out.element_size()
         if size >= bucket_bytes:
@@ -104,6 +110,41 @@ def gather_buckets(module: torch.nn.Module, *, dtype: torch.dtype | None, bucket
             bucket, size = [], 0
     if bucket or not keep:
         yield bucket
+
+
+def _gathered(t: torch.Tensor, dtype: torch.dtype | None, keep: bool) -> torch.Tensor | None:
+    """`t` whole on the CPU at `dtype` (floating tensors), or None when this rank keeps nothing; a DTensor is
+    all-gathered first, every rank joining (a world of one holds it whole: no collective)."""
+    if isinstance(t, DTensor):
+        full = t.to_local() if t.device_mesh.size() == 1 else t.full_tensor()
+    else:
+        full = t
+    if not keep:
+        return None
+    cast = dtype if dtype is not None and full.is_floating_point() else full.dtype
+    return full.detach().to("cpu", cast, copy=True)  # the device's full tensor goes with `full`
+
+
+def _lora_owner(key: str, layers: dict) -> str | None:
+    from credo.lora import _owner
+
+    return _owner(key, layers) if layers else None
+
+
+def _lora_delta(layer, state: dict, owner: str, dtype: torch.dtype | None, keep: bool) -> torch.Tensor | None:
+    """PEFT's `lora.Linear.get_delta_weight` on the gathered adapter matrices: (B @ A) (transposed for
+    fan_in_fan_out) x scaling, in fp32 for a bf16/fp16 adapter on the CPU, then back to its dtype."""
+    from peft.utils.other import transpose
+
+    from credo.lora import ADAPTER
+
+    a = _gathered(state[f"{owner}.lora_A.{ADAPTER}.weight"], dtype, keep)
+    b = _gathered(state[f"{owner}.lora_B.{ADAPTER}.weight"], dtype, keep)
+    if not keep:
+        return None
+    low = b.dtype in (torch.float16, torch.bfloat16)
+    out = transpose((b.float() if low else b) @ (a.float() if low else a), layer.fan_in_fan_out) * layer.scaling[ADAPTER]
+    return out.to(b.dtype) if low else out
 
 
 def full_weights(model: torch.nn.Module, *, dst: int | None = None) -> dict[str, torch.Tensor]:
