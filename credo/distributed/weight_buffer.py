@@ -8,8 +8,9 @@
 waits only while a worker is still copying that older slot out (a model copy, milliseconds), never for a
 generation. `take(model, have)` (a worker, between two requests) copies the newest slot into the worker's own model
 when it is newer than `have`. So generation never stops for a weight update, and a worker never reads a slot being
-written: a reader picks only stamped slots, and the writer never touches the newest one, nor one with a reader. Under FSDP2 (`credo.distributed.engines.weights`) the trainer's
-blocks are DTensor shards: `publish` has the engine gather them bucket by bucket into the slot.
+written: a reader picks only stamped slots, and the writer never touches the newest one, nor one with a reader.
+Under FSDP2 (`credo.distributed.engines.weights`) the trainer's blocks are DTensor shards: `publish` has the engine
+gather them bucket by bucket into the slot.
 """
 
 from __future__ import annotations

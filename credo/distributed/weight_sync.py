@@ -90,7 +90,8 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     is a collective: **every rank must call this function at the same time**, including ranks that do
     not own a vLLM engine (they call it and drop the result). Stages 0-2 keep full parameters on every
     rank and need no gather. Under FSDP2 (a module its engine registered, `credo.distributed.engines.weights`) the
-    DTensor blocks are gathered one tensor at a time into CPU copies, again a collective. A LoRA policy (`model.lora`) gives its merged weights (`credo.lora.policy_state_dict`).
+    DTensor blocks are gathered one tensor at a time into CPU copies, again a collective. A LoRA policy
+    (`model.lora`) gives its merged weights (`credo.lora.policy_state_dict`).
 
     Args:
         model: an HF ``PreTrainedModel``, or a wrapper of one (DeepSpeed engine, DDP, ``torch.compile``).

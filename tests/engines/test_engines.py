@@ -69,7 +69,8 @@ def test_both_engines_implement_the_interface_and_declare_known_capabilities(wor
         e = make_engine(backend, tiny_model(), **SETTINGS)
         assert isinstance(e, TrainEngine) and e.backend == backend
         assert e.capabilities and e.capabilities <= set(CAPABILITIES), e.capabilities - set(CAPABILITIES)
-    assert "zero3_gather" not in e.capabilities and {"dcp_checkpoint", "sharded_params", "gathered_weight_push"} <= e.capabilities
+    assert "zero3_gather" not in e.capabilities
+    assert {"dcp_checkpoint", "sharded_params", "gathered_weight_push", "lora"} <= e.capabilities
 
 
 def test_fsdp2_trains_as_deepspeed_zero1_bit_for_bit_with_clipping_and_a_skipped_step(world):

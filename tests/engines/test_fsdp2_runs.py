@@ -56,7 +56,8 @@ def same_rows_under_both_engines(tmp_path, recipe: str, clock_keys: tuple = (), 
     for backend in ("deepspeed", "fsdp2"):
         p = run_cli(["run", recipe, *tiny_overrides(tmp_path / backend, **{"engine.backend": backend, **over})])
         assert p.returncode == 0, p.stderr[-3000:]
-        rows[backend] = [{k: v for k, v in r.items() if k not in clock_keys} for r in comparable_rows(tmp_path / backend)]
+        rows[backend] = [{k: v for k, v in r.items() if k not in clock_keys}
+                         for r in comparable_rows(tmp_path / backend)]
     assert [r["step"] for r in rows["deepspeed"]] == [0, 1, 2, 3]
     for a, b in zip(rows["deepspeed"], rows["fsdp2"]):
         assert a == b, {k: (a.get(k), b.get(k)) for k in {*a, *b} if a.get(k) != b.get(k)}

@@ -142,9 +142,12 @@ def _lora_delta(layer, state: dict, owner: str, dtype: torch.dtype | None, keep:
     b = _gathered(state[f"{owner}.lora_B.{ADAPTER}.weight"], dtype, keep)
     if not keep:
         return None
-    low = b.dtype in (torch.float16, torch.bfloat16)
-    out = transpose((b.float() if low else b) @ (a.float() if low else a), layer.fan_in_fan_out) * layer.scaling[ADAPTER]
-    return out.to(b.dtype) if low else out
+    adapter_dtype = b.dtype
+    low = adapter_dtype in (torch.float16, torch.bfloat16)
+    if low:
+        a, b = a.float(), b.float()
+    out = transpose(b @ a, layer.fan_in_fan_out) * layer.scaling[ADAPTER]
+    return out.to(adapter_dtype) if low else out
 
 
 def full_weights(model: torch.nn.Module, *, dst: int | None = None) -> dict[str, torch.Tensor]:
