@@ -187,6 +187,10 @@ CORE_REFUSALS: list[Refusal] = [
     Refusal(("algo.router_replay", "stages.rollout"),
             lambda r, p: r.algo.router_replay and p.stages["rollout"].resolved is not None,
             "only the default rollout source asks the engine for each token's experts (docs/moe.md)"),
+    Refusal(("model.lora.r", "stages.schedule"), lambda r, p: r.model.lora.r > 0 and p.schedule.name == "overlap",
+            "overlap's rollout workers are plain copies of the base model and its weight buffer carries the policy's "
+            "parameters, the adapter's own matrices among them, not the merged weights (the first publish failed "
+            "under either engine); expected stages.schedule: sync, tail_batching or fixed_lag"),
     Refusal(("stages.schedule", "WORLD_SIZE"), lambda r, p: p.schedule.name == "overlap" and _world() > 1,
             "overlap's rollout workers sample for one trainer process; under torchrun use stages.schedule: fixed_lag"),
 ]

@@ -118,6 +118,18 @@ def test_a_push_an_engine_cannot_make_is_still_refused_naming_both_keys():
         resolve_plan(r)
 
 
+@pytest.mark.parametrize("backend", ["deepspeed", "fsdp2"])
+def test_lora_with_overlap_is_refused_under_either_engine(backend):
+    """The weight buffer copies the policy's parameters (lora_A/lora_B among them) into plain base-model workers:
+    the first publish raised a size mismatch after the warm-up; `credo check` now refuses it, naming both keys."""
+    from credo.plan import resolve_plan
+
+    r = load_recipe("recipes/quickstart.yaml", [f"engine.backend={backend}", "model.lora.r=8",
+                                                 "stages.schedule=overlap"])
+    with pytest.raises(ConfigError, match="config keys 'model.lora.r' and 'stages.schedule' cannot be used together"):
+        resolve_plan(r)
+
+
 def test_cpu_offload_is_an_fsdp2_setting():
     with pytest.raises(ConfigError, match="'engine.cpu_offload'"):
         check_engine(load_recipe("recipes/quickstart.yaml", ["engine.cpu_offload=true"]))
