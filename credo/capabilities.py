@@ -21,6 +21,13 @@ A capability is a short string. The ones credo's parts use:
     engine    full_params      the trainer's module holds the full parameters (not ZeRO-3 shards) between steps
               module_weight_push  a rollout engine can read the policy's weights straight from the module (plain
                                tensors, not FSDP2's DTensor shards): vLLM, the Ray pool, a rollout copy
+              copy_push        the hf backend's rollout copy at another precision (rollout.dtype, rollout.fp8_weights)
+                               can take the policy's full weights at every sync
+              vllm_push        the vLLM engine can be pushed the policy's full weights (rollout.backend: vllm)
+              replica_push     overlap's local rollout workers can be published the policy's full weights (their
+                               shared-memory weight buffer; ZeRO-3 partitions are not gathered for it)
+              ray_push         the Ray pool's workers can be pushed the policy's full weights (cluster.engine: ray)
+                               (FSDP2 provides each push it gathers for, `credo.distributed.engines.weights`)
               lora             it trains a PEFT LoRA adapter (tested)
 
 `BACKENDS` declares the built-in backends (the classes carry the same sets as `provides`; tests check that each
@@ -53,6 +60,10 @@ ENV_EPISODES = "env_episodes"
 FULL_PARAMS = "full_params"
 MODULE_WEIGHT_PUSH = "module_weight_push"
 LORA = "lora"
+COPY_PUSH = "copy_push"
+VLLM_PUSH = "vllm_push"
+RAY_PUSH = "ray_push"
+REPLICA_PUSH = "replica_push"
 ROUTING_CAPTURE = "routing_capture"
 
 BACKENDS: dict[str, frozenset[str]] = {
@@ -71,11 +82,13 @@ DEFAULT_SOURCE = frozenset({PROMPT_DRAW, BATCH_STATE})
 """What the default rollout source (the task's single-turn prompts, `credo.train.rollout.PromptRollout`) provides."""
 
 ENGINES: dict[str, Callable[[Any], frozenset[str]]] = {
-    "deepspeed": lambda r: frozenset({MODULE_WEIGHT_PUSH, LORA} | ({FULL_PARAMS} if r.engine.zero_stage < 3 else set())),
-    "fsdp2": lambda r: frozenset(),
+    "deepspeed": lambda r: frozenset({MODULE_WEIGHT_PUSH, COPY_PUSH, VLLM_PUSH, RAY_PUSH, LORA}
+                                     | ({FULL_PARAMS, REPLICA_PUSH} if r.engine.zero_stage < 3 else set())),
+    "fsdp2": lambda r: frozenset({COPY_PUSH, VLLM_PUSH, REPLICA_PUSH, RAY_PUSH, LORA}),
 }
-"""Training engine (`engine.backend`) -> what it provides under a recipe's settings (ZeRO-3 shards the parameters;
-FSDP2's blocks hold DTensor shards that no weight push gathers yet, docs/engines.md)."""
+"""Training engine (`engine.backend`) -> what it provides under a recipe's settings (ZeRO-3 partitions the parameters
+and no push to overlap's workers gathers them; FSDP2's blocks hold DTensor shards, gathered bucket by bucket for
+every push, a LoRA adapter merged: credo.distributed.engines.weights, docs/engines.md)."""
 
 
 @runtime_checkable
@@ -194,6 +207,10 @@ CORE_REFUSALS: list[Refusal] = [
             lambda r, p: p.backend == "vllm_async" and p.schedule.name == "overlap" and p.schedule.settings.workers > 1,
             "overlap runs one asynchronous vLLM engine (its continuous batching in place of several workers); "
             "expected stages.schedule_kwargs.workers: 1"),
+    Refusal(("model.lora.r", "stages.schedule"), lambda r, p: r.model.lora.r > 0 and p.schedule.name == "overlap",
+            "overlap's rollout workers are plain copies of the base model and its weight buffer carries the policy's "
+            "parameters, the adapter's own matrices among them, not the merged weights (the first publish failed "
+            "under either engine); expected stages.schedule: sync, tail_batching or fixed_lag"),
     Refusal(("stages.schedule", "WORLD_SIZE"), lambda r, p: p.schedule.name == "overlap" and _world() > 1,
             "overlap's rollout workers sample for one trainer process; under torchrun use stages.schedule: fixed_lag"),
 ]

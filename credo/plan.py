@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from credo.capabilities import (BACKENDS, CORE_REFUSALS, DEFAULT_SOURCE, ENGINES, LORA, MODULE_WEIGHT_PUSH,
-                                ROUTING_CAPTURE, Requirement, check_refusals, check_requirements)
+from credo.capabilities import (BACKENDS, CORE_REFUSALS, COPY_PUSH, DEFAULT_SOURCE, ENGINES, LORA, RAY_PUSH,
+                                ROUTING_CAPTURE, VLLM_PUSH, Requirement, check_refusals, check_requirements)
 from credo.config.fields import kind_mismatch
 from credo.errors import ConfigError
 from credo.family import Family, FamilyParts, families_of
@@ -200,10 +200,11 @@ def _requirements(r, sched: SchedulePlan, stages: dict, probes: tuple, backend: 
     out += [Requirement(sched.who(), c, engine_key, provided["engine"], part="engine")
             for c in sorted(sched.spec.engine_needs)]
     ro = r.rollout
+    push = {"hf": COPY_PUSH, "vllm": VLLM_PUSH, "ray": RAY_PUSH}[backend]  # the push this rollout engine takes
     copies = [(backend_key, backend != "hf"), (f"'rollout.dtype' = '{ro.dtype}'", ro.dtype is not None),
               ("'rollout.fp8_weights' = true", ro.fp8_weights)]
-    out += [Requirement(who, MODULE_WEIGHT_PUSH, engine_key, provided["engine"],
-                        "the rollout engine reads the policy's weights from the trainer's module", "engine")
+    out += [Requirement(who, push, engine_key, provided["engine"],
+                        "the rollout engine takes the policy's full weights from the trainer at every sync", "engine")
             for who, on in copies if on][:1]
     if r.model.lora.r:
         out.append(Requirement(f"'model.lora.r' = {r.model.lora.r}", LORA, engine_key, provided["engine"], part="engine"))

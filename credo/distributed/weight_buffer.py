@@ -9,6 +9,8 @@ waits only while a worker is still copying that older slot out (a model copy, mi
 generation. `take(model, have)` (a worker, between two requests) copies the newest slot into the worker's own model
 when it is newer than `have`. So generation never stops for a weight update, and a worker never reads a slot being
 written: a reader picks only stamped slots, and the writer never touches the newest one, nor one with a reader.
+Under FSDP2 (`credo.distributed.engines.weights`) the trainer's blocks are DTensor shards: `publish` has the engine
+gather them bucket by bucket into the slot.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import time
 
 import torch
+
+from credo.distributed.engines.weights import full_weights, is_sharded, weight_buckets
 
 WRITING = -2
 
@@ -27,8 +31,9 @@ class WeightBuffers:
 
     def __init__(self, model: torch.nn.Module, ctx):
         self.names = [name for name, _ in model.named_parameters()]
-        self.slots = [[p.detach().to("cpu", copy=True).share_memory_() for _, p in model.named_parameters()]
-                      for _ in range(2)]
+        self.sharded = is_sharded(model)
+        full = full_weights(model) if self.sharded else dict(model.named_parameters())  # FSDP2: gathered (collective)
+        self.slots = [[full[n].detach().to("cpu", copy=True).share_memory_() for n in self.names] for _ in range(2)]
         self.versions = ctx.Array("q", [-1, -1], lock=False)
         self.readers = ctx.Array("i", [0, 0], lock=False)
         self.lock = ctx.Lock()
@@ -52,13 +57,28 @@ class WeightBuffers:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"a rollout worker has been copying weight slot {target} for over {timeout_s} s")
             time.sleep(0.001)
-        params = [p for _, p in model.named_parameters()]
-        if len(params) != len(self.names):
-            raise ValueError(f"the model has {len(params)} parameters, the weight buffers {len(self.names)}")
-        for dst, src in zip(self.slots[target], params):
-            dst.copy_(src.detach())
+        if self.sharded:
+            self._write_gathered(model, target)
+        else:
+            params = [p for _, p in model.named_parameters()]
+            if len(params) != len(self.names):
+                raise ValueError(f"the model has {len(params)} parameters, the weight buffers {len(self.names)}")
+            for dst, src in zip(self.slots[target], params):
+                dst.copy_(src.detach())
         with self.lock:
             self.versions[target] = version
+
+    def _write_gathered(self, model: torch.nn.Module, target: int) -> None:
+        """FSDP2: the engine gathers the blocks bucket by bucket; each bucket is copied into the slot and dropped."""
+        index = {n: i for i, n in enumerate(self.names)}
+        written = set()
+        for bucket in weight_buckets(model):
+            for name, t in bucket:
+                if name in index:  # a persistent buffer of the state dict has no slot (the slots hold parameters)
+                    self.slots[target][index[name]].copy_(t)
+                    written.add(name)
+        if len(written) != len(self.names):
+            raise ValueError(f"the trainer's weights left slots {sorted(set(self.names) - written)} unwritten")
 
     @torch.no_grad()
     def take(self, model: torch.nn.Module, have: int) -> int:

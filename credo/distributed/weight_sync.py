@@ -89,7 +89,9 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     (all at once, so every rank briefly holds the full model in memory) and copied to CPU. That gather
     is a collective: **every rank must call this function at the same time**, including ranks that do
     not own a vLLM engine (they call it and drop the result). Stages 0-2 keep full parameters on every
-    rank and need no gather. A LoRA policy (`model.lora`) gives its merged weights (`credo.lora.policy_state_dict`).
+    rank and need no gather. Under FSDP2 (a module its engine registered, `credo.distributed.engines.weights`) the
+    DTensor blocks are gathered one tensor at a time into CPU copies, again a collective. A LoRA policy
+    (`model.lora`) gives its merged weights (`credo.lora.policy_state_dict`).
 
     Args:
         model: an HF ``PreTrainedModel``, or a wrapper of one (DeepSpeed engine, DDP, ``torch.compile``).
@@ -97,6 +99,10 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     Returns:
         ``{name: tensor}`` detached (views of the live parameters except under ZeRO-3).
     """
+    from credo.distributed.engines.weights import engine_of, full_weights
+
+    if engine_of(model) is not None:  # FSDP2: the blocks' DTensor shards gathered bucket by bucket, copies on the CPU
+        return full_weights(model)
     model = unwrap_model(model)
     if is_zero3(model):
         import deepspeed

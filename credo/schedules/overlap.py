@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from credo.capabilities import FULL_PARAMS, LOCAL_REPLICAS, PROMPT_DRAW
+from credo.capabilities import LOCAL_REPLICAS, PROMPT_DRAW, REPLICA_PUSH
 from credo.config.fields import one_of, ranged
 from credo.schedules import Schedule
 from credo.distributed.rollout_workers import GenerationRequest, LocalRolloutWorkers, RolloutWorkerError, WorkerSpec
@@ -287,4 +287,4 @@ def wrap(source, ctx, s: OverlapSettings) -> OverlapSource:
 SCHEDULE = Schedule(name="overlap", doc="rollout worker processes generate up to S versions ahead while the trainer "
                     "trains (ROLL Flash, arXiv 2510.11345)", settings=OverlapSettings, wrap=wrap,
                     source_needs=frozenset({PROMPT_DRAW}), backend_needs=frozenset({LOCAL_REPLICAS}),
-                    engine_needs=frozenset({FULL_PARAMS}), staleness=lambda s: s.max_staleness)
+                    engine_needs=frozenset({REPLICA_PUSH}), staleness=lambda s: s.max_staleness)

@@ -69,7 +69,8 @@ def test_both_engines_implement_the_interface_and_declare_known_capabilities(wor
         e = make_engine(backend, tiny_model(), **SETTINGS)
         assert isinstance(e, TrainEngine) and e.backend == backend
         assert e.capabilities and e.capabilities <= set(CAPABILITIES), e.capabilities - set(CAPABILITIES)
-    assert "zero3_gather" not in e.capabilities and {"dcp_checkpoint", "sharded_params"} <= e.capabilities
+    assert "zero3_gather" not in e.capabilities
+    assert {"dcp_checkpoint", "sharded_params", "gathered_weight_push", "lora"} <= e.capabilities
 
 
 def test_fsdp2_trains_as_deepspeed_zero1_bit_for_bit_with_clipping_and_a_skipped_step(world):
@@ -107,18 +108,109 @@ def test_fsdp2_rollback_and_dcp_checkpoint_train_on_exactly(world, tmp_path):
     assert all(torch.equal(ref[1][k], v) for k, v in got[1].items())
 
 
-@pytest.mark.parametrize("key,value", [("rollout.backend", "vllm"), ("model.lora.r", 8), ("cluster.engine", "ray"),
-                                       ("rollout.fp8_weights", True), ("stages.schedule", "overlap")])
-def test_fsdp2_refuses_weight_paths_it_cannot_gather_naming_both_keys(key, value):
-    """Declared as capabilities FSDP2 lacks (credo.capabilities.ENGINES) and refused by the run plan (credo check)."""
+def test_a_push_an_engine_cannot_make_is_still_refused_naming_both_keys():
+    """Overlap's workers need `replica_push`, which ZeRO-3 (partitions no push gathers for them) does not give."""
     from credo.plan import resolve_plan
 
-    r = load_recipe("recipes/quickstart.yaml", ["engine.backend=fsdp2", f"{key}={value}"])
-    with pytest.raises(ConfigError, match=f"config keys '{key}'.* and 'engine.backend' = 'fsdp2' do not combine"):
+    r = load_recipe("recipes/quickstart.yaml", ["engine.zero_stage=3", "stages.schedule=overlap"])
+    with pytest.raises(ConfigError, match="config keys 'stages.schedule'.* and 'engine.zero_stage' = 3 .*do not "
+                                          "combine: the first needs 'replica_push'"):
         resolve_plan(r)
-    resolve_plan(load_recipe("recipes/quickstart.yaml", [f"{key}={value}"]))  # deepspeed provides them
+
+
+@pytest.mark.parametrize("backend", ["deepspeed", "fsdp2"])
+def test_lora_with_overlap_is_refused_under_either_engine(backend):
+    """The weight buffer copies the policy's parameters (lora_A/lora_B among them) into plain base-model workers:
+    the first publish raised a size mismatch after the warm-up; `credo check` now refuses it, naming both keys."""
+    from credo.plan import resolve_plan
+
+    r = load_recipe("recipes/quickstart.yaml", [f"engine.backend={backend}", "model.lora.r=8",
+                                                 "stages.schedule=overlap"])
+    with pytest.raises(ConfigError, match="config keys 'model.lora.r' and 'stages.schedule' cannot be used together"):
+        resolve_plan(r)
 
 
 def test_cpu_offload_is_an_fsdp2_setting():
     with pytest.raises(ConfigError, match="'engine.cpu_offload'"):
         check_engine(load_recipe("recipes/quickstart.yaml", ["engine.cpu_offload=true"]))
+
+
+def test_fsdp2_accepts_the_pushes_it_gathers_for_and_lora():
+    """rollout.dtype / rollout.fp8_weights (the MIPU recipe), the vLLM backend, the Ray pool and overlap's workers take
+    FSDP2's gathered weights, LoRA's merged (tests/engines/test_fsdp2_runs.py trains each against deepspeed)."""
+    from credo.plan import resolve_plan
+
+    for over in (["rollout.dtype=bfloat16"], ["rollout.backend=vllm", "rollout.fp8_weights=true"],
+                 ["stages.schedule=overlap"], ["cluster.engine=ray", "rollout.backend=vllm"],
+                 ["model.lora.r=8", "rollout.backend=vllm"]):
+        resolve_plan(load_recipe("recipes/quickstart.yaml", ["engine.backend=fsdp2", *over]))
+
+
+def _same(a: dict, b: dict) -> None:
+    assert list(a) == list(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+def test_fsdp2_weight_push_gives_deepspeeds_names_dtypes_and_values(world):
+    """Every push reads the same tensors under either engine: the vLLM/Ray state dict (names, tied alias once,
+    dtypes, values), bucketed or not, the hf rollout copy in bf16 with FP8 linears, and overlap's weight buffer."""
+    from credo.distributed.engines.weights import weight_buckets
+    from credo.distributed.rollout_copy import RolloutCopy
+    from credo.distributed.weight_buffer import WeightBuffers
+    from credo.distributed.weight_sync import full_state_dict
+
+    data = batches(2)
+    ds, fs = make_engine("deepspeed", tiny_model(), **SETTINGS), make_engine("fsdp2", tiny_model(), **SETTINGS)
+    train(ds, data), train(fs, data)
+    a, b = full_state_dict(ds.module), full_state_dict(fs.module)
+    _same(a, b)
+    assert all(not hasattr(v, "to_local") for v in b.values()), "plain tensors, not DTensors"
+    small = list(weight_buckets(fs.module, bucket_bytes=1))  # one tensor per bucket
+    assert len(small) == len(b) and dict(t for bk in small for t in bk).keys() == b.keys()
+    ca, cb = (RolloutCopy(e.module, dtype="bfloat16", fp8_weights=True) for e in (ds, fs))
+    _same(ca.module.state_dict(), cb.module.state_dict())
+    assert all(p.dtype == torch.bfloat16 for p in cb.module.parameters())
+    ctx = torch.multiprocessing.get_context("spawn")
+    wa, wb = WeightBuffers(ds.module, ctx), WeightBuffers(fs.module, ctx)
+    train(ds, data), train(fs, data)
+    ca.sync_from(ds.module), cb.sync_from(fs.module), wa.publish(ds.module, 1, timeout_s=5), wb.publish(fs.module, 1,
+                                                                                                          timeout_s=5)
+    _same(ca.module.state_dict(), cb.module.state_dict())
+    assert wa.names == wb.names and all(torch.equal(x, y) for x, y in zip(wa.slots[0], wb.slots[0]))
+
+
+def test_fsdp2_pushes_bf16_as_deepspeeds_bf16_module_does(world):
+    """Mixed precision keeps fp32 master shards; the push casts them to bf16, the dtype DeepSpeed's module holds."""
+    from credo.distributed.weight_sync import full_state_dict
+
+    bf16 = {**SETTINGS, "bf16": True}
+    ds, fs = make_engine("deepspeed", tiny_model(), **bf16), make_engine("fsdp2", tiny_model(), **bf16)
+    a, b = full_state_dict(ds.module), full_state_dict(fs.module)
+    assert {v.dtype for v in b.values()} == {torch.bfloat16}
+    _same(a, b)
+
+
+def test_fsdp2_trains_a_lora_adapter_and_pushes_its_merged_weights_as_deepspeed(world):
+    """A PEFT adapter inside FSDP2's blocks trains as under DeepSpeed (norms, LRs), and the push and the full state
+    dict give the merged weights, W + (alpha / r) B A under the base names, bit for bit (the adapter's matrices
+    gathered and folded in with their base weight)."""
+    from credo.lora import add_lora
+    from credo.distributed.weight_sync import full_state_dict
+
+    lora = load_recipe("recipes/quickstart.yaml", ["model.lora.r=4", "model.lora.alpha=8.0"]).model.lora
+
+    def build(backend):
+        m = tiny_model()
+        add_lora(m, lora, seed=0)
+        return make_engine(backend, m, **{**SETTINGS, "lr": 3e-2})
+
+    ds, fs = build("deepspeed"), build("fsdp2")
+    data = batches(2)
+    assert train(ds, data) == train(fs, data)
+    pushed = full_state_dict(fs.module)
+    _same(full_state_dict(ds.module), pushed)
+    assert not any("lora_" in k or "base_layer" in k for k in pushed)
+    assert not torch.equal(pushed["model.layers.0.self_attn.q_proj.weight"],
+                           fs.module.state_dict()["model.layers.0.self_attn.q_proj.base_layer.weight"].full_tensor())
+    _same(ds.full_state_dict(), fs.full_state_dict())

@@ -33,6 +33,8 @@ CAPABILITIES = {
     "mixed_precision": "bf16 compute over fp32 master weights, gradients reduced in fp32",
     "inplace_rollback": "state_dict() / load_state_dict() copy the whole engine in memory, bit for bit (MIPU)",
     "module_weight_push": "rollout backends read the policy's weights straight from `engine.module` (plain tensors)",
+    "gathered_weight_push": "a weight push gathers the sharded parameters bucket by bucket (`weight_buckets`, "
+                            "credo.distributed.engines.weights)",
     "lora": "trains a PEFT LoRA adapter (frozen base weights)",
 }
 """Every capability an engine may declare, with what it promises."""
@@ -89,6 +91,10 @@ class TrainEngine(Protocol):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective: the policy's full weights, under the base model's names (LoRA merged), on the CPU."""
 
+    def weight_buckets(self, bucket_bytes: int, dst: int | None):
+        """Collective: the full weights a rollout engine is pushed, as buckets of (name, CPU tensor) under the base
+        model's names, tied aliases once, at the dtype the module computes in (`credo.distributed.engines.weights`)."""
+
     def export(self, tokenizer, out_dir: Path, rank: int) -> Path | None:
         """Collective: the policy as a Hugging Face folder; rank 0 writes and returns it."""
 
@@ -113,10 +119,10 @@ def check_engine(r) -> None:
     """The engine's own settings the chosen engine cannot honour, as a ConfigError naming the key (called by the run
     plan, before any long work).
 
-    FSDP2's blocks hold DTensor shards: the parts that copy the policy's weights out of `engine.module` (a vLLM or
-    Ray weight push, a rollout copy at another precision, overlapped rollout workers) need the
-    'module_weight_push' capability, which only DeepSpeed declares today; a LoRA adapter under FSDP2 is untested.
-    Those are requirements the plan checks against `credo.capabilities.ENGINES`.
+    FSDP2's blocks hold DTensor shards, which every weight push gathers bucket by bucket through the engine
+    (`weight_buckets`: the vLLM and Ray pushes, the rollout copy at another precision, overlap's weight buffer; a
+    LoRA adapter merged). What each engine can push is declared in `credo.capabilities.ENGINES` and
+    checked by the run plan, naming both keys.
     """
     from credo.errors import ConfigError
 
@@ -125,8 +131,8 @@ def check_engine(r) -> None:
             raise ConfigError("config key 'engine.cpu_offload' = true: an fsdp2 setting; expected engine.backend: "
                               "fsdp2 (or cpu_offload: false)")
         return
-    # what FSDP2 cannot do yet (weight pushes from its DTensor shards, LoRA) is declared as the capabilities it lacks
-    # (credo.capabilities.ENGINES) and refused by the run plan, naming both keys
+    # a push or LoRA an engine cannot make is a capability it lacks (credo.capabilities.ENGINES), refused by the run
+    # plan naming both keys
 
 
 def as_train_engine(engine) -> TrainEngine:

@@ -98,6 +98,13 @@ class DeepSpeedEngine:
         with gather:
             return {k: v.detach().cpu().clone() for k, v in policy_state_dict(self.module).items()}
 
+    def weight_buckets(self, bucket_bytes: int = 0, dst: int | None = None):
+        """The weights a push reads: one bucket of `weight_sync.full_state_dict` (ZeRO 0-2: views of the live
+        tensors; ZeRO-3: gathered all at once, a collective), on every rank (`bucket_bytes`, `dst`: unused)."""
+        from credo.distributed.weight_sync import full_state_dict
+
+        yield list(full_state_dict(self.module).items())
+
     def export(self, tokenizer, out_dir: Path, rank: int) -> Path | None:
         from credo.export import export_model
 

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from credo.distributed import engine as common
+from credo.distributed.engines import weights
 
 DCP_FOLDER = "dcp"
 """The DCP checkpoint's folder inside a credo checkpoint; its LR schedule and counters go to `dcp_extra.pt`."""
@@ -57,7 +58,7 @@ class FSDP2Engine:
 
     backend = "fsdp2"
     capabilities = frozenset({"sharded_params", "sharded_checkpoint", "dcp_checkpoint", "cpu_offload",
-                              "mixed_precision", "inplace_rollback"})
+                              "mixed_precision", "inplace_rollback", "gathered_weight_push", "lora"})
 
     def __init__(self, model: torch.nn.Module, *, lr: float, betas, weight_decay: float, grad_clip: float,
                  warmup_steps: int, grad_accum: int, bf16: bool, lr_schedule: str = "constant", total_steps: int = 0,
@@ -80,6 +81,8 @@ class FSDP2Engine:
             fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload,
                         reshard_after_forward=reshard_after_forward)
         self.module = model
+        self.push_dtype = torch.bfloat16 if bf16 else None  # DeepSpeed's bf16 module pushes bf16 weights
+        weights.register(model, self)  # a weight push handed `model` gathers through `weight_buckets`
         self.grad_clip, self.grad_accum = grad_clip, grad_accum
         trainable = [p for p in model.parameters() if p.requires_grad]
         self._params = trainable  # parameter order: the norm sums in it, as DeepSpeed does
@@ -245,9 +248,20 @@ class FSDP2Engine:
 
     # ------------------------------------------------------------------ full weights
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every rank gets the full weights on the CPU (gathered one parameter at a time)."""
+        """Every rank gets the full weights on the CPU (gathered one parameter at a time); with a LoRA adapter,
+        merged under the base model's names (as DeepSpeed's `credo.lora.policy_state_dict`), at the master dtype."""
+        from credo.lora import has_lora
+
+        if has_lora(self.module):
+            return {k: v for b in weights.gather_buckets(self.module, dtype=None, rank=dist.get_rank()) for k, v in b}
         return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu().clone()
                 for k, v in self.module.state_dict().items()}
+
+    def weight_buckets(self, bucket_bytes: int = weights.BUCKET_BYTES, dst: int | None = None):
+        """Collective: the full weights for a push, bucket by bucket (`credo.distributed.engines.weights`), at the
+        dtype the blocks compute in, tied aliases once; ranks other than `dst` (None: all) get empty buckets."""
+        return weights.gather_buckets(self.module, dtype=self.push_dtype, bucket_bytes=bucket_bytes, dst=dst,
+                                      rank=dist.get_rank())
 
     def export(self, tokenizer, out_dir: Path, rank: int) -> Path | None:
         from credo.export import write_hf_folder
