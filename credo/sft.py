@@ -132,6 +132,15 @@ def kernel_fingerprint() -> dict:
             "kernel_env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ}, "cpu": cpu_identity()}
 
 
+def sft_digest(r: Recipe) -> dict:
+    """The `sft` settings as the warm-up's key hashes them: micro_batch_tokens only when on, so the keys of warm-ups
+    cached before it existed still match (micro-batches sum the gradient in another order: other bits)."""
+    d = asdict(r.sft)
+    if d["micro_batch_tokens"] == 0:
+        d.pop("micro_batch_tokens")
+    return d
+
+
 def sft_cache_key(r: Recipe, base_path: str) -> str:
     """Key of the warm-up of the model at `base_path` (a folder, a hub id, or 'tiny') under recipe `r`.
 
@@ -144,7 +153,7 @@ def sft_cache_key(r: Recipe, base_path: str) -> str:
     model = model_digest(folder) if folder is not None else {"hub_id": base_path}
     # version 3: warm-ups cached before the char tokenizer was loaded as itself had trained without spaces and
     # newlines (AutoTokenizer rebuilt it as a byte-level BPE), and kept that tokenizer; they must not be reused
-    payload = {"model": model, "data": data_digest(r), "sft": asdict(r.sft), "seed": sft_seed(r), "version": 3,
+    payload = {"model": model, "data": data_digest(r), "sft": sft_digest(r), "seed": sft_seed(r), "version": 3,
                "kernels": kernel_fingerprint()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -159,7 +168,7 @@ def tiny_model_stand_in_key(r: Recipe) -> str:
 
     if (tiny_model_dir(r.model.tiny) / "COMPLETE").exists():
         return sft_cache_key(r, r.model.path)
-    payload = {"model": {"tiny": asdict(r.model.tiny)}, "data": data_digest(r), "sft": asdict(r.sft), "seed": sft_seed(r),
+    payload = {"model": {"tiny": asdict(r.model.tiny)}, "data": data_digest(r), "sft": sft_digest(r), "seed": sft_seed(r),
                "kernels": kernel_fingerprint()}
     return "tiny-unbuilt-" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -169,6 +178,54 @@ def encode_pair(tokenizer, prompt: str, answer: str) -> tuple[list[int], list[in
     p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return p + a, [0] * len(p) + [1] * len(a)
+
+
+def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Row indices of a warm-up batch in the passes that train it. max_tokens 0: one pass, in batch order. Else
+    the rows longest first, cut whenever the next row would take the pass past max_tokens padded tokens (rows x
+    the pass's longest row; a row longer than max_tokens goes alone), so a short row is padded only to rows of
+    about its own length."""
+    if max_tokens <= 0:
+        return [list(range(len(lengths)))]
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def padded_batch(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """input_ids [B, L] right-padded with pad_id, loss mask [B, L] (float), attention mask [B, L], L the longest."""
+    width = max(len(ids) for ids, _ in pairs)
+    ids = torch.full((len(pairs), width), pad_id)
+    mask = torch.zeros(len(pairs), width)
+    attn = torch.zeros(len(pairs), width, dtype=torch.long)
+    for i, (x, m) in enumerate(pairs):
+        ids[i, : len(x)] = torch.tensor(x)
+        mask[i, : len(m)] = torch.tensor(m, dtype=torch.float)
+        attn[i, : len(x)] = 1
+    return ids, mask, attn
+
+
+def backward_batch(model, pairs: list[tuple[list[int], list[int]]], max_tokens: int, pad_id: int):
+    """Accumulate into model's .grad the gradient of the batch's loss: the NLL of its answer tokens, averaged over
+    them. Run in the passes of :func:`micro_batches`; returns (the loss, detached; each pass's (rows, width))."""
+    groups = micro_batches([len(ids) for ids, _ in pairs], max_tokens)
+    # each pass's token sum over the batch's count of answer tokens; one pass divides by its own mask sum, the
+    # expression the warm-ups cached before micro-batches existed were trained with (the same bits)
+    total = float(sum(sum(m[1:]) for _, m in pairs))
+    loss, passes = 0.0, []
+    for rows in groups:
+        ids, mask, attn = padded_batch([pairs[i] for i in rows], pad_id)
+        passes.append(tuple(ids.shape))
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        part = (nll * mask[:, 1:]).sum() / (mask[:, 1:].sum() if len(groups) == 1 else total)
+        part.backward()
+        loss = loss + part.detach()
+    return loss, passes
 
 
 def run_sft(r: Recipe, base_path: str, task, *, log=print) -> tuple[str, str]:
@@ -197,20 +254,9 @@ def run_sft(r: Recipe, base_path: str, task, *, log=print) -> tuple[str, str]:
         problems = [task.train(r.sft.data_offset + i) for i in idx]
         # noisy demonstrations stand in for imperfect SFT data: right answer, wrong format
         pairs = [encode_pair(tok, render(p), p.answer + ("." if bad else "")) for p, bad in zip(problems, noisy)]
-        width = max(len(ids) for ids, _ in pairs)
-        ids = torch.full((len(pairs), width), tok.pad_token_id)
-        mask = torch.zeros(len(pairs), width)
-        attn = torch.zeros(len(pairs), width, dtype=torch.long)
-        for i, (x, m) in enumerate(pairs):
-            ids[i, : len(x)] = torch.tensor(x)
-            mask[i, : len(m)] = torch.tensor(m, dtype=torch.float)
-            attn[i, : len(x)] = 1
-        flops += flops_per_step(shape, *ids.shape)
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-        loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss, passes = backward_batch(model, pairs, r.sft.micro_batch_tokens, tok.pad_token_id)
+        flops += sum(flops_per_step(shape, *p) for p in passes)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()

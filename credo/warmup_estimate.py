@@ -9,7 +9,8 @@ backward pass over `batch` sequences padded to the longest of the batch, so its 
 
 (the weight matmuls, six flops per weight per token; the output head over the vocabulary V; attention's two T x h
 products per layer), with T the padded length, estimated from 256 of the task's training demonstrations (prompt +
-answer + EOS in tokens, the mean of the longest of batch-sized draws). Seconds = steps x flops/step / R, where R is
+answer + EOS in tokens, the mean of the longest of batch-sized draws; with `sft.micro_batch_tokens` the step is the
+sum of this over its length-sorted passes, each padded to its own longest). Seconds = steps x flops/step / R, where R is
 this machine's throughput on such steps: the median over the warm-ups cached here that recorded their time
 (`sft.json`'s `seconds` and `flops`, written by every credo warm-up since), else `DEFAULT_FLOPS_PER_S`. The estimate
 is shown to one significant figure and is good to about a factor of 2: a loaded machine runs slower, a GPU far
@@ -55,13 +56,31 @@ def flops_per_step(shape: dict, batch: int, tokens: float) -> float:
     return batch * tokens * (6 * weights + 6 * L * tokens * h)
 
 
+def demo_lengths(task, encode, seed: int = 0) -> list[int]:
+    """Tokens of 256 of the task's training demonstrations (all of them when it has fewer), drawn at random."""
+    rng = random.Random(seed)
+    return [encode(task.train(rng.randrange(len(task)))) for _ in range(min(len(task), 256))]
+
+
 def padded_tokens(task, encode, batch: int, seed: int = 0) -> float:
     """The mean, over 16 draws of `batch` demonstrations (from 256 of the task's), of the longest one's tokens."""
     rng = random.Random(seed)
-    n = min(len(task), 256)
-    lengths = [encode(task.train(rng.randrange(len(task)))) for _ in range(n)]
+    lengths = [encode(task.train(rng.randrange(len(task)))) for _ in range(min(len(task), 256))]
     draws = [max(rng.choice(lengths) for _ in range(batch)) for _ in range(16)]
     return sum(draws) / len(draws)
+
+
+def sft_step_flops(shape: dict, lengths: list[int], batch: int, micro_batch_tokens: int = 0, seed: int = 0) -> float:
+    """The mean flops of one credo warm-up step over 16 draws of `batch` of `lengths`: one pass over the batch padded to
+    its longest, or with `sft.micro_batch_tokens` the passes of credo.sft.micro_batches, each padded to its own."""
+    from credo.sft import micro_batches
+
+    rng, total = random.Random(seed + 1), 0.0
+    for _ in range(16):
+        draw = [rng.choice(lengths) for _ in range(batch)]
+        for rows in micro_batches(draw, micro_batch_tokens):
+            total += flops_per_step(shape, len(rows), max(draw[i] for i in rows))
+    return total / 16
 
 
 def throughput(cache: Path) -> tuple[float, str]:
@@ -96,9 +115,8 @@ def sft_plan(r, base_path: str, task) -> dict | None:
 
     if not sft_enabled(r) or r.sft.steps <= 0:
         return None
-    encode = token_counter(base_path)
-    flops = r.sft.steps * flops_per_step(model_shape(r, base_path), r.sft.batch_size,
-                                         padded_tokens(task, encode, r.sft.batch_size))
+    lengths = demo_lengths(task, token_counter(base_path))
+    flops = r.sft.steps * sft_step_flops(model_shape(r, base_path), lengths, r.sft.batch_size, r.sft.micro_batch_tokens)
     plan = {"name": "sft", "steps": r.sft.steps, "batch": r.sft.batch_size, "flops": flops}
     weights = sum(p.stat().st_size for p in Path(base_path).glob("*") if p.suffix in (".safetensors", ".bin", ".pt"))
     if weights > MAX_HASHED_BYTES:  # the key hashes every weight file: seconds per GB, which `credo run` spends anyway

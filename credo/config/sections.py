@@ -123,6 +123,9 @@ class SFTConfig:
     """Seed of the warm-up (data order); None uses run.seed. Fix it to share one warm-up across RL seeds."""
     noisy_frac: float = ranged(0.0, ge=0, le=1)
     """Fraction of warm-up demonstrations whose answer ends with a stray '.', a format defect the verifier rejects."""
+    micro_batch_tokens: int = ranged(0, ge=0, note="0 = the whole batch in one pass")
+    """> 0: each step's batch, sorted by length, runs in micro-batches of at most this many padded tokens with
+    gradients accumulated (the same token-mean loss), so short demonstrations are not padded to the batch's longest."""
 
 
 @dataclass
