@@ -11,6 +11,14 @@ does.
 Requests dispatched `static` go to fixed devices in contiguous even shares (verl's split of a batch over data-
 parallel engines); `queue` dispatch puts them on one shared queue every device pulls from when it has room
 (ROLL Flash's queue scheduling, per-sample dispatch).
+
+Partial rollout (`Decoder.partial`, the async mode's `partial_rollout`): a weight sync that carries a version stops
+the sequences in flight at the step boundary; after the load they are prefilled again, prompt + response so far
+(no KV cache survives new weights), and go on under the new version (`Request.version` stays the oldest token's,
+`last_version` is the newest's, `interrupts` counts the updates). A `deferred` static device is credo's overlap worker
+(`stages.schedule: overlap`, the hf backend): each call runs under the newest weights taken before it, the trainer
+does not wait for it, and with partial rollout a newly published version stops the call after the token in progress;
+its unfinished rows go on in a new call (re-prefilled, left-padded) under the new weights.
 """
 
 from __future__ import annotations
