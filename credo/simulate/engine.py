@@ -166,7 +166,8 @@ class Decoder:
             reread, self._reread = [r for r in self._reread if not r.aborted and r in self.active], []
             if new or reread:  # prefill what was not prefilled yet (a preempted request recomputes its whole context;
                 # an interrupted one, partial rollout, its prompt and response so far under the new weights)
-                t = prefill_time(c, sum(r.prefill_tokens for r in new) + sum(r.prompt_len + r.generated for r in reread))
+                tokens = sum(r.prefill_tokens for r in new) + sum(r.prompt_len + r.generated for r in reread)
+                t = prefill_time(c, tokens)
                 yield env.timeout(t)
                 self._account("prefill_s", t)
                 continue
