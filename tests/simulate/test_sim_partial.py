@@ -145,3 +145,46 @@ def test_partial_rollout_and_old_log_probs_keys_are_checked():
                          (_async(engine="static", dispatch="queue"), "credo's overlap worker")]:
         with pytest.raises(ValueError, match=needle):
             _scenario([mode], groups, COSTS, steps=1)
+
+
+def test_validate_maps_an_overlap_recipe_onto_the_worker_model():
+    from credo.config import load_recipe
+    from credo.simulate.costs import Costs
+    from credo.simulate.validate import _mode_spec
+
+    r = load_recipe("recipes/longtail.yaml", ["stages.schedule=overlap", "algo.old_log_probs=rollout",
+                                              "stages.schedule_kwargs={max_staleness: 2, partial_rollout: true, "
+                                              "request_prompts: 1}"])
+    spec = _mode_spec(r, Costs(), "async")
+    assert (spec.mode, spec.placement, spec.rollout_devices, spec.train_devices, spec.engine) == \
+        ("async", "disaggregated", 1, 1, "static")
+    assert (spec.max_batch, spec.staleness, spec.partial_rollout, spec.old_log_probs) == (4, 2, True, "rollout")
+    plain = _mode_spec(load_recipe("recipes/longtail.yaml", ["stages.schedule=overlap"]), Costs(), "async")
+    assert (plain.max_batch, plain.staleness, plain.partial_rollout, plain.old_log_probs) == (64, 1, False, "recompute")
+    assert _mode_spec(load_recipe("recipes/longtail.yaml", []), Costs(), "sync").old_log_probs == "rollout"
+    with pytest.raises(ValueError, match="models stages.schedule: overlap"):
+        _mode_spec(load_recipe("recipes/longtail.yaml", []), Costs(), "async")
+
+
+def test_validate_runs_an_overlap_run_against_the_model(tmp_path):
+    import json
+
+    from credo.simulate.validate import validate
+
+    run = tmp_path / "run"
+    (run / "rollouts").mkdir(parents=True)
+    with open(run / "metrics.jsonl", "w") as f:
+        for step in (1, 2, 3):
+            f.write(json.dumps({"step": step, "perf/step_time_s": 2.0, "perf/rollout_s": 0.5, "perf/reward_s": 0.0,
+                                "perf/logprob_s": 0.1, "perf/update_s": 1.0, "perf/sync_s": 0.0}) + "\n")
+            with open(run / "rollouts" / f"step_{step}.jsonl", "w") as d:
+                for g in range(16):
+                    for n in (10, 20 + g, 30, 5 * step):
+                        d.write(json.dumps({"step": step, "index": 0, "group_id": g, "prompt_ids": [7] * 12,
+                                            "response_ids": [9] * n}) + "\n")
+    costs = tmp_path / "costs.yaml"
+    costs.write_text("costs: {decode_step_s: 0.01, train_token_s: 0.0005, logprob_token_s: 0.0002}\n")
+    out = validate("recipes/longtail.yaml", str(run), str(costs), lengths_from=str(run), mode="async",
+                   overrides=["stages.schedule=overlap", "stages.schedule_kwargs={max_staleness: 1, "
+                              "partial_rollout: true}"])
+    assert "mode async" in out and "measured mean 2.000 s, simulated" in out
