@@ -40,8 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("--costs", required=True, help="costs YAML from `calibrate` (measured separately)")
     val.add_argument("--lengths-from", default=None,
                      help="a different run whose dumps give the length distribution (default: replay only)")
-    val.add_argument("--mode", default="sync", help="the mode the run used (sync today; tail_batching or async "
-                     "once credo has them)")
+    val.add_argument("--mode", default="sync", help="the mode the run used: sync, tail_batching or async (the "
+                     "overlap schedule's hf worker; with --lengths-from)")
     val.add_argument("--out", default=None, help="write the comparison table (markdown) here")
     val.add_argument("overrides", nargs="*", help="recipe key=value overrides the run was started with")
     return p

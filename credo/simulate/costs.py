@@ -32,6 +32,9 @@ class Costs:
     """Fixed seconds of one training step (optimizer step, launch)."""
     train_token_s: float = 0.0
     """Device-seconds per trained token (recompute of old log-probs + forward + backward), over all train devices."""
+    logprob_token_s: float = 0.0
+    """Device-seconds per trained token of the trainer's recompute of pi_old (one forward pass), charged in a mode
+    whose `old_log_probs` is `recompute`; 0 where train_token_s already holds it (the papers' scenarios)."""
     reward_sample_s: float = 0.0
     """Seconds to score one sample, on one reward worker."""
     reward_workers: int = 1

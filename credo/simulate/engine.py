@@ -11,6 +11,14 @@ does.
 Requests dispatched `static` go to fixed devices in contiguous even shares (verl's split of a batch over data-
 parallel engines); `queue` dispatch puts them on one shared queue every device pulls from when it has room
 (ROLL Flash's queue scheduling, per-sample dispatch).
+
+Partial rollout (`Decoder.partial`, the async mode's `partial_rollout`): a weight sync that carries a version stops
+the sequences in flight at the step boundary; after the load they are prefilled again, prompt + response so far
+(no KV cache survives new weights), and go on under the new version (`Request.version` stays the oldest token's,
+`last_version` is the newest's, `interrupts` counts the updates). A `deferred` static device is credo's overlap worker
+(`stages.schedule: overlap`, the hf backend): each call runs under the newest weights taken before it, the trainer
+does not wait for it, and with partial rollout a newly published version stops the call after the token in progress;
+its unfinished rows go on in a new call (re-prefilled, left-padded) under the new weights.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ class Request:
     when its last token is decoded; an aborted request's `done` never fires."""
 
     __slots__ = ("prompt_len", "length", "generated", "done", "aborted", "version", "tag", "device",
-                 "submit_time", "start_time", "finish_time", "prefill_tokens", "trained_length")
+                 "submit_time", "start_time", "finish_time", "prefill_tokens", "trained_length", "last_version",
+                 "interrupts")
 
     def __init__(self, env: simpy.Environment, prompt_len: int, length: int, tag=None, prefill_tokens=None,
                  trained_length=None):
@@ -39,7 +48,9 @@ class Request:
         # earlier turns sit in the engine's prefix cache, or (after a preemption) the whole context again
         self.prefill_tokens = prompt_len if prefill_tokens is None else prefill_tokens
         self.generated, self.aborted = 0, False
-        self.version = None
+        self.version = None  # the version of its oldest token (partial rollout: it may have newer ones)
+        self.last_version = None  # the version of its newest token
+        self.interrupts = 0  # weight updates that interrupted it in flight (partial rollout)
         self.device = None
         self.done = env.event()
         self.submit_time, self.start_time, self.finish_time = env.now, None, None
@@ -54,6 +65,10 @@ class Decoder:
         self.queue = queue if queue is not None else deque()  # shared with other devices under queue dispatch
         self.active: list[Request] = []
         self.version = 0
+        self.partial = False  # partial rollout: a weight update interrupts the sequences in flight (module docstring)
+        self.deferred = False  # static engine of an async mode: new weights are taken between calls (credo's worker)
+        self.loaded = 0  # the version of the weights this device holds (deferred devices)
+        self._reread: list[Request] = []  # interrupted sequences to prefill again under the new weights
         self.pool = None
         self.busy_s = self.decode_s = self.prefill_s = self.sync_s = self.slot_s = 0.0
         self.tokens = 0
@@ -94,10 +109,12 @@ class Decoder:
             if req.device is self:
                 self.poke()
 
-    def pause(self, seconds: float) -> simpy.Event:
-        """Occupy the device for `seconds` (a weight sync) at the next step boundary; the event fires after it."""
+    def pause(self, seconds: float, version: int | None = None) -> simpy.Event:
+        """Occupy the device for `seconds` (a weight sync) at the next step boundary; the event fires after it.
+        With `version` on a partial-rollout device, the new weights are that version's and every sequence in flight
+        is interrupted: it keeps its tokens and is prefilled again (prompt + response so far) before it goes on."""
         ev = self.env.event()
-        self._pauses.append((seconds, ev))
+        self._pauses.append((seconds, ev, version))
         self.poke(force=True)
         return ev
 
@@ -119,6 +136,7 @@ class Decoder:
             if req.aborted:
                 continue
             req.device, req.version = self, self.version
+            req.last_version = self.version
             if req.start_time is None:
                 req.start_time = self.env.now
             self.active.append(req)
@@ -133,16 +151,23 @@ class Decoder:
         env, c = self.env, self.costs
         while True:
             if self._pauses:
-                seconds, ev = self._pauses.popleft()
+                seconds, ev, version = self._pauses.popleft()
                 yield env.timeout(seconds)
                 self._account("sync_s", seconds)
+                if version is not None and self.partial:
+                    self.version = version
+                    self._interrupt(self.active, version)
+                    self._reread += self.active
                 ev.succeed()
                 continue
             self.active = [r for r in self.active if not r.aborted]
             self.evict_excess()
             new = self._admit()
-            if new:  # prefill what was not prefilled yet (a preempted request recomputes its whole context)
-                t = prefill_time(c, sum(r.prefill_tokens for r in new))
+            reread, self._reread = [r for r in self._reread if not r.aborted and r in self.active], []
+            if new or reread:  # prefill what was not prefilled yet (a preempted request recomputes its whole context;
+                # an interrupted one, partial rollout, its prompt and response so far under the new weights)
+                tokens = sum(r.prefill_tokens for r in new) + sum(r.prompt_len + r.generated for r in reread)
+                t = prefill_time(c, tokens)
                 yield env.timeout(t)
                 self._account("prefill_s", t)
                 continue
@@ -187,11 +212,20 @@ class Decoder:
     def evict_excess(self) -> None:
         """Give back requests beyond capacity() (the serving decoder's SLO guard); none on a dedicated device."""
 
+    def _interrupt(self, reqs: list[Request], version: int) -> None:
+        """Partial rollout: new weights of `version` arrive while `reqs` are in flight; their next tokens are the new
+        version's. A request without a token yet has no old token: its oldest is the new version's."""
+        for r in reqs:
+            r.interrupts += 1
+            r.last_version = version
+            if r.generated == 0:
+                r.version = version
+
     def _run_static(self):
         env, c = self.env, self.costs
         while True:
             while self._pauses:
-                seconds, ev = self._pauses.popleft()
+                seconds, ev, _ = self._pauses.popleft()
                 yield env.timeout(seconds)
                 self._account("sync_s", seconds)
                 ev.succeed()
@@ -204,7 +238,10 @@ class Decoder:
                 self._wake = env.event()
                 yield self._wake
                 continue
-            yield from self._static_call(call)
+            if self.deferred:
+                yield from self._worker_call(call)
+            else:
+                yield from self._static_call(call)
 
     def _static_call(self, call: list[Request]):
         """One `generate` call: a left-padded batch decoded until its longest response ends."""
@@ -222,6 +259,60 @@ class Decoder:
         self.tokens += sum(r.length for r in call)
         for r in call:
             r.generated, r.finish_time = r.length, env.now
+            r.done.succeed(r)
+
+
+    def _take_weights(self):
+        """A deferred device loads the newest published weights (sync_s) if it does not hold them yet."""
+        if self.loaded != self.version:
+            yield self.env.timeout(self.costs.sync_s)
+            self._account("sync_s", self.costs.sync_s)
+            self.loaded = self.version
+
+    def _worker_call(self, call: list[Request]):
+        """One request on credo's overlap worker (`stages.schedule: overlap`, the hf backend): a `generate` call of
+        its rows under the newest weights, taken first. Without partial rollout the call runs to its longest row
+        under the version it started with. With it (credo.distributed.partial), newly published weights stop the
+        call after the token in progress; the worker loads them and the unfinished rows go on in a new call, their
+        prompt and response so far prefilled again (left-padded to the longest), under the new version; the
+        request returns when its last row ends."""
+        env, c = self.env, self.costs
+        yield from self._take_weights()
+        for r in call:
+            r.device, r.version, r.last_version, r.start_time = self, self.loaded, self.loaded, env.now
+        rows = list(call)
+        while rows:
+            n, width = len(rows), max(r.prompt_len + r.generated for r in rows)
+            t_pre = prefill_time(c, n * width)
+            yield env.timeout(t_pre)
+            self._account("prefill_s", t_pre)
+            k = max(r.length - r.generated for r in rows)
+            if self.partial and self.version != self.loaded:  # published during the prefill: stop after a token
+                k = 1
+            start, steps = env.now, k
+            self._interruptible = self.partial
+            try:
+                yield env.timeout(chunk_time(c, n, n * width, k))
+            except simpy.Interrupt:
+                self._interruptible = False
+                elapsed = env.now - start
+                steps = steps_done(c, n, n * width, elapsed, k)
+                if steps < k:  # finish the step in progress
+                    yield env.timeout(max(0.0, chunk_time(c, n, n * width, steps + 1) - elapsed))
+                    steps += 1
+            self._interruptible = self._pending = False
+            dt = env.now - start
+            self._account("decode_s", dt)
+            self.slot_s += n * dt
+            for r in rows:
+                self.tokens += min(steps, r.length - r.generated)
+                r.generated = min(r.length, r.generated + steps)
+            rows = [r for r in rows if r.generated < r.length]
+            if rows:  # interrupted by new weights (partial rollout): load them, the unfinished rows go on
+                yield from self._take_weights()
+                self._interrupt(rows, self.loaded)
+        for r in call:
+            r.finish_time = env.now
             r.done.succeed(r)
 
 
@@ -281,14 +372,17 @@ class Pool:
         for d in self.decoders:
             d.poke()
 
-    def pause_all(self, seconds: float):
-        """A weight sync on every rollout device; yields until all are done (use with `yield from`)."""
-        events = [d.pause(seconds) for d in self.decoders]
+    def pause_all(self, seconds: float, version: int | None = None):
+        """A weight sync on every rollout device; yields until all are done (use with `yield from`). With
+        `version`, partial-rollout devices interrupt their sequences in flight (Decoder.pause)."""
+        events = [d.pause(seconds, version) for d in self.decoders]
         yield self.decoders[0].env.all_of(events)
 
     def set_version(self, version: int) -> None:
         for d in self.decoders:
             d.version = version
+            if d.deferred and d.partial:  # credo's worker asks after every token whether newer weights exist
+                d.poke(force=True)
 
 
 def make_pool(env: simpy.Environment, costs: Costs, devices: int, max_batch: int, *, static: bool,

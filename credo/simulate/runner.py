@@ -41,6 +41,8 @@ class ModeResult:
     """Mode-specific counts: aborted or dropped samples, max staleness, SLO violations, long rounds."""
     records: list = field(default_factory=list)
     """The per-step StepRecords."""
+    tokens_per_s: float = 0.0
+    """Trained tokens (prompt + response) per simulated second, as credo's perf/tokens_per_s counts them."""
 
 
 def simulate_mode(scn: Scenario, spec: ModeSpec, seed: int | None = None) -> tuple[ModeResult, SimContext]:
@@ -74,11 +76,17 @@ def summarise(ctx: SimContext) -> ModeResult:
                                          max(1, sum(d.tokens for d in ctx.pool.decoders)))
     if "long_queue" in ctx.extra:
         stats["queued_prompts"] = len(ctx.extra["long_queue"])
+    if spec.partial_rollout:
+        samples = max(1, sum(r.samples for r in recs))
+        stats["interrupted_frac"] = sum(r.interrupted for r in recs) / samples
+        stats["version_span_mean"] = sum(r.version_span_sum for r in recs) / samples
+        stats["version_span_max"] = max(r.version_span_max for r in recs)
     return ModeResult(name=spec.name, mode=spec.mode, step_time_s=total / n,
                       rollout_s=sum(r.rollout_s for r in recs) / n, reward_s=sum(r.reward_s for r in recs) / n,
                       train_s=sum(r.train_s for r in recs) / n, sync_s=sum(r.sync_s for r in recs) / n, idle_s=idle,
                       occupancy=sum(d.slot_s for d in own) / slots if slots else float("nan"), stats=stats,
-                      records=recs)
+                      records=recs,
+                      tokens_per_s=sum(r.tokens + r.prompt_tokens for r in recs) / total if total > 0 else float("nan"))
 
 
 def simulate(scn: Scenario) -> list[ModeResult]:

@@ -106,6 +106,13 @@ class ModeSpec:
     """'static' (even shares per engine, verl) or 'queue' (per-sample shared queue, ROLL Flash)."""
     staleness: int = 1
     """async modes: the most policy versions a trained sample may lag (ROLL's async_generation_ratio)."""
+    partial_rollout: bool = False
+    """async: a weight sync interrupts the sequences in flight; each keeps its tokens, is prefilled again (prompt +
+    response so far, costs.prefill_*) and goes on under the new weights; a sample's staleness counts from its
+    oldest token (credo's stages.schedule_kwargs.partial_rollout)."""
+    old_log_probs: str = "recompute"
+    """'recompute': the trainer recomputes pi_old, costs.logprob_token_s per trained token; 'rollout': the
+    sampler's log-probs stand in for it, no recompute (credo's algo.old_log_probs, and its S = 0 runs)."""
     prompt_ratio: float = 1.25
     """tail_batching: eta_P, prompts launched per short round over P0."""
     max_responses: int = 0
@@ -168,8 +175,21 @@ def _mode(d: dict, i: int, base_costs: dict, workload: Workload) -> ModeSpec:
         raise ValueError(f"{where}: mode {m.mode} needs workload.agent (turns, env latency)")
     if m.engine not in ("continuous", "static"):
         raise ValueError(f"{where}.engine = {m.engine!r}: expected continuous or static")
-    if m.engine == "static" and m.mode != "sync":
-        raise ValueError(f"{where}: engine static (transformers generate) is modelled for mode sync only")
+    if m.engine == "static" and m.mode not in ("sync", "async"):
+        raise ValueError(f"{where}: engine static (transformers generate) is modelled for modes sync and async only")
+    if m.engine == "static" and m.mode == "async" and (m.max_batch < 1 or m.dispatch != "static"):
+        raise ValueError(f"{where}: engine static in mode async is credo's overlap worker: max_batch >= 1 rows per "
+                         f"generate call (rollout requests of max_batch / group_size prompts) and dispatch static; "
+                         f"got max_batch {m.max_batch}, dispatch {m.dispatch}")
+    if not isinstance(m.partial_rollout, bool):
+        raise ValueError(f"{where}.partial_rollout = {m.partial_rollout!r}: expected true or false")
+    if m.partial_rollout and m.mode != "async":
+        raise ValueError(f"{where}.partial_rollout: modelled for mode async only (a synchronous mode has no sequence "
+                         f"in flight at a weight sync; agentic_async is not modelled), got mode {m.mode}")
+    if m.partial_rollout and m.serving.devices > 0:
+        raise ValueError(f"{where}.partial_rollout with serving devices is not modelled")
+    if m.old_log_probs not in ("recompute", "rollout"):
+        raise ValueError(f"{where}.old_log_probs = {m.old_log_probs!r}: expected recompute or rollout")
     if m.max_batch < 0 or (m.max_batch == 0 and m.engine != "static"):
         raise ValueError(f"{where}.max_batch = {m.max_batch}: expected >= 1 (0 only with engine: static)")
     if m.staleness < 0:

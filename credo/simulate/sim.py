@@ -30,7 +30,9 @@ class StepRecord:
     reward_s: float = 0.0
     """Seconds scoring the batch."""
     train_s: float = 0.0
-    """Seconds of the training step."""
+    """Seconds of the training step (with the recompute of pi_old, logprob_s)."""
+    logprob_s: float = 0.0
+    """Seconds of it recomputing pi_old (old_log_probs: recompute with costs.logprob_token_s > 0)."""
     sync_s: float = 0.0
     """Seconds of the weight sync."""
     samples: int = 0
@@ -49,6 +51,14 @@ class StepRecord:
     """Largest policy lag of a trained sample (async)."""
     prompt_ids: list = field(default_factory=list)
     """The prompts trained in this step (bookkeeping for the conservation check)."""
+    prompt_tokens: int = 0
+    """Prompt tokens of the trained samples (prompt_len each)."""
+    interrupted: int = 0
+    """Trained samples that a weight update interrupted in flight at least once (partial rollout)."""
+    version_span_sum: int = 0
+    """Sum over trained samples of newest minus oldest token version (partial rollout)."""
+    version_span_max: int = 0
+    """Largest version span of a trained sample (partial rollout)."""
 
 
 @dataclass
@@ -80,6 +90,9 @@ def make_context(spec: ModeSpec, workload: Workload, steps: int, seed: int, *, p
         pool = pool_factory(env, spec, n_roll)
     else:
         pool = make_pool(env, spec.costs, n_roll, spec.max_batch, static=spec.engine == "static", dispatch=spec.dispatch)
+        for d in pool.decoders:
+            d.partial = spec.partial_rollout
+            d.deferred = spec.engine == "static" and spec.mode == "async"
     ctx = SimContext(env=env, rng=random.Random(seed), spec=spec, workload=workload, steps=steps, pool=pool,
                      train_devices=n_train, all_devices=n_all)
     if spec.long_engine and spec.long_engine != spec.engine and pool_factory is None:
@@ -107,20 +120,33 @@ def train_phase(ctx: SimContext, rec: StepRecord, lengths: list[int], prompt_len
         t = reward_time(c, len(lengths))
         yield env.timeout(t)
         rec.reward_s = t
-    t = train_time(c, trained_tokens(ctx.workload, prompt_len, lengths, pad_width), ctx.train_devices) + c.step_overhead_s
+    tokens = trained_tokens(ctx.workload, prompt_len, lengths, pad_width)
+    t = train_time(c, tokens, ctx.train_devices) + c.step_overhead_s
+    if ctx.spec.old_log_probs == "recompute" and c.logprob_token_s > 0:  # the trainer's forward for pi_old
+        rec.logprob_s = c.logprob_token_s * tokens / max(1, ctx.train_devices)
+        t += rec.logprob_s
     yield env.timeout(t)
     rec.train_s = t
     ctx.train_busy_s += t * ctx.train_devices
     t0 = env.now
-    if c.sync_s > 0:
+    partial = ctx.spec.partial_rollout
+    if ctx.spec.engine == "static" and ctx.spec.mode == "async":
+        # credo's overlap worker: the trainer writes the weights into a shared buffer (sync_s) and goes on; the
+        # worker loads them before its next call or, with partial rollout, after its current token
+        if c.sync_s > 0:
+            yield env.timeout(c.sync_s)
+            ctx.train_busy_s += c.sync_s * ctx.train_devices
+    elif c.sync_s > 0 or partial:
+        version = rec.step if partial else None  # partial rollout: the sync interrupts the sequences in flight
         if ctx.spec.placement == "colocated":  # the devices reload the weights they just trained: busy as sync
-            yield from ctx.pool.pause_all(c.sync_s)
+            yield from ctx.pool.pause_all(c.sync_s, version)
         else:  # the trainer broadcasts, every engine loads: both sides are busy
             ctx.train_busy_s += c.sync_s * ctx.train_devices
-            yield from ctx.pool.pause_all(c.sync_s)
+            yield from ctx.pool.pause_all(c.sync_s, version)
     ctx.pool.set_version(rec.step)
     rec.sync_s = env.now - t0
     rec.samples, rec.tokens = len(lengths), sum(lengths)
+    rec.prompt_tokens = prompt_len * len(lengths)
     rec.max_len = max(lengths) if lengths else 0
 
 

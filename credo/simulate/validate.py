@@ -5,9 +5,10 @@ what differs is only the cost model, so this checks the costs and the engine mod
 drawn from another run's dumps (an empirical model, as a user would have before running), and the mean step time
 is compared. Costs come from `credo simulate calibrate`, measured apart from the validated run.
 
-Validating a mode credo adds later (tail batching, async) is the same command with `--mode` and `--lengths-from`:
-the mode's settings come from the recipe (stages.schedule_kwargs {prompt_ratio, max_responses}, a staleness bound)
-and the comparison is the mean step time, since aborted responses are not in the dumps.
+Validating tail batching or the overlap schedule is the same command with `--mode tail_batching|async` and
+`--lengths-from`: the mode's settings come from the recipe (stages.schedule_kwargs: prompt_ratio, max_responses;
+max_staleness, request_prompts, partial_rollout; algo.old_log_probs) and the comparison is the mean step time, since
+aborted responses are not in the dumps.
 """
 
 from __future__ import annotations
@@ -26,8 +27,12 @@ from credo.simulate.scenario import ModeSpec, Scenario, Workload
 
 
 def _mode_spec(r, costs: Costs, mode: str) -> ModeSpec:
-    """The mode as the recipe runs it on this machine: one device, colocated, the hf engine."""
-    spec = ModeSpec(name=mode, mode=mode, devices=1, costs=costs)
+    """The mode as the recipe runs it on this machine: one device, colocated, the hf engine; `async` is the
+    overlap schedule's worker process beside the trainer (two devices, credo.simulate.engine's overlap worker)."""
+    if mode == "async":
+        return _overlap_spec(r, costs)
+    # a synchronous credo run takes pi_old from the sampler (no recompute at S = 0)
+    spec = ModeSpec(name=mode, mode=mode, devices=1, costs=costs, old_log_probs="rollout")
     if r.rollout.backend == "hf" and mode == "sync":
         spec.engine, spec.max_batch = "static", r.rollout.hf_max_batch
     else:  # continuous batching, whole step at once (vLLM)
@@ -43,6 +48,29 @@ def _mode_spec(r, costs: Costs, mode: str) -> ModeSpec:
         spec.prompt_ratio = tb.prompt_ratio
         spec.max_responses = tb.max_responses or r.rollout.group_size + 1  # 0 = R0 + 1, as the recipe reads it
     return spec
+
+
+def _overlap_spec(r, costs: Costs) -> ModeSpec:
+    """`stages.schedule: overlap` on the hf backend: one worker process (1 rollout device) generating requests of
+    request_prompts x group_size rows as generate calls, the trainer (1 train device), the recipe's staleness bound,
+    partial rollout and old_log_probs. The two processes share the machine; the model takes them as independent
+    devices (docs/simulate.md), so `costs` should be those of the thread count each process runs with."""
+    from credo.schedules import schedule, schedule_of
+    from credo.train.registry import Resolved, settings_of
+
+    name, kwargs, key, _ = schedule_of(r)
+    if name != "overlap":
+        raise ValueError(f"--mode async models stages.schedule: overlap; the recipe's schedule is {name}")
+    s = settings_of(Resolved(lambda ctx: None, schedule(name).settings), kwargs, key)
+    if r.rollout.backend != "hf" or s.workers != 1:
+        raise ValueError(f"--mode async models one hf overlap worker; the recipe has rollout.backend "
+                         f"{r.rollout.backend} and {s.workers} workers")
+    if s.stale_policy != "drop":
+        raise ValueError(f"--mode async: stale_policy {s.stale_policy} is not modelled (the simulator drops)")
+    rows = (s.request_prompts or r.rollout.prompts_per_step) * r.rollout.group_size
+    return ModeSpec(name="async", mode="async", placement="disaggregated", rollout_devices=1, train_devices=1,
+                    engine="static", max_batch=rows, staleness=s.max_staleness, partial_rollout=s.partial_rollout,
+                    old_log_probs=r.algo.old_log_probs, costs=costs)
 
 
 def _tail_batching_settings(r):
