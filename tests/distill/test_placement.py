@@ -142,3 +142,35 @@ def test_a_dead_worker_process_is_an_error_naming_it(teacher_folder):
     with pytest.raises(TeacherWorkerError, match="failed loading the teacher"):
         TeacherProcess(str(Path(teacher_folder).parent / "no-such-teacher"), dtype="float32", rows=4, chunk_size=CHUNK,
                        device="cpu", threads=1)
+
+
+KILLED_TRAINER = """
+import os, signal, sys, torch
+from credo.families.distill.worker import TeacherProcess
+t = TeacherProcess(sys.argv[1], dtype="float32", rows=4, chunk_size=16, device="cpu", threads=1)
+print(t.proc.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # the trainer crashes: no close(), no atexit
+"""
+
+
+def gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in state  # exited, not yet reaped by whoever adopted it
+
+
+def test_the_worker_process_exits_when_its_trainer_is_killed(teacher_folder):
+    import subprocess
+    import sys
+    import time
+
+    p = subprocess.run([sys.executable, "-c", KILLED_TRAINER, teacher_folder], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert p.returncode == -9, p.stderr[-2000:]
+    pid = int(p.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while not gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert gone(pid)
