@@ -67,3 +67,20 @@ def test_two_teacher_actors_give_the_trainers_log_probs_bitwise_and_a_killed_one
             t(ids, att, mask)
     finally:
         t.close()
+
+
+def test_a_teacher_call_past_the_timeout_replaces_the_actor_and_is_counted(ray_local, folder):
+    """A call that runs past cluster.call_timeout_s (here every call: 1 us) is a hung actor: killed, replaced and its
+    shard redone, each time counted; past max_restarts the role's error says why."""
+    from credo.distributed.ray.runtime import ClusterWorkerError
+
+    ids, att, mask = scoring_batch()
+    t = RayTeacher(folder, workers=1, dtype="float32", rows=4, chunk_size=CHUNK, max_restarts=1, call_timeout_s=1e-6)
+    try:
+        with pytest.raises(ClusterWorkerError, match=r"role 'teacher': its workers were lost 2 times, more than "
+                                                     r"cluster.teacher.max_restarts = 1; last cause: a call ran past "
+                                                     r"cluster.call_timeout_s = 1e-06 s"):
+            t(ids, att, mask)
+        assert t.metrics()["cluster/teacher_restarts"] == 2
+    finally:
+        t.close()

@@ -134,8 +134,9 @@ def check_capacity(cfg: ClusterConfig, nodes: list[dict], roles: tuple[str, ...]
     """The sum over `roles` against the cluster's totals: every actor role's workers x request plus one task of the
     reward pool (it runs as many tasks at once as are free, up to cluster.reward.workers) must fit, else a
     ConfigError naming the roles, their sum and what the cluster offers; its key is the first role's that does not
-    fit even alone (cluster.teacher.workers for a GPU teacher on a CPU cluster), else cluster.rollout.workers. Returns a note when the reward pool's cap
-    cannot all run at once beside the actors (it then runs fewer tasks at once: slower, not stuck).
+    fit even alone (cluster.teacher.workers for a GPU teacher on a CPU cluster), else cluster.rollout.workers.
+    Returns a note when the reward pool's cap cannot all run at once beside the actors (it then runs fewer tasks at
+    once: slower, not stuck).
 
     Args:
         key: the setting that sizes the cluster, named in the error (cluster.num_cpus for a local Ray).
