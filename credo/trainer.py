@@ -173,6 +173,7 @@ class Trainer:
             finally:
                 self.tracker.close()
                 self.reward.close()
+                _close(self.advantage)  # a stage with a process of its own (the distill teacher's worker)
                 if c.cluster is not None:  # Ray workers stop with the run (and the local Ray it started)
                     c.cluster.close()
         barrier()
@@ -181,6 +182,7 @@ class Trainer:
     def close(self) -> None:
         self.source.close()
         self.reward.close()
+        _close(self.advantage)
         if self.c.cluster is not None:
             self.c.cluster.close()
         gc.unfreeze()  # let a process that goes on (tests, notebooks) collect this trainer
@@ -198,6 +200,13 @@ def nothing_to_train(batch) -> str | None:
     saturated = sorted(k for k, v in batch.metrics.items() if k.endswith("_frac") and v == 1.0)
     return (f"no sample has a token to train on: {valid} of {n} have a valid reward, {with_tokens} have a response "
             f"token, {finished} ended before the length cap" + (f"; {', '.join(saturated)} = 1.0" if saturated else ""))
+
+
+def _close(stage) -> None:
+    """Stop what a stage started (it has `close()`: e.g. the distillation teacher's own process); safe to repeat."""
+    close = getattr(stage, "close", None)
+    if close is not None:
+        close()
 
 
 def _any_rank(flag: bool) -> bool:

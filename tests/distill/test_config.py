@@ -1,5 +1,6 @@
 """The distill family's section at `credo check`: the recipe and the GPU config pass; a teacher with another
-tokenizer, an unsupported placement, a token mapping and the settings that cannot distil are refused, naming the key."""
+tokenizer, a placement without what it needs (more in tests/distill/test_placement.py), a token mapping and the
+settings that cannot distil are refused, naming the key."""
 
 from __future__ import annotations
 
@@ -73,7 +74,6 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_the_key_and_the_file
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["distill.placement=worker"], "config keys 'distill.placement' and 'distill.teacher' cannot be used together"),
     (["distill.placement=ray"], "config keys 'distill.placement' and 'cluster.engine' cannot be used together"),
     (["distill.placement=gpu"],
      "config key 'distill.placement' = 'gpu' is out of range: expected trainer, worker or ray"),

@@ -9,14 +9,16 @@
       reward:  {workers: 8, resources: {CPU: 1}}     # the cap of the elastic task pool
       judge:   {workers: 1, resources: {GPU: 1}}
       env:     {workers: 2, resources: {CPU: 2}}
+      teacher: {workers: 1, resources: {GPU: 1}}     # distill.placement: ray
 
 A role's `resources` is a Ray resource request per worker: CPU, GPU, or a custom label a node was started
 with (`ray start --resources '{"decode_gpu": 8}'`). `check_cluster` (credo.config.load, run at every recipe load)
 checks values before anything starts; `check_placement` checks the request of every role against Ray's node list
 (the live one at start-up, this machine's at `credo check` for a Ray the trainer starts), so a role that no node
 can host is a ConfigError naming the role at start-up, never a hang. `check_capacity` adds the sum over roles: the
-actors of every role the run uses (rollout, judge, env) hold their request for the whole run, so they and at least one
-reward task must fit the cluster together, or the reward pool never runs a task (a hang before it had a timeout).
+actors of every role the run uses (rollout, judge, env, teacher) hold their request for the whole run, so they and
+at least one reward task must fit the cluster together, or the reward pool never runs a task (a hang before it had a
+timeout).
 `check_at_preflight` is what `credo check` runs: the capacity against this machine for a Ray the trainer starts, and
 for `cluster.address` a probe that a Ray is listening there. Nothing here imports Ray at module level.
 """
@@ -89,13 +91,14 @@ def local_nodes(cfg: ClusterConfig) -> list[dict]:
     return [{"Alive": True, "Resources": resources}]
 
 
-ACTOR_ROLES = ("rollout", "judge", "env")
+ACTOR_ROLES = ("rollout", "judge", "env", "teacher")
 """Roles whose workers are actors: each holds its request for the whole run."""
 
 
 def run_roles(r) -> tuple[str, ...]:
     """The roles recipe `r` puts on Ray workers: rollout always; the reward pool with the default reward stage; the
-    judge and env roles when their family is active and has workers (as the families' own builders decide)."""
+    judge and env roles when their family is active and has workers (as the families' own builders decide); the
+    distillation teacher's with distill.placement: ray."""
     from credo.family import active_families
 
     c = r.cluster
@@ -107,6 +110,8 @@ def run_roles(r) -> tuple[str, ...]:
         roles.append("judge")
     if "multiturn" in active and c.env.workers:
         roles.append("env")
+    if "distill" in active and r.distill.placement == "ray" and c.teacher.workers:
+        roles.append("teacher")
     return tuple(roles)
 
 
@@ -128,8 +133,10 @@ def cluster_totals(nodes: list[dict]) -> dict:
 def check_capacity(cfg: ClusterConfig, nodes: list[dict], roles: tuple[str, ...], *, key: str = "") -> list[str]:
     """The sum over `roles` against the cluster's totals: every actor role's workers x request plus one task of the
     reward pool (it runs as many tasks at once as are free, up to cluster.reward.workers) must fit, else a
-    ConfigError naming the roles, their sum and what the cluster offers. Returns a note when the reward pool's cap
-    cannot all run at once beside the actors (it then runs fewer tasks at once: slower, not stuck).
+    ConfigError naming the roles, their sum and what the cluster offers; its key is the first role's that does not
+    fit even alone (cluster.teacher.workers for a GPU teacher on a CPU cluster), else cluster.rollout.workers.
+    Returns a note when the reward pool's cap cannot all run at once beside the actors (it then runs fewer tasks at
+    once: slower, not stuck).
 
     Args:
         key: the setting that sizes the cluster, named in the error (cluster.num_cpus for a local Ray).
@@ -137,6 +144,7 @@ def check_capacity(cfg: ClusterConfig, nodes: list[dict], roles: tuple[str, ...]
     totals = cluster_totals(nodes)
     need: dict = {}
     parts = []
+    alone = []  # roles whose own workers do not fit the cluster even without the others
     for role in roles:
         rc = getattr(cfg, role)
         if not rc.workers:
@@ -145,15 +153,19 @@ def check_capacity(cfg: ClusterConfig, nodes: list[dict], roles: tuple[str, ...]
         n = rc.workers if role in ACTOR_ROLES else 1
         for k, v in req.items():
             need[k] = need.get(k, 0.0) + n * v
+        if any(n * v > totals.get(k, 0.0) + 1e-9 for k, v in req.items()):
+            alone.append(role)
         parts.append(f"{role} {n} x {_fmt(req)}" + (" (one task at least)" if role == "reward" else ""))
     short = {k: v for k, v in need.items() if v > totals.get(k, 0.0) + 1e-9}
     if short:
         offered = {k: totals.get(k, 0.0) for k in need}
         hint = f"; raise {key}" if key else ""
+        named = alone[0] if alone else "rollout"  # the role that cannot fit by itself, else the rollout actors
         raise ConfigError(
-            f"config key 'cluster.rollout.workers' = {cfg.rollout.workers}: the run's roles ask for {_fmt(need)} in all ({'; '.join(parts)}) but the Ray cluster offers "
+            f"config key 'cluster.{named}.workers' = {getattr(cfg, named).workers}: the run's roles ask for "
+            f"{_fmt(need)} in all ({'; '.join(parts)}) but the Ray cluster offers "
             f"{_fmt(offered)}: the actors would hold it all and the rest could never be placed (the run would hang); "
-            f"lower cluster.rollout.workers, ask for a fraction (cluster.rollout.resources: {{CPU: 0.5}}){hint}")
+            f"lower cluster.{named}.workers, ask for a fraction (cluster.{named}.resources: {{CPU: 0.5}}){hint}")
     if "reward" in roles and cfg.reward.workers > 1:
         req = resources_of(cfg.reward)
         room = min((totals.get(k, 0.0) - need[k] + v) / v for k, v in req.items())

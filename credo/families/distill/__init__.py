@@ -5,13 +5,15 @@ as a loss term.
 
     config.py   the `distill:` section, its checks and refusal rows (teacher placement)
     teacher.py  the teacher's folder (a path, or credo's cached SFT warm-up), the tokenizer check, its scorer
+    worker.py   distill.placement: worker, the teacher in its own process on this host
     stage.py    the `distill` advantage stage (the default when distill.enabled) and the distill/* metrics
     build.py    build-time parts: the teacher's check at preflight, its warm-up
 
+distill.placement: ray runs the teacher as Ray actors (`credo.distributed.ray.teacher`, role cluster.teacher).
 The pure functions are `credo.algos.distill`. See docs/distill.md.
 """
 
-from credo.families.distill.config import REFUSALS, DistillConfig, check_distill
+from credo.families.distill.config import REFUSALS, DistillConfig, TeacherRoleConfig, check_distill
 from credo.family import Family, StageEntry
 
 
@@ -41,4 +43,5 @@ FAMILY = Family(
     refusals=REFUSALS,
     fixed_on_resume=("distill.teacher", "distill.teacher_sft"),
     build="credo.families.distill.build",
+    roles={"teacher": TeacherRoleConfig},
 )

@@ -8,10 +8,18 @@ from credo.family import FamilyParts
 
 
 def preflight(r) -> list[str]:
-    """The teacher's folder and tokenizer (`credo.families.distill.teacher.check_teacher`), before any warm-up."""
+    """The teacher's folder and tokenizer (`credo.families.distill.teacher.check_teacher`), before any warm-up; with
+    distill.placement: ray, that a node of the cluster can place a teacher actor (cluster.teacher.resources; the sum
+    over every role the run uses is `credo check`'s capacity check, which counts the teacher's actors)."""
     from credo.families.distill.teacher import check_teacher
 
-    return check_teacher(r)
+    notes = []
+    d, c = r.distill, r.cluster
+    if d.enabled and d.placement == "ray" and c.engine == "ray" and c.teacher.workers:
+        from credo.preflight import check_cluster_placement
+
+        notes += check_cluster_placement(r, ("teacher",))
+    return notes + check_teacher(r)
 
 
 def warmup(r, task, policy_path: str, *, log) -> tuple[str, str | None]:

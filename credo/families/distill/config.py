@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from credo.capabilities import Refusal
 from credo.config import SFTConfig, one_of, out_of_range, ranged
+from credo.config.sections import RoleConfig
 from credo.errors import ConfigError
 
 WARMUP_TEACHER = "warmup"
@@ -36,11 +37,24 @@ class DistillConfig:
     """Loss-term form: coefficient of aggregate((log pi_theta - log pi_teacher)^2 / 2) added to the policy loss
     (its gradient is the per-token reverse KL's on-policy); logged as train/distill_kl."""
     placement: str = one_of("trainer", ("trainer", "worker", "ray"))
-    """Where the teacher runs: 'trainer' (a frozen copy beside the policy, on its device). 'worker' (its own rollout
-    worker) and 'ray' (the Ray pool) are refused at `credo check` (not built yet)."""
+    """Where the teacher runs: 'trainer' (a frozen copy beside the policy, on its device); 'worker' (its own process
+    on this host, spawned at start-up, on the trainer's device, gone with the run); 'ray' (cluster.teacher.workers
+    Ray actors placed by cluster.teacher.resources, with cluster.engine: ray). All three load the same folder in
+    model.dtype and score in the same row chunks, so the teacher's log-probs are bitwise the same on the same kind
+    of device (docs/distill.md)."""
     token_mapping: str = ""
     """A vocabulary mapping for a teacher whose tokenizer differs from the student's. Not implemented: any value
     is refused; a teacher must share the student's tokenizer (as GKD and Thinking Machines assume)."""
+
+
+@dataclass
+class TeacherRoleConfig(RoleConfig):
+    """`cluster.teacher:`: the distillation teacher as Ray actors (distill.placement: ray). Each actor loads the
+    teacher and scores whole row chunks of a batch; a killed or hung actor is replaced and its chunks scored again."""
+
+    threads: int = ranged(0, ge=0)
+    """torch intra-op threads of each teacher actor; 0 = the trainer's (run.threads): bitwise parity with
+    distill.placement: trainer on CPU needs the same count."""
 
 
 SFT_KEYS = tuple(f.name for f in dataclasses.fields(SFTConfig))
@@ -96,6 +110,11 @@ def _sampling(key: str, off):
     return lambda r, plan: r.distill.enabled and not off(getattr(r.rollout, key))
 
 
+def _teacher_workers(r) -> int:
+    role = getattr(r.cluster, "teacher", None)
+    return role.workers if role is not None else 0
+
+
 _TRUNCATED = ("the teacher's log-probs are full-vocabulary ones at temperature 1 and the sampler's over its kept set: "
               "their log-ratio would not estimate the reverse KL")
 
@@ -105,11 +124,14 @@ REFUSALS = (
     Refusal(("distill.enabled", "rollout.top_p"), _sampling("top_p", lambda v: v == 1.0), _TRUNCATED),
     Refusal(("distill.enabled", "rollout.top_k"), _sampling("top_k", lambda v: v == 0), _TRUNCATED),
     Refusal(("distill.enabled", "rollout.min_p"), _sampling("min_p", lambda v: v == 0), _TRUNCATED),
-    Refusal(("distill.placement", "distill.teacher"), _placement("worker"),
-            "the teacher on its own rollout worker is not built: distill.placement: trainer scores it beside the "
-            "policy"),
-    Refusal(("distill.placement", "cluster.engine"), _placement("ray"),
-            "the teacher in the Ray pool is not built: distill.placement: trainer scores it beside the policy"),
+    Refusal(("distill.placement", "cluster.engine"),
+            lambda r, plan: _placement("ray")(r, plan) and r.cluster.engine != "ray",
+            "the teacher's Ray actors run on the run's Ray cluster (cluster.engine: ray); distill.placement: worker "
+            "runs the teacher in its own process on this host"),
+    Refusal(("distill.placement", "cluster.teacher.workers"),
+            lambda r, plan: _placement("ray")(r, plan) and r.cluster.engine == "ray" and not _teacher_workers(r),
+            "with no teacher actor nothing would score the samples: set cluster.teacher.workers >= 1, or "
+            "distill.placement: trainer"),
     Refusal(("distill.enabled", "palette.enabled"),
             lambda r, plan: r.distill.enabled and getattr(getattr(r, "palette", None), "enabled", False),
             "the teacher does not read the palette's soft prefixes the student was sampled with"),

@@ -59,6 +59,12 @@ class DistillAdvantage:
         if hasattr(self.default, "load_state_dict"):
             self.default.load_state_dict(state)
 
+    def close(self) -> None:
+        """Stop the teacher's process (distill.placement: worker); the Ray actors stop with the run's cluster."""
+        close = getattr(self.teacher, "close", None)
+        if close is not None:
+            close()
+
 
 def token_means(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     """distill/* metrics: means over the loss tokens of every rank (0 when there are none)."""
@@ -71,9 +77,8 @@ def token_means(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor
 
 
 def make_distill(ctx):
-    """The stage factory: loads the teacher (its folder made by the family's warm-up, cached) on the trainer."""
-    from credo.models import check_vocab, load_causal_lm, load_tokenizer
-
+    """The stage factory: the teacher (its folder made by the family's warm-up, cached) where distill.placement
+    says: on the trainer, in its own process on this host, or on the run's Ray cluster (cluster.teacher)."""
     r, d = ctx.recipe, ctx.section
     if ctx.default is None:
         from credo.errors import ConfigError
@@ -81,8 +86,34 @@ def make_distill(ctx):
         raise ConfigError(f"config key 'algo.advantage' = '{r.algo.advantage}' is not an outcome estimator: "
                           "distill.enabled mixes its advantage with the outcome advantage's")
     folder, _ = teacher_folder(r, ctx.task, log=lambda m: None)
+    scorer = make_scorer(d.placement, folder, r, cluster=ctx.cluster)
+    return DistillAdvantage(ctx.default, scorer, weight=d.weight, discount=d.discount, loss_coef=d.loss_coef)
+
+
+def make_scorer(placement: str, folder: str, r, *, cluster=None):
+    """The teacher's scorer at `placement`; each loads `folder` in model.dtype and scores in row chunks of
+    algo.micro_batch_size, so all three give the same log-probs on the same kind of device (the worker and the actors
+    use the trainer's thread count unless cluster.teacher.threads says otherwise)."""
+    rows, chunk = r.algo.micro_batch_size, r.algo.logprob_chunk_size
+    if placement == "worker":
+        from credo.families.distill.worker import TeacherProcess
+
+        return TeacherProcess(folder, dtype=r.model.dtype, rows=rows, chunk_size=chunk, device=device(),
+                              threads=torch.get_num_threads())
+    if placement == "ray":
+        from credo.distributed.ray.teacher import RayTeacher
+
+        if cluster is None:  # the refusal rows keep this from `credo check`; a hand-built context may still get here
+            from credo.errors import ConfigError
+
+            raise ConfigError("config key 'distill.placement' = 'ray' needs cluster.engine: ray (the run's Ray "
+                              "cluster)")
+        cluster.check_role("teacher")  # a ConfigError naming the role, before any teacher actor starts
+        return cluster.track(RayTeacher.from_cluster(cluster.cfg, folder, dtype=r.model.dtype, rows=rows,
+                                                     chunk_size=chunk, threads=torch.get_num_threads()))
+    from credo.models import check_vocab, load_causal_lm, load_tokenizer
+
     model = load_causal_lm(folder, r.model.dtype)
     check_vocab(model, load_tokenizer(folder), folder)
     model = model.to(device()).eval().requires_grad_(False)
-    scorer = TeacherScorer(model, rows=r.algo.micro_batch_size, chunk_size=r.algo.logprob_chunk_size, device=device())
-    return DistillAdvantage(ctx.default, scorer, weight=d.weight, discount=d.discount, loss_coef=d.loss_coef)
+    return TeacherScorer(model, rows=rows, chunk_size=chunk, device=device())
