@@ -35,6 +35,13 @@ VARIANTS = {
         "stages.probes=[attention_credit]", "stages.probe_kwargs={attention_credit: {strategy: coupled}}"]),
     "grpo + attention_credit (flow)": ("recipes/quickstart.yaml", [
         "stages.probes=[attention_credit]", "stages.probe_kwargs={attention_credit: {strategy: flow}}"]),
+    # on-policy distillation from the quickstart's warm-up: the teacher (its clean warm-up, as large as the policy)
+    # scores every sampled token on the trainer before the update (docs/distill.md)
+    "grpo + distill (teacher on the trainer)": ("recipes/distill.yaml", []),
+    # truncated sampling (docs/truncated_sampling.md): top_k 5 alone, then with the trainer's log-probs over the
+    # sampler's kept sets (the sampler records a threshold per token; the trainer masks each logits chunk)
+    "grpo, top_k 5": ("recipes/quickstart.yaml", ["rollout.top_k=5"]),
+    "grpo, top_k 5 + kept-set replay": ("recipes/quickstart.yaml", ["rollout.top_k=5", "rollout.kept_set_replay=true"]),
 }
 
 
@@ -67,11 +74,12 @@ def main() -> None:
                     if "perf/step_time_s" in r]
             rows = rows[2:] or rows  # the first steps warm caches (and critic-only steps skip the update)
             step[name].append(statistics.median(r["perf/step_time_s"] for r in rows))
-            for key in ("perf/critic_s", "perf/credit_s"):
+            for key in ("perf/critic_s", "perf/credit_s", "perf/distill_teacher_s"):
                 if key in rows[0]:
                     extra[name].setdefault(key, []).append(statistics.median(r[key] for r in rows))
             rss[name].append(max(r["perf/peak_rss_gb"] for r in rows))
-            print(f"round {i} {name}: median step {step[name][-1]:.4f} s", flush=True)
+            print(f"round {i} {name}: median step {step[name][-1]:.4f} s, peak RSS {rss[name][-1]:.3f} GB, load "
+                  f"average {os.getloadavg()[0]:.1f}", flush=True)
     base = statistics.median(step[names[0]])
     base_rss = statistics.median(rss[names[0]])
     print(f"\n| variant | median step (s) | vs {names[0]} | stage timer (s) | peak RSS (GB) | RSS - baseline (GB) |")
