@@ -96,3 +96,23 @@ def test_a_bad_env_setting_through_the_cli_process(tmp_path):
     p = run_cli(["check", "recipes/multiturn.yaml", "env.kwargs.low=9", "env.kwargs.high=1"], timeout=300)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert p.stderr.strip().splitlines()[-1].startswith("credo: config error: env.kwargs: low = 9 > high = 1")
+
+
+def test_reading_a_data_file_prints_nothing_of_datasets_own(tmp_path, capfd):
+    """Round-4 trial of issue 57: a malformed JSONL printed datasets' 'Generating train split' bars and its ERROR
+    log line twice (its handler and the CLI's) before credo's one line; a good file printed the bars. Now the
+    config-error line is all of stderr, and a good file reads silently (the fd is captured: tqdm and logging both)."""
+    _files(tmp_path)
+    (tmp_path / "good.jsonl").write_text("".join('{"prompt": "%d+1=", "answer": "%d"}\n' % (i, i + 1) for i in range(8)))
+    code = cli.main(["check", QUICK, "task.name=file", f"task.kwargs={{train: {tmp_path}/broken.jsonl}}"])
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("credo: config error: config key 'task.kwargs.train'") and "row 1" in lines[0], lines
+    from credo.tasks.data import load_rows_file
+
+    rows = load_rows_file(str(tmp_path / "good.jsonl"), "task.kwargs.train")
+    assert len(rows) == 8 and capfd.readouterr().err == ""
+    import datasets  # the settings are the caller's again afterwards
+
+    assert not datasets.are_progress_bars_disabled()
