@@ -43,6 +43,11 @@ CASES = [
     ("task_kwarg_not_a_bool", QUICK, ["task.kwargs.fixed_width=maybe"], ["task.kwargs.fixed_width", "true or false"]),
     ("critic_path_missing", "recipes/ppo.yaml", ["critic.path={tmp}/nope"], ["critic.path", "does not exist"]),
     ("critic_path_not_a_model", "recipes/ppo.yaml", ["critic.path={tmp}/no_model"], ["critic.path", "no config.json"]),
+    # round-4 trial: these passed credo check, then were a TypeError traceback from credo's call site after the warm-up
+    ("stage_factory_is_a_reward_fn", QUICK, ["stages.advantage=tests.spine.user_code:a_reward_function_not_a_factory"],
+     ["config key 'stages.advantage'", "a_reward_function_not_a_factory", "(responses, problems)", "'problems'"]),
+    ("stage_factory_setting_missing", QUICK, ["stages.advantage=tests.spine.user_code:advantage_stage_with_a_required_setting"],
+     ["config key 'stages.advantage'", "'scale'"]),
 ]
 
 
