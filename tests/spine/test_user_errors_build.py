@@ -121,3 +121,15 @@ def test_reading_a_data_file_prints_nothing_of_datasets_own(tmp_path, capfd):
     import datasets  # the settings are the caller's again afterwards
 
     assert not datasets.are_progress_bars_disabled()
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_a_sweep_file_given_as_a_recipe_says_so(command, capsys):
+    """Round-4 trial: `credo run recipes/ablations/shop.yaml` (recipes/ holds sweeps too) said "unknown config key
+    'name'; did you mean 'families'?"; credo ablate already says the reverse ("this looks like a recipe")."""
+    code = cli.main([command, "recipes/ablations/shop.yaml"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0] == ("credo: config error: 'recipes/ablations/shop.yaml' is a sweep file for `credo ablate` (it names "
+                        "'base: recipes/shop.yaml'), not a recipe: run the sweep with `credo ablate "
+                        "recipes/ablations/shop.yaml`, or its base recipe with `credo run recipes/shop.yaml`")
