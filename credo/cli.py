@@ -37,6 +37,9 @@ def _quiet_libraries() -> None:
         hf_logging.disable_progress_bar()
     for name in ("DeepSpeed", "deepspeed", "torch.distributed", "vllm"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    from credo.tracking import CPU_ACCELERATOR_NOTE
+
+    logging.getLogger("DeepSpeed").addFilter(CPU_ACCELERATOR_NOTE)  # deepspeed.utils.logger is this logger
 
 
 def _library_verbosity(verbose: bool) -> None:
@@ -45,6 +48,10 @@ def _library_verbosity(verbose: bool) -> None:
     level = logging.INFO if verbose else logging.WARNING
     for name in ("DeepSpeed", "deepspeed", "vllm"):
         logging.getLogger(name).setLevel(level)
+    if verbose:
+        from credo.tracking import CPU_ACCELERATOR_NOTE
+
+        logging.getLogger("DeepSpeed").removeFilter(CPU_ACCELERATOR_NOTE)
     if not verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
