@@ -147,3 +147,24 @@ def test_a_cluster_that_refuses_the_token_is_named_as_such(monkeypatch):
     other = _refused("10.0.0.1:6379", monkeypatch, "Failed to connect to GCS within 60 seconds")  # anything else
     assert other.startswith("config key 'cluster.address' = '10.0.0.1:6379': cannot join the Ray cluster (Failed to "
                             "connect to Ray cluster at 10.0.0.1:6379); start one with `ray start --head`"), other
+
+
+@pytest.mark.parametrize("address,logged", [("", False), ("auto", True)])
+def test_the_reward_pool_note_is_logged_once(address, logged, monkeypatch, caplog):
+    """Round-4 trial: every local Ray run logged 'cluster.reward.workers = 4: beside the actors the cluster has room
+    for 1 reward task(s) ...' twice, at the preflight and again at start-up against the same CPUs. The start-up check
+    logs it only for a cluster the preflight could not see (cluster.address set); it still refuses what cannot fit."""
+    import logging
+
+    import ray
+
+    from credo.train.cluster import check_live_capacity
+
+    monkeypatch.setattr(ray, "nodes", lambda: nodes(2))
+    over = ["cluster.engine=ray", f"cluster.address={address}"]
+    with caplog.at_level(logging.INFO, logger="credo.cluster"):
+        check_live_capacity(load_recipe(QUICK, over))
+    notes = [r.getMessage() for r in caplog.records if "beside the actors" in r.getMessage()]
+    assert len(notes) == int(logged), notes
+    with pytest.raises(ConfigError, match="cluster.rollout.workers"):
+        check_live_capacity(load_recipe(QUICK, [*over, "cluster.rollout.workers=2"]))
