@@ -339,7 +339,16 @@ def main(argv: list[str] | None = None) -> int:
         from credo.simulate.cli import main as simulate_main
 
         return simulate_main(argv[1:])
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        from credo.cli_support import unknown_option_line
+
+        line = unknown_option_line(args.cmd, unknown)
+        if line is None:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        print(line, file=sys.stderr)
+        return 2
     if args.needs_logging:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                             datefmt="%H:%M:%S")
