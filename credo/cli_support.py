@@ -33,7 +33,8 @@ def recipe_keys_named(name: str) -> list[str]:
     recipe = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Recipe")
     out = []
     for node in recipe.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.annotation, ast.Name) and isinstance(node.target, ast.Name):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.annotation, ast.Name)
+                and isinstance(node.target, ast.Name)):
             try:
                 fields = [f for f, _ in section_docs(node.annotation.id)]
             except StopIteration:  # not a section class of sections.py
@@ -61,7 +62,8 @@ def unknown_option_line(command: str, unknown: list[str]) -> str | None:
     keys = [name] if "." in name else recipe_keys_named(name)
     line = f"credo: error: credo {command} has no option '{opt.partition('=')[0]}'"
     if keys:
-        return line + "; recipe keys are set as key=value: did you mean " + " or ".join(f"{k}={value}" for k in keys) + "?"
+        overrides = " or ".join(f"{k}={value}" for k in keys)
+        return f"{line}; recipe keys are set as key=value: did you mean {overrides}?"
     return line + f" (`credo {command} --help` lists its options; recipe keys are set as key=value)"
 
 

@@ -62,8 +62,8 @@ def op_build_notice(extensions_dir: Path, op: str = SHM_COMM_OP) -> str | None:
     """The line to show before DeepSpeed loads `op`: None when its build is already in `extensions_dir`."""
     if (extensions_dir / op / f"{op}.so").is_file():
         return None
-    return (f"credo: DeepSpeed is compiling its CPU op '{op}' into {extensions_dir} (once per user, about 1-2 "
-            "minutes with no other output; later runs reuse it)")
+    return (f"credo: DeepSpeed is compiling its CPU op '{op}' into {extensions_dir} (once per user and Python "
+            "environment, about 1-2 minutes with no other output; later runs reuse it)")
 
 
 def load_cpu_comm_op(extensions_dir: Path, *, verbose: bool = False, wait_s: float = 900.0) -> None:

@@ -46,7 +46,8 @@ CASES = [
     # round-4 trial: these passed credo check, then were a TypeError traceback from credo's call site after the warm-up
     ("stage_factory_is_a_reward_fn", QUICK, ["stages.advantage=tests.spine.user_code:a_reward_function_not_a_factory"],
      ["config key 'stages.advantage'", "a_reward_function_not_a_factory", "(responses, problems)", "'problems'"]),
-    ("stage_factory_setting_missing", QUICK, ["stages.advantage=tests.spine.user_code:advantage_stage_with_a_required_setting"],
+    ("stage_factory_setting_missing", QUICK,
+     ["stages.advantage=tests.spine.user_code:advantage_stage_with_a_required_setting"],
      ["config key 'stages.advantage'", "'scale'"]),
 ]
 
@@ -108,7 +109,8 @@ def test_reading_a_data_file_prints_nothing_of_datasets_own(tmp_path, capfd):
     log line twice (its handler and the CLI's) before credo's one line; a good file printed the bars. Now the
     config-error line is all of stderr, and a good file reads silently (the fd is captured: tqdm and logging both)."""
     _files(tmp_path)
-    (tmp_path / "good.jsonl").write_text("".join('{"prompt": "%d+1=", "answer": "%d"}\n' % (i, i + 1) for i in range(8)))
+    rows = ('{"prompt": "%d+1=", "answer": "%d"}\n' % (i, i + 1) for i in range(8))
+    (tmp_path / "good.jsonl").write_text("".join(rows))
     code = cli.main(["check", QUICK, "task.name=file", f"task.kwargs={{train: {tmp_path}/broken.jsonl}}"])
     err = capfd.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
@@ -130,6 +132,6 @@ def test_a_sweep_file_given_as_a_recipe_says_so(command, capsys):
     code = cli.main([command, "recipes/ablations/shop.yaml"])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1, lines
-    assert lines[0] == ("credo: config error: 'recipes/ablations/shop.yaml' is a sweep file for `credo ablate` (it names "
-                        "'base: recipes/shop.yaml'), not a recipe: run the sweep with `credo ablate "
+    assert lines[0] == ("credo: config error: 'recipes/ablations/shop.yaml' is a sweep file for `credo ablate` "
+                        "(it names 'base: recipes/shop.yaml'), not a recipe: run the sweep with `credo ablate "
                         "recipes/ablations/shop.yaml`, or its base recipe with `credo run recipes/shop.yaml`")

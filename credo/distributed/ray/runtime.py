@@ -75,8 +75,8 @@ def join_error(address: str, e: BaseException) -> ConfigError:
     where = f"config key 'cluster.address' = '{address}'"
     if any("InvalidAuthToken" in text or "Unauthenticated" in text for text in causes):
         mode = os.environ.get("RAY_AUTH_MODE", "")
-        fix = ("its token is not the one this client sent: use the cluster's token (~/.ray/auth_token on its head node) "
-               "in ~/.ray/auth_token or RAY_AUTH_TOKEN" if mode.lower() == "token" else
+        fix = ("its token is not the one this client sent: use the cluster's token (~/.ray/auth_token on its head "
+               "node) in ~/.ray/auth_token or RAY_AUTH_TOKEN" if mode.lower() == "token" else
                "set RAY_AUTH_MODE=token and give this client the cluster's token (~/.ray/auth_token on its head node, "
                "or RAY_AUTH_TOKEN); Ray sends it on its own only for cluster.address=auto")
         return ConfigError(f"{where}: the Ray cluster there refused this client (token authentication): {fix}")
