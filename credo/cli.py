@@ -37,6 +37,9 @@ def _quiet_libraries() -> None:
         hf_logging.disable_progress_bar()
     for name in ("DeepSpeed", "deepspeed", "torch.distributed", "vllm"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    from credo.tracking import CPU_ACCELERATOR_NOTE
+
+    logging.getLogger("DeepSpeed").addFilter(CPU_ACCELERATOR_NOTE)  # deepspeed.utils.logger is this logger
 
 
 def _library_verbosity(verbose: bool) -> None:
@@ -45,6 +48,10 @@ def _library_verbosity(verbose: bool) -> None:
     level = logging.INFO if verbose else logging.WARNING
     for name in ("DeepSpeed", "deepspeed", "vllm"):
         logging.getLogger(name).setLevel(level)
+    if verbose:
+        from credo.tracking import CPU_ACCELERATOR_NOTE
+
+        logging.getLogger("DeepSpeed").removeFilter(CPU_ACCELERATOR_NOTE)
     if not verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
@@ -332,7 +339,16 @@ def main(argv: list[str] | None = None) -> int:
         from credo.simulate.cli import main as simulate_main
 
         return simulate_main(argv[1:])
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        from credo.cli_support import unknown_option_line
+
+        line = unknown_option_line(args.cmd, unknown)
+        if line is None:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        print(line, file=sys.stderr)
+        return 2
     if args.needs_logging:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                             datefmt="%H:%M:%S")

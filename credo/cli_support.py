@@ -24,6 +24,49 @@ def section_docs(section: str = "RunConfig") -> list[tuple[str, str]]:
     return out
 
 
+def recipe_keys_named(name: str) -> list[str]:
+    """The core recipe keys whose last part is `name` (`steps` -> run.steps, sft.steps), read from the source as
+    `section_docs` reads it."""
+    import ast
+
+    tree = ast.parse((Path(__file__).resolve().parent / "config" / "sections.py").read_text())
+    recipe = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Recipe")
+    out = []
+    for node in recipe.body:
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.annotation, ast.Name)
+                and isinstance(node.target, ast.Name)):
+            try:
+                fields = [f for f, _ in section_docs(node.annotation.id)]
+            except StopIteration:  # not a section class of sections.py
+                continue
+            if name in fields:
+                out.append(f"{node.target.id}.{name}")
+    return out
+
+
+def unknown_option_line(command: str, unknown: list[str]) -> str | None:
+    """One line for an option `credo COMMAND` does not have (`credo run recipe.yaml --steps 5`): argparse printed its
+    top-level usage and 'unrecognized arguments: --steps 5 run.output_dir=...', every argument after the flag
+    included, as if those were wrong too (issue 57's round-4 trial). Recipe settings are key=value: when the option
+    names a recipe key (`--steps`, `--run.steps`, `--lr=1e-3`), the line gives the override. None when nothing
+    unknown is an option (argparse's own message then)."""
+    at = next((i for i, a in enumerate(unknown) if a.startswith("-") and len(a) > 1), None)
+    if at is None:
+        return None
+    opt = unknown[at]
+    name, eq, value = opt.lstrip("-").partition("=")
+    if not eq:
+        nxt = unknown[at + 1] if at + 1 < len(unknown) else ""
+        value = nxt if nxt and not nxt.startswith("-") and "=" not in nxt else "VALUE"
+    name = name.replace("-", "_")
+    keys = [name] if "." in name else recipe_keys_named(name)
+    line = f"credo: error: credo {command} has no option '{opt.partition('=')[0]}'"
+    if keys:
+        overrides = " or ".join(f"{k}={value}" for k in keys)
+        return f"{line}; recipe keys are set as key=value: did you mean {overrides}?"
+    return line + f" (`credo {command} --help` lists its options; recipe keys are set as key=value)"
+
+
 def run_settings_help() -> str:
     """`credo run --help`'s list of the run.* settings (any recipe key is set the same way, key=value)."""
     rows = [f"  run.{name:<22s} {textwrap.shorten(doc, 90, placeholder='...')}" for name, doc in section_docs("RunConfig")]

@@ -36,7 +36,7 @@ from credo.errors import ConfigError
 from credo.family import Family, FamilyParts, families_of
 from credo.old_log_probs import check_old_log_probs
 from credo.schedules import Schedule, schedule, schedule_of
-from credo.train.registry import DEFAULT, Resolved, resolve, settings_of
+from credo.train.registry import DEFAULT, Resolved, check_factory_call, resolve, settings_of
 
 LOSS_RESERVED = {"log_probs", "old_log_probs", "advantages", "mask", "global_tokens", "global_seqs", "agg_mode", "weights",
                  "rollout_log_probs", "norm_len"}
@@ -267,6 +267,8 @@ def _probe_plan(r, i: int, spec, families: tuple) -> StagePlan:
 
 def _planned(r, kind, key, spec, resolved: Resolved, kwargs, settings_key) -> StagePlan:
     settings = settings_of(resolved, kwargs, settings_key)
+    if resolved.settings is None:  # called as factory(ctx, **kwargs): a function that cannot be is named now
+        check_factory_call(resolved.factory, settings, key, spec, settings_key)
     if hasattr(settings, "check_dependencies"):  # a stage's optional package, now rather than after the warm-up
         settings.check_dependencies(settings_key)
     section = resolved.family.settings(r) if resolved.family is not None else None

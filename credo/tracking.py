@@ -168,6 +168,18 @@ def distinct_prompts(rows: list[dict], show: int) -> list[dict]:
     return out
 
 
+class _NoCpuAcceleratorNote(logging.Filter):
+    """Drops DeepSpeed's 'Setting accelerator to CPU. If you have GPU ...' warning, which it logs whenever it is
+    imported on a machine without CUDA (transformers imports it through accelerate): on a CPU machine it says what the
+    user chose, and `credo check` printed it among its notes (issue 57's round-4 trial). Shown with run.verbose."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Setting accelerator to CPU")
+
+
+CPU_ACCELERATOR_NOTE = _NoCpuAcceleratorNote()
+
+
 def python_logging() -> None:
     """From Python (`credo.train`), what the CLI sets up: credo's INFO lines on stderr when the program configured
     no logging of its own, and no transformers/hub progress bars (credo has its own progress line)."""
@@ -183,6 +195,7 @@ def python_logging() -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
+    logging.getLogger("DeepSpeed").addFilter(CPU_ACCELERATOR_NOTE)
 
 
 class PlainProgress:

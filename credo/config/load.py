@@ -128,6 +128,10 @@ def _read_yaml(path: str | Path | dict | DictConfig | None) -> dict:
         raise ConfigError(f"recipe '{p}' is not valid YAML: {_one_line(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"recipe '{p}' must be a mapping at the top level, got {type(data).__name__}")
+    if "base" in data and ({"variants", "grid", "seeds", "overrides"} & set(data)):  # not a recipe key: a sweep's
+        base = data["base"]
+        raise ConfigError(f"'{p}' is a sweep file for `credo ablate` (it names 'base: {base}'), not a recipe: run the "
+                          f"sweep with `credo ablate {p}`, or its base recipe with `credo run {base}`")
     _check_tree(data, f"recipe '{p}'")
     return data
 

@@ -2,8 +2,8 @@
 
 One process by default; the same code runs data-parallel under `torchrun` or the `deepspeed` launcher
 (gloo on CPU). On CPU, DeepSpeed compiles a communication op once (about 1-2 minutes) into TORCH_EXTENSIONS_DIR,
-by default a per-user cache (`torch_extensions_dir`), so runs after the first, in any folder, skip the compile;
-the first says so before it starts.
+by default a per-user cache with a folder per Python environment (`torch_extensions_dir`), so runs after the first,
+in any folder, skip the compile; the first says so before it starts.
 """
 
 from __future__ import annotations
@@ -37,20 +37,33 @@ SHM_COMM_OP = "deepspeed_shm_comm"
 """The op DeepSpeed builds with g++ the first time it initialises on CPU."""
 
 
+def python_env_tag() -> str:
+    """A folder name for this Python environment: torch's version and a hash of `sys.prefix` (the venv).
+
+    A build of DeepSpeed's op is compiled against one environment's torch and DeepSpeed headers; torch keeps one
+    build per op name in a folder and ninja rebuilds it whenever the compile command changes. Two venvs sharing one
+    folder (a clone's `.venv` beside another checkout's) therefore rebuilt the op at every switch, each time 1-5
+    minutes with no line said, since a `.so` was there (issue 57's round-4 trial: six builds in 30 minutes)."""
+    digest = hashlib.sha256(os.path.realpath(sys.prefix).encode()).hexdigest()[:10]
+    return f"torch{torch.__version__.split('+')[0]}-{digest}"
+
+
 def torch_extensions_dir() -> Path:
-    """Where torch builds and finds C++ ops: $TORCH_EXTENSIONS_DIR, else `credo/torch_extensions` in the user's
-    cache ($XDG_CACHE_HOME or ~/.cache), one build per user whatever folder a run starts in."""
+    """Where torch builds and finds C++ ops: $TORCH_EXTENSIONS_DIR, else `credo/torch_extensions/<env>` in the
+    user's cache ($XDG_CACHE_HOME or ~/.cache): one build per user and Python environment (`python_env_tag`),
+    whatever folder a run starts in."""
     if os.environ.get("TORCH_EXTENSIONS_DIR"):
         return Path(os.environ["TORCH_EXTENSIONS_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "credo" / "torch_extensions"
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "credo" / "torch_extensions"
+    return base / python_env_tag()
 
 
 def op_build_notice(extensions_dir: Path, op: str = SHM_COMM_OP) -> str | None:
     """The line to show before DeepSpeed loads `op`: None when its build is already in `extensions_dir`."""
     if (extensions_dir / op / f"{op}.so").is_file():
         return None
-    return (f"credo: DeepSpeed is compiling its CPU op '{op}' into {extensions_dir} (once per user, about 1-2 "
-            "minutes with no other output; later runs reuse it)")
+    return (f"credo: DeepSpeed is compiling its CPU op '{op}' into {extensions_dir} (once per user and Python "
+            "environment, about 1-2 minutes with no other output; later runs reuse it)")
 
 
 def load_cpu_comm_op(extensions_dir: Path, *, verbose: bool = False, wait_s: float = 900.0) -> None:

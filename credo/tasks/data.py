@@ -25,6 +25,8 @@ the reward comes from `reward.functions` (or `reward.function`).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,6 +46,26 @@ def _datasets():
     return datasets
 
 
+@contextlib.contextmanager
+def _quiet(datasets):
+    """While credo reads a data file: no 'Generating train split' progress bar and no log line of datasets' own.
+
+    A malformed file made datasets log 'Failed to load JSON ...' at ERROR (twice, through its handler and the root's)
+    and draw its bar, before credo's one config-error line that names the key, the file and the row (issue 57's
+    round-4 trial). credo states what it read where it matters; anything datasets raises is still turned into that
+    line below. Both settings are restored afterwards."""
+    logger = logging.getLogger("datasets")
+    level, bars = logger.level, not datasets.are_progress_bars_disabled()
+    logger.setLevel(logging.CRITICAL + 1)
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if bars:
+            datasets.enable_progress_bars()
+
+
 def load_rows_file(path: str, key: str) -> list[dict]:
     """The rows of a JSONL / JSON / Parquet / CSV file, as dicts."""
     p = Path(path)
@@ -57,7 +79,8 @@ def load_rows_file(path: str, key: str) -> list[dict]:
         raise ConfigError(f"config key '{key}' = '{path}': the file is empty (expected one row per problem)")
     datasets = _datasets()
     try:
-        ds = datasets.load_dataset(fmt, data_files=str(p), split="train")
+        with _quiet(datasets):
+            ds = datasets.load_dataset(fmt, data_files=str(p), split="train")
     except (datasets.exceptions.DatasetGenerationError, ValueError, StopIteration) as e:  # a malformed row
         cause = e.__cause__ or e  # DatasetGenerationError says only 'an error occurred'; its cause names the row
         raise ConfigError(f"config key '{key}' = '{path}' cannot be read as {fmt.upper()}: "
@@ -115,7 +138,8 @@ def load_rows_hf(name: str, split: str, key: str, **load_kwargs: Any) -> list[di
     datasets = _datasets()
     p = Path(name)
     if p.is_dir() and any((p / f).exists() for f in ("dataset_info.json", "dataset_dict.json", "state.json")):
-        ds = datasets.load_from_disk(str(p))
+        with _quiet(datasets):
+            ds = datasets.load_from_disk(str(p))
         if isinstance(ds, datasets.DatasetDict):
             if split not in ds:
                 raise ConfigError(f"config key '{key}' = '{split}': no such split in '{name}' (it has {sorted(ds)})")
@@ -124,7 +148,8 @@ def load_rows_hf(name: str, split: str, key: str, **load_kwargs: Any) -> list[di
             raise ConfigError(f"config key '{key}' = '{split}': '{name}' holds a single data set, read as split 'train'")
     else:
         try:
-            ds = datasets.load_dataset(name, split=split, **load_kwargs)
+            with _quiet(datasets):
+                ds = datasets.load_dataset(name, split=split, **load_kwargs)
         except (FileNotFoundError, ValueError, ConnectionError, datasets.exceptions.DatasetGenerationError,
                 StopIteration) as e:  # DatasetGenerationError: a malformed file in the folder; its cause names it
             cause = e.__cause__ if isinstance(e, datasets.exceptions.DatasetGenerationError) and e.__cause__ else e

@@ -127,7 +127,9 @@ def open_cluster(r: Recipe) -> Cluster | None:
 
 def check_live_capacity(r: Recipe) -> None:
     """The sum over the run's roles against the live cluster's nodes (`check_capacity`), before any worker starts:
-    a remote cluster is checked only here (`credo check` cannot see it); its note is logged."""
+    a remote cluster is checked only here (`credo check` cannot see it); its note is logged. A Ray the run starts
+    itself was checked, and its note logged, at the preflight against the same CPUs: logged again here, every local
+    Ray run printed it twice (issue 57's round-4 trial)."""
     import logging
 
     import ray
@@ -136,4 +138,5 @@ def check_live_capacity(r: Recipe) -> None:
 
     key = "" if r.cluster.address else "cluster.num_cpus"
     for note in check_capacity(r.cluster, ray.nodes(), run_roles(r), key=key):
-        logging.getLogger("credo.cluster").info("%s", note)
+        if r.cluster.address:
+            logging.getLogger("credo.cluster").info("%s", note)

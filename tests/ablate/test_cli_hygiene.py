@@ -45,20 +45,23 @@ def test_dry_run_writes_nothing(tmp_path):
 
 
 def _parser() -> argparse.ArgumentParser:
-    """The parser `credo` builds, caught at its parse_args."""
+    """The parser `credo` builds, caught at its parse_args or parse_known_args (which cli.main calls, to word an
+    unknown option itself)."""
     caught = {}
 
     def catch(self, args=None, namespace=None):
         caught["parser"] = self
         raise SystemExit(0)
 
-    original = argparse.ArgumentParser.parse_args
-    argparse.ArgumentParser.parse_args = catch
+    originals = {name: getattr(argparse.ArgumentParser, name) for name in ("parse_args", "parse_known_args")}
+    for name in originals:
+        setattr(argparse.ArgumentParser, name, catch)
     try:
         with pytest.raises(SystemExit):
             cli.main(["list"])
     finally:
-        argparse.ArgumentParser.parse_args = original
+        for name, fn in originals.items():
+            setattr(argparse.ArgumentParser, name, fn)
     return caught["parser"]
 
 

@@ -107,3 +107,64 @@ def test_credo_check_off_the_cluster_warns_that_the_run_would_stop():
     assert notes[0].endswith("`credo run` stops there, before its warm-up, unless that cluster is up by then")
     with pytest.raises(ConfigError, match="no Ray answers"):  # outside it, as `credo run` and credo.train meet it
         check_at_preflight(r)
+
+
+def _refused(address: str, monkeypatch, cause: str) -> str:
+    """connect() to a Ray that answers but whose ray.init fails as Ray 2.60's does: a ConnectionError whose cause
+    holds the reason (here no Ray runs: ray.init and the port probe are stand-ins)."""
+    import ray
+
+    from credo.distributed.ray import runtime
+
+    def init(**kw):
+        try:
+            raise RuntimeError(cause)
+        except RuntimeError as e:
+            raise ConnectionError(f"Failed to connect to Ray cluster at {kw['address']}") from e
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(runtime, "probe_address", lambda address: None)
+    with pytest.raises(ConfigError) as e:
+        runtime.connect(ClusterConfig(engine="ray", address=address))
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_a_cluster_that_refuses_the_token_is_named_as_such(monkeypatch):
+    """Round-4 trial: `ray start --head` (token authentication on, Ray 2.60's default) and cluster.address=HOST:PORT:
+    Ray sends no token for an explicit address unless RAY_AUTH_MODE=token, the cluster refuses the client, and credo
+    said 'cannot join ...; start one with `ray start --head`' to a user whose cluster was up."""
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    auth = ("Failed to connect to GCS. Last connection error: ... RPC error: InvalidAuthToken: Authentication token "
+            "is missing or incorrect. Note: RAY_AUTH_MODE is currently 'disabled' (not 'token').")
+    msg = _refused("10.0.0.1:6379", monkeypatch, auth)
+    assert msg.startswith("config key 'cluster.address' = '10.0.0.1:6379': the Ray cluster there refused this client "
+                          "(token authentication): set RAY_AUTH_MODE=token"), msg
+    assert "ray start --head" not in msg
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # the mode set, the token wrong
+    assert "its token is not the one this client sent" in _refused("10.0.0.1:6379", monkeypatch, auth)
+    other = _refused("10.0.0.1:6379", monkeypatch, "Failed to connect to GCS within 60 seconds")  # anything else
+    assert other.startswith("config key 'cluster.address' = '10.0.0.1:6379': cannot join the Ray cluster (Failed to "
+                            "connect to Ray cluster at 10.0.0.1:6379); start one with `ray start --head`"), other
+
+
+@pytest.mark.parametrize("address,logged", [("", False), ("auto", True)])
+def test_the_reward_pool_note_is_logged_once(address, logged, monkeypatch, caplog):
+    """Round-4 trial: every local Ray run logged 'cluster.reward.workers = 4: beside the actors the cluster has room
+    for 1 reward task(s) ...' twice, at the preflight and again at start-up against the same CPUs. The start-up check
+    logs it only for a cluster the preflight could not see (cluster.address set); it still refuses what cannot fit."""
+    import logging
+
+    import ray
+
+    from credo.train.cluster import check_live_capacity
+
+    monkeypatch.setattr(ray, "nodes", lambda: nodes(2))
+    over = ["cluster.engine=ray", f"cluster.address={address}"]
+    with caplog.at_level(logging.INFO, logger="credo.cluster"):
+        check_live_capacity(load_recipe(QUICK, over))
+    notes = [r.getMessage() for r in caplog.records if "beside the actors" in r.getMessage()]
+    assert len(notes) == int(logged), notes
+    with pytest.raises(ConfigError, match="cluster.rollout.workers"):
+        check_live_capacity(load_recipe(QUICK, [*over, "cluster.rollout.workers=2"]))

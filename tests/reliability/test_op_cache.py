@@ -1,4 +1,5 @@
-"""DeepSpeed's CPU op is built once per user, not once per run folder, and the first build is announced.
+"""DeepSpeed's CPU op is built once per user and Python environment, not once per run folder, and the first build is
+announced.
 
 The ~95 s build itself is not run here: deepspeed.init_distributed (which would build and load the op) is
 replaced by a recorder, and "not built yet" is an empty temporary TORCH_EXTENSIONS_DIR. Where torch looks for
@@ -44,10 +45,10 @@ def test_the_op_cache_is_per_user_not_per_folder(fake_init, tmp_path, monkeypatc
         monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
         eng.setup_distributed()
         seen.append(os.environ["TORCH_EXTENSIONS_DIR"])
-    assert seen == [str(home / ".cache" / "credo" / "torch_extensions")] * 2
+    assert seen == [str(home / ".cache" / "credo" / "torch_extensions" / eng.python_env_tag())] * 2
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert eng.torch_extensions_dir() == tmp_path / "xdg" / "credo" / "torch_extensions"
+    assert eng.torch_extensions_dir() == tmp_path / "xdg" / "credo" / "torch_extensions" / eng.python_env_tag()
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "mine"))
     assert eng.torch_extensions_dir() == tmp_path / "mine"  # an explicit setting wins
 
@@ -81,3 +82,19 @@ def test_only_the_first_local_rank_announces_and_gpu_runs_never(fake_init, tmp_p
     monkeypatch.delenv("DS_ACCELERATOR")
     eng.setup_distributed()
     assert capsys.readouterr().err == ""
+
+
+def test_two_python_environments_do_not_share_a_build(tmp_path, monkeypatch):
+    """Issue 57's round-4 trial: a fresh clone's .venv and another checkout's venv shared one build folder, and
+    ninja rebuilt the op (1-5 minutes, unannounced since a .so was there) at every switch between them."""
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr("sys.prefix", str(tmp_path / "clone" / ".venv"))
+    clone = eng.torch_extensions_dir()
+    assert clone == eng.torch_extensions_dir()  # stable within one environment
+    monkeypatch.setattr("sys.prefix", str(tmp_path / "main" / ".venv"))
+    main = eng.torch_extensions_dir()
+    assert clone != main and clone.parent == main.parent == tmp_path / "xdg" / "credo" / "torch_extensions"
+    monkeypatch.setattr(torch, "__version__", "9.9.9")  # torch upgraded in that venv: built anew, and announced
+    assert eng.torch_extensions_dir() not in (clone, main)
+    assert eng.op_build_notice(eng.torch_extensions_dir()) is not None

@@ -78,3 +78,27 @@ def test_a_bug_keeps_its_traceback_without_a_rank_prefix(runs):
     assert p.returncode == 1
     assert "Traceback (most recent call last)" in p.stderr, p.stderr[-3000:]
     assert not [line for line in p.stderr.splitlines() if line.startswith("[rank0]")]
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["run", "recipes/quickstart.yaml", "--steps", "5", "run.output_dir=x"],
+     "credo: error: credo run has no option '--steps'; recipe keys are set as key=value: did you mean run.steps=5 or "
+     "sft.steps=5?"),
+    (["check", "recipes/quickstart.yaml", "--optim.lr=1e-3"],
+     "credo: error: credo check has no option '--optim.lr'; recipe keys are set as key=value: did you mean "
+     "optim.lr=1e-3?"),
+    (["check", "recipes/quickstart.yaml", "--bogus-flag"],
+     "credo: error: credo check has no option '--bogus-flag' (`credo check --help` lists its options; recipe keys are "
+     "set as key=value)"),
+])
+def test_an_unknown_option_is_one_line_naming_it(argv, line, capsys):
+    """Round-4 trial: `credo run recipes/quickstart.yaml --steps 5 run.output_dir=x` printed credo's top-level usage
+    and 'unrecognized arguments: --steps 5 run.output_dir=x', the good override listed as if it were wrong too."""
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == line + "\n"
+
+
+def test_a_stray_positional_is_still_argparses_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["list", "extra"])
+    assert e.value.code == 2 and "unrecognized arguments: extra" in capsys.readouterr().err

@@ -43,6 +43,12 @@ CASES = [
     ("task_kwarg_not_a_bool", QUICK, ["task.kwargs.fixed_width=maybe"], ["task.kwargs.fixed_width", "true or false"]),
     ("critic_path_missing", "recipes/ppo.yaml", ["critic.path={tmp}/nope"], ["critic.path", "does not exist"]),
     ("critic_path_not_a_model", "recipes/ppo.yaml", ["critic.path={tmp}/no_model"], ["critic.path", "no config.json"]),
+    # round-4 trial: these passed credo check, then were a TypeError traceback from credo's call site after the warm-up
+    ("stage_factory_is_a_reward_fn", QUICK, ["stages.advantage=tests.spine.user_code:a_reward_function_not_a_factory"],
+     ["config key 'stages.advantage'", "a_reward_function_not_a_factory", "(responses, problems)", "'problems'"]),
+    ("stage_factory_setting_missing", QUICK,
+     ["stages.advantage=tests.spine.user_code:advantage_stage_with_a_required_setting"],
+     ["config key 'stages.advantage'", "'scale'"]),
 ]
 
 
@@ -96,3 +102,36 @@ def test_a_bad_env_setting_through_the_cli_process(tmp_path):
     p = run_cli(["check", "recipes/multiturn.yaml", "env.kwargs.low=9", "env.kwargs.high=1"], timeout=300)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert p.stderr.strip().splitlines()[-1].startswith("credo: config error: env.kwargs: low = 9 > high = 1")
+
+
+def test_reading_a_data_file_prints_nothing_of_datasets_own(tmp_path, capfd):
+    """Round-4 trial of issue 57: a malformed JSONL printed datasets' 'Generating train split' bars and its ERROR
+    log line twice (its handler and the CLI's) before credo's one line; a good file printed the bars. Now the
+    config-error line is all of stderr, and a good file reads silently (the fd is captured: tqdm and logging both)."""
+    _files(tmp_path)
+    rows = ('{"prompt": "%d+1=", "answer": "%d"}\n' % (i, i + 1) for i in range(8))
+    (tmp_path / "good.jsonl").write_text("".join(rows))
+    code = cli.main(["check", QUICK, "task.name=file", f"task.kwargs={{train: {tmp_path}/broken.jsonl}}"])
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("credo: config error: config key 'task.kwargs.train'") and "row 1" in lines[0], lines
+    from credo.tasks.data import load_rows_file
+
+    rows = load_rows_file(str(tmp_path / "good.jsonl"), "task.kwargs.train")
+    assert len(rows) == 8 and capfd.readouterr().err == ""
+    import datasets  # the settings are the caller's again afterwards
+
+    assert not datasets.are_progress_bars_disabled()
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_a_sweep_file_given_as_a_recipe_says_so(command, capsys):
+    """Round-4 trial: `credo run recipes/ablations/shop.yaml` (recipes/ holds sweeps too) said "unknown config key
+    'name'; did you mean 'families'?"; credo ablate already says the reverse ("this looks like a recipe")."""
+    code = cli.main([command, "recipes/ablations/shop.yaml"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0] == ("credo: config error: 'recipes/ablations/shop.yaml' is a sweep file for `credo ablate` "
+                        "(it names 'base: recipes/shop.yaml'), not a recipe: run the sweep with `credo ablate "
+                        "recipes/ablations/shop.yaml`, or its base recipe with `credo run recipes/shop.yaml`")

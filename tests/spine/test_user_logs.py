@@ -75,3 +75,32 @@ def test_credo_eval_prints_its_header_before_its_result(monkeypatch, capsys):
     assert cli.main(["eval", "runs/x/final", "recipes/quickstart.yaml"]) == 0
     assert capsys.readouterr().out.splitlines() == ["credo eval: runs/x/final on recipes/quickstart.yaml (greedy)",
                                                     "eval/accuracy = 0.25"]
+
+
+def test_deepspeeds_cpu_accelerator_note_is_shown_only_with_verbose():
+    """Round-4 trial: `credo check recipes/shop.yaml` (and multiturn, longtail) printed DeepSpeed's '[WARNING]
+    [real_accelerator.py:213:get_accelerator] Setting accelerator to CPU. If you have GPU ...' among its notes:
+    transformers imports DeepSpeed through accelerate, and DeepSpeed logs it on every import without CUDA. Checked
+    on the logger DeepSpeed logs it through (`deepspeed.utils.logger` is logging.getLogger('DeepSpeed')), with a
+    handler of our own; another DeepSpeed warning still shows."""
+    ds = logging.getLogger("DeepSpeed")
+    filters, seen = list(ds.filters), []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    keep = Keep()
+    ds.addHandler(keep)
+    try:
+        cli._quiet_libraries()
+        ds.warning("Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.")
+        ds.warning("another DeepSpeed warning")
+        assert seen == ["another DeepSpeed warning"]
+        cli._library_verbosity(True)  # run.verbose: DeepSpeed's own lines, this one included
+        ds.warning("Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.")
+        assert seen[-1].startswith("Setting accelerator to CPU")
+    finally:
+        ds.removeHandler(keep)
+        ds.filters[:] = filters
+        cli._library_verbosity(False)

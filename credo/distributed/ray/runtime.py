@@ -50,9 +50,7 @@ def connect(cfg: ClusterConfig, *, roles: tuple[str, ...] = (), verbose: bool = 
             try:
                 ray.init(address=cfg.address, **quiet)
             except ConnectionError as e:  # Ray's own message names flags credo does not have (--address)
-                raise ConfigError(f"config key 'cluster.address' = '{cfg.address}': cannot join the Ray cluster "
-                                  f"({str(e).splitlines()[0]}); start one with `ray start --head`, or set "
-                                  "cluster.address='' to start a local Ray") from None
+                raise join_error(cfg.address, e) from None
         else:
             # Ray renices its workers by 15 by default (background work); here they are the step's critical path
             os.environ.setdefault("RAY_worker_niceness", "0")
@@ -62,6 +60,28 @@ def connect(cfg: ClusterConfig, *, roles: tuple[str, ...] = (), verbose: bool = 
             ray.init(address="local", num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False, **quiet)
     check_placement(cfg, ray.nodes(), roles)
     return time.perf_counter() - t0
+
+
+def join_error(address: str, e: BaseException) -> ConfigError:
+    """`ray.init(address=...)`'s ConnectionError as one line naming cluster.address. A cluster that refused this
+    client's token says so only in the error's cause (and in Ray's log lines): Ray sends its token on its own only
+    for 'auto' (a cluster `ray start` recorded on this node), so joining `host:port` or `ray://...` of a cluster with
+    token authentication (`ray start`'s default since Ray 2.52) needs RAY_AUTH_MODE=token here (issue 57's round-4
+    trial: credo said 'start one with `ray start --head`' to a user whose cluster was up)."""
+    causes, c = [], e
+    while c is not None and len(causes) < 8:
+        causes.append(str(c))
+        c = c.__cause__ or c.__context__
+    where = f"config key 'cluster.address' = '{address}'"
+    if any("InvalidAuthToken" in text or "Unauthenticated" in text for text in causes):
+        mode = os.environ.get("RAY_AUTH_MODE", "")
+        fix = ("its token is not the one this client sent: use the cluster's token (~/.ray/auth_token on its head "
+               "node) in ~/.ray/auth_token or RAY_AUTH_TOKEN" if mode.lower() == "token" else
+               "set RAY_AUTH_MODE=token and give this client the cluster's token (~/.ray/auth_token on its head node, "
+               "or RAY_AUTH_TOKEN); Ray sends it on its own only for cluster.address=auto")
+        return ConfigError(f"{where}: the Ray cluster there refused this client (token authentication): {fix}")
+    return ConfigError(f"{where}: cannot join the Ray cluster ({str(e).splitlines()[0]}); start one with `ray start "
+                       "--head`, or set cluster.address='' to start a local Ray")
 
 
 def probe_address(address: str, timeout_s: float = 3.0) -> None:
