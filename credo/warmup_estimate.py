@@ -10,11 +10,13 @@ backward pass over `batch` sequences padded to the longest of the batch, so its 
 (the weight matmuls, six flops per weight per token; the output head over the vocabulary V; attention's two T x h
 products per layer), with T the padded length, estimated from 256 of the task's training demonstrations (prompt +
 answer + EOS in tokens, the mean of the longest of batch-sized draws; with `sft.micro_batch_tokens` the step is the
-sum of this over its length-sorted passes, each padded to its own longest). Seconds = steps x flops/step / R, where R is
-this machine's throughput on such steps: the median over the warm-ups cached here that recorded their time
-(`sft.json`'s `seconds` and `flops`, written by every credo warm-up since), else `DEFAULT_FLOPS_PER_S`. The estimate
-is shown to one significant figure and is good to about a factor of 2: a loaded machine runs slower, a GPU far
-faster (the CPU default is not meant for GPUs).
+sum of this over its length-sorted passes, each padded to its own longest). Seconds = steps x (c + flops/step / R):
+c is a fixed cost per step (the optimizer step, Python and kernel launches, which on tiny models outweigh the
+matmuls) and R this machine's throughput on such steps. Both are fitted to the warm-ups cached here that recorded
+their time (`sft.json`'s `steps`, `seconds` and `flops`, written by every credo warm-up), as a robust line through
+their seconds per step against flops per step (`cost_model`); with too few of them, `DEFAULT_STEP_S` and
+`DEFAULT_FLOPS_PER_S`. The estimate is shown to one significant figure and is good to about a factor of 2: a loaded
+machine runs slower, a GPU far faster (the CPU defaults are not meant for GPUs).
 """
 
 from __future__ import annotations
@@ -24,11 +26,20 @@ import random
 import statistics
 from pathlib import Path
 
-DEFAULT_FLOPS_PER_S = 1.0e10
-"""Warm-up throughput of a 2-core CPU host: the geometric mean of three warm-ups timed on one (issue 57): shop's
-(400 steps at about 2.4 s each: 8.7e9 FLOP/s under this model), longtail's (150 steps in 426 s: 1.7e10) and
-palette's (its two warm-ups in 13 min or more: 5.5e9 or less). Against those, the estimate is 13 % short for shop,
-73 % long for longtail and about 45 % short for palette."""
+DEFAULT_STEP_S = 0.08
+"""Fixed seconds per warm-up step on a 2-core CPU host, and DEFAULT_FLOPS_PER_S its throughput beyond that: the
+`cost_model` line (c 0.081 s, R 1.07e11) through five whole warm-ups timed on an idle one (2026-12-07, 2 threads;
+the quickstart's 600 steps of 3.5e9 flops in 68 s, the quickest of its 12 cached here (68-296 s by the load), long tail 150 x 1.4e10 in 19 s and 150 x 4.3e10 in 60 s,
+shop 400 x 1.3e10 in 81 s and 400 x 2.1e10 in 131 s); against it they take 0.99x, 0.58x, 0.82x, 1.00x and 1.16x its
+estimate (the long tail's short passes run faster than their flops say). The flops-only model it replaced (1e10
+FLOP/s, from three warm-ups on a loaded host) overestimated the same five 2-11x, and put the quickstart's warm-up at
+"30 min" with one loaded sample cached (issue 57's round-4 trial)."""
+
+DEFAULT_FLOPS_PER_S = 1.1e11
+"""See DEFAULT_STEP_S."""
+
+MIN_FIT_POINTS = 3
+"""Cached warm-ups needed to fit both terms; with fewer, the fixed cost stays the default."""
 
 
 MAX_HASHED_BYTES = 2 * 2**30
@@ -83,19 +94,46 @@ def sft_step_flops(shape: dict, lengths: list[int], batch: int, micro_batch_toke
     return total / 16
 
 
-def throughput(cache: Path) -> tuple[float, str]:
-    """(FLOP/s, where the figure comes from): the median of the cached warm-ups that recorded their time here."""
-    rates = []
+def timed_warmups(cache: Path) -> list[tuple[float, float]]:
+    """(flops per step, seconds per step) of every warm-up cached here that recorded its steps, seconds and flops."""
+    points = []
     for f in cache.glob("*/*/sft.json") if cache.is_dir() else []:
         try:
             d = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
-        if d.get("seconds") and d.get("flops"):
-            rates.append(d["flops"] / d["seconds"])
-    if rates:
-        return statistics.median(rates), f"measured on {len(rates)} warm-up(s) cached here"
-    return DEFAULT_FLOPS_PER_S, "the default throughput of a 2-core CPU host"
+        if d.get("seconds") and d.get("flops") and d.get("steps"):
+            points.append((d["flops"] / d["steps"], d["seconds"] / d["steps"]))
+    return points
+
+
+def cost_model(cache: Path) -> tuple[float, float, str]:
+    """(c seconds per step, R FLOP/s, where they come from) for seconds = steps x c + flops / R.
+
+    With MIN_FIT_POINTS or more timed warm-ups of distinct sizes: Theil-Sen (the median of the pairwise slopes, then
+    the median intercept), so that a warm-up timed under another job's load moves the line less than a mean would.
+    Otherwise, or when the fit is not a positive cost and throughput: the default fixed cost (at most half the
+    quickest step seen) and the median throughput of the rest of each step."""
+    points = timed_warmups(cache)
+    n = len(points)
+    if n >= MIN_FIT_POINTS:
+        slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1:]
+                  if abs(x2 - x1) > 0.1 * max(x1, x2)]
+        if slopes and statistics.median(slopes) > 0:
+            b = statistics.median(slopes)
+            c = statistics.median(y - b * x for x, y in points)
+            if c >= 0:
+                return c, 1 / b, f"fitted to {n} warm-ups timed here"
+    if points:
+        c = min(DEFAULT_STEP_S, min(y for _, y in points) / 2)
+        return c, statistics.median(x / (y - c) for x, y in points), f"measured on {n} warm-up(s) cached here"
+    return DEFAULT_STEP_S, DEFAULT_FLOPS_PER_S, "the defaults of a 2-core CPU host"
+
+
+def seconds(plan: dict, model: tuple[float, float, str]) -> float:
+    """A warm-up plan's estimated seconds under `cost_model`'s (c, R)."""
+    c, rate, _ = model
+    return plan["steps"] * c + plan["flops"] / rate
 
 
 def human(seconds: float) -> str:
@@ -153,7 +191,8 @@ def warmup_notes(r, task, active: tuple = ()) -> list[str]:
         if plan and sft is not None and sft["cached"] is None:  # its key hashes credo's warm-up, not looked up
             plan = {**plan, "cached": None, "folder": "after credo's warm-up"}
         plans.append(plan or {"name": a.family.name, "unknown": True})
-    rate, source = throughput(cache_root())
+    model = cost_model(cache_root())
+    source = model[2]
     notes = []
     for p in plans:
         if p.get("unknown"):
@@ -161,12 +200,12 @@ def warmup_notes(r, task, active: tuple = ()) -> list[str]:
                          "is not estimated here")
         elif p["cached"] is None:
             notes.append(f"warm-up '{p['name']}' ({p['steps']} steps of {p['batch']}): cached or not is known at "
-                         f"start-up ({p['folder']}); if not, about {human(p['flops'] / rate)} before step 1 "
+                         f"start-up ({p['folder']}); if not, about {human(seconds(p, model))} before step 1 "
                          f"(estimated: steps x a per-step cost model, {source}; docs/getting-started.md)")
         elif p["cached"]:
             notes.append(f"warm-up '{p['name']}' ({p['steps']} steps): cached ({p['folder']}), reused at once")
         else:
             notes.append(f"warm-up '{p['name']}' ({p['steps']} steps of {p['batch']}): not cached, about "
-                         f"{human(p['flops'] / rate)} before step 1 (estimated: steps x a per-step cost model, "
+                         f"{human(seconds(p, model))} before step 1 (estimated: steps x a per-step cost model, "
                          f"{source}; docs/getting-started.md)")
     return notes
