@@ -200,7 +200,8 @@ def _requirements(r, sched: SchedulePlan, stages: dict, probes: tuple, backend: 
     out += [Requirement(sched.who(), c, engine_key, provided["engine"], part="engine")
             for c in sorted(sched.spec.engine_needs)]
     ro = r.rollout
-    push = {"hf": COPY_PUSH, "vllm": VLLM_PUSH, "ray": RAY_PUSH}[backend]  # the push this rollout engine takes
+    push = {"hf": COPY_PUSH, "vllm": VLLM_PUSH, "vllm_async": VLLM_PUSH, "ray": RAY_PUSH}[backend]  # both vLLM
+    # engines load through weight_sync.push_weights
     copies = [(backend_key, backend != "hf"), (f"'rollout.dtype' = '{ro.dtype}'", ro.dtype is not None),
               ("'rollout.fp8_weights' = true", ro.fp8_weights)]
     out += [Requirement(who, push, engine_key, provided["engine"],

@@ -53,7 +53,8 @@ def test_connect_asks_for_no_dashboard_and_a_loopback_ray(monkeypatch):
     monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
     runtime.connect(ClusterConfig(engine="ray", address="", num_cpus=1))
-    assert calls[0]["include_dashboard"] is False and "address" not in calls[0]
+    assert calls[0]["include_dashboard"] is False and calls[0]["address"] == "local"  # never a cluster named by
+    # RAY_ADDRESS or by /tmp/ray/ray_current_cluster (2d7b4c0)
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0" and ray_constants.ENABLE_RAY_CLUSTER is False
     calls.clear()
     runtime.connect(ClusterConfig(engine="ray", address="auto"))
