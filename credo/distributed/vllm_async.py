@@ -45,7 +45,7 @@ import torch
 from credo.capabilities import BACKENDS
 from credo.distributed.rollout import Sample
 from credo.distributed.service import GenerationRequest, GenerationResult, ServiceCapabilities, check_request
-from credo.distributed.vllm_backend import VLLMBackend, restore_environ
+from credo.distributed.vllm_backend import VLLMBackend, engine_memory_settings, restore_environ
 from credo.distributed.weight_sync import WORKER_EXTENSION, push_weights
 
 
@@ -114,15 +114,7 @@ class AsyncVLLMBackend:
                  gpu_memory_utilization: float = 0.3, max_model_len: int | None = None, enforce_eager: bool = False,
                  weight_transport: str = "auto", fp8_weights: bool = False, recompute_kv: bool = True,
                  **engine_kwargs):
-        if kv_cache_gib <= 0:
-            raise ValueError(f"kv_cache_gib is {kv_cache_gib}, expected a positive size in GiB")
-        if weight_transport not in ("auto", "shm", "bytes"):
-            raise ValueError(f"weight_transport is {weight_transport!r}, expected 'auto', 'shm' or 'bytes'")
-        if torch.cuda.is_available():
-            engine_kwargs.setdefault("gpu_memory_utilization", gpu_memory_utilization)
-        else:
-            engine_kwargs.setdefault("kv_cache_memory_bytes", int(kv_cache_gib * 2**30))
-            engine_kwargs.setdefault("enable_chunked_prefill", False)  # as VLLMBackend: a CPU generator cannot rewind
+        engine_memory_settings(engine_kwargs, kv_cache_gib, gpu_memory_utilization, weight_transport)
         self.engine, self._loop = None, _Loop()
         t0 = time.perf_counter()
         env_before = dict(os.environ)

@@ -46,6 +46,25 @@ def restore_environ(before: dict[str, str]) -> None:
             os.environ[key] = value
 
 
+def engine_memory_settings(engine_kwargs: dict, kv_cache_gib: float, gpu_memory_utilization: float,
+                           weight_transport: str) -> None:
+    """Check the backend's sizes and fill `engine_kwargs` with the engine's memory settings (both vLLM backends):
+    a GPU's memory share, or on CPU the KV cache in bytes with chunked prefill off."""
+    if kv_cache_gib <= 0:
+        raise ValueError(f"kv_cache_gib is {kv_cache_gib}, expected a positive size in GiB")
+    if weight_transport not in ("auto", "shm", "bytes"):
+        raise ValueError(f"weight_transport is {weight_transport!r}, expected 'auto', 'shm' or 'bytes'")
+    if torch.cuda.is_available():
+        engine_kwargs.setdefault("gpu_memory_utilization", gpu_memory_utilization)
+    else:
+        engine_kwargs.setdefault("kv_cache_memory_bytes", int(kv_cache_gib * 2**30))
+        # a prefill split across engine steps makes vLLM rewind the request's sampling generator, which a CPU
+        # generator cannot do: with per-request seeds the engine died ('CPU Generator does not use offset')
+        # once a step's prompts passed the 4,096-token budget. Unsplit, such a request waits for the next engine
+        # step; a step within the budget is scheduled exactly as before.
+        engine_kwargs.setdefault("enable_chunked_prefill", False)
+
+
 class VLLMBackend:
     """Rollouts from a ``vllm.LLM`` engine, with :meth:`sync_weights` pushing trainer weights in place.
 
@@ -79,19 +98,7 @@ class VLLMBackend:
     def __init__(self, model_path: str, *, dtype: str = "float32", seed: int = 0, kv_cache_gib: float = 1,
                  gpu_memory_utilization: float = 0.3, max_model_len: int | None = None, enforce_eager: bool = False,
                  weight_transport: str = "auto", fp8_weights: bool = False, input_embeddings=None, **engine_kwargs):
-        if kv_cache_gib <= 0:
-            raise ValueError(f"kv_cache_gib is {kv_cache_gib}, expected a positive size in GiB")
-        if weight_transport not in ("auto", "shm", "bytes"):
-            raise ValueError(f"weight_transport is {weight_transport!r}, expected 'auto', 'shm' or 'bytes'")
-        if torch.cuda.is_available():
-            engine_kwargs.setdefault("gpu_memory_utilization", gpu_memory_utilization)
-        else:
-            engine_kwargs.setdefault("kv_cache_memory_bytes", int(kv_cache_gib * 2**30))
-            # a prefill split across engine steps makes vLLM rewind the request's sampling generator, which a CPU
-            # generator cannot do: with per-request seeds the engine died ('CPU Generator does not use offset')
-            # once a step's prompts passed the 4,096-token budget. Unsplit, such a request waits for the next engine
-            # step; a step within the budget is scheduled exactly as before.
-            engine_kwargs.setdefault("enable_chunked_prefill", False)
+        engine_memory_settings(engine_kwargs, kv_cache_gib, gpu_memory_utilization, weight_transport)
         if input_embeddings is not None:
             engine_kwargs["enable_prompt_embeds"] = True
         self.input_embeddings = input_embeddings
