@@ -56,6 +56,9 @@ class HFGenerationService:
 
     def submit(self, request: GenerationRequest) -> int:
         check_request(request)
+        if request.seed is None and self.chunk_tokens:
+            raise ValueError("GenerationRequest.seed is None (greedy) but chunk_tokens > 0 continues requests by their "
+                             "seeded noise; expected an int seed, or chunk_tokens=0")
         handle, self._next = self._next, self._next + 1
         self._waiting[handle] = _Request(handle, request)
         return handle
@@ -88,12 +91,12 @@ class HFGenerationService:
         """One engine step (see the module docstring)."""
         if not self.chunk_tokens:
             batch, self._waiting = list(self._waiting.values()), {}
-            for settings, reqs in _by_settings(batch, whole=True).items():
+            for (settings, _), reqs in _by_settings(batch, whole=True).items():
                 self._decode(reqs, settings, settings.max_new_tokens)
             return
         self._running.update(self._waiting)  # continuous batching: waiting requests join the running ones
         self._waiting = {}
-        for settings, reqs in _by_settings(list(self._running.values()), whole=False).items():
+        for (settings, _), reqs in _by_settings(list(self._running.values()), whole=False).items():
             room = min(r.request.sampling.max_new_tokens - len(r.tokens) for r in reqs)
             self._decode(reqs, settings, min(self.chunk_tokens, room), continued=True)
 
@@ -103,7 +106,7 @@ class HFGenerationService:
     def _decode(self, reqs: list[_Request], s: SamplingSettings, tokens: int, continued: bool = False) -> None:
         """Decode up to `tokens` new tokens of each of `reqs` (one generate call); finished ones go to the results."""
         kw = dict(max_new_tokens=tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
-                  seeds=[r.request.seed for r in reqs])
+                  seeds=None if reqs[0].request.seed is None else [r.request.seed for r in reqs])
         if continued:
             kw["first_positions"] = [len(r.tokens) for r in reqs]
         samples = self.backend.generate([list(r.request.prompt_ids) + r.tokens for r in reqs], **kw)
@@ -124,5 +127,5 @@ def _by_settings(reqs: list[_Request], *, whole: bool) -> dict:
     for r in sorted(reqs, key=lambda r: r.handle):
         s = r.request.sampling
         key = s if whole else SamplingSettings(1, s.temperature, s.top_p, s.top_k, s.min_p)
-        groups.setdefault(key, []).append(r)
+        groups.setdefault((key, r.request.seed is None), []).append(r)  # greedy and seeded never share a call
     return groups

@@ -167,6 +167,7 @@ def worker_main(index: int, spec: WorkerSpec, buffers: WeightBuffers, requests, 
     or until its trainer is gone."""
     try:
         from credo.distributed.rollout import HFBackend
+        from credo.distributed.service_client import WholeRequestService, generate_through
         from credo.models import load_causal_lm
 
         torch.set_num_threads(spec.threads)
@@ -178,12 +179,14 @@ def worker_main(index: int, spec: WorkerSpec, buffers: WeightBuffers, requests, 
         backend = HFBackend(model, SimpleNamespace(eos_token_id=spec.eos_id, pad_token_id=spec.pad_id),
                             max_batch=spec.max_batch, dtype=spec.rollout_dtype, fp8_weights=spec.fp8_weights,
                             per_sample_seeds=spec.partial_rollout)
+        service = WholeRequestService(backend)  # whole requests through the service; partial rollout below uses the
+        # backend token by token (credo.distributed.partial)
         version, delay_s, token_delay_s = -1, fault_delay_s(index), fault_delay_s(index, "CREDO_FAULT_TOKEN_DELAY_S")
 
         def take(have: int) -> int:
             newer = buffers.take(model, have)
             if newer != have:
-                backend.sync_weights(model, newer)
+                service.load_weights(model, newer)
             return newer
 
         def newer(have: int) -> bool:  # asked after every token of a partial rollout
@@ -212,7 +215,7 @@ def worker_main(index: int, spec: WorkerSpec, buffers: WeightBuffers, requests, 
                                            newer=newer, take=take)
                 version = max([version] + [v for s in samples for v in s.policy_versions])
             else:
-                samples = backend.generate(req.prompts, max_new_tokens=req.max_new_tokens,
+                samples = generate_through(service, req.prompts, max_new_tokens=req.max_new_tokens,
                                            temperature=req.temperature, top_p=req.top_p, seeds=req.seeds)
             busy[index] += time.perf_counter() - t0
             results.put(("done", index, GenerationResult(req.id, index, samples, start)))

@@ -14,9 +14,10 @@ it and its behaviour log-prob under that version (what partial rollout, item 3, 
         def in_flight(self) -> int
         def close(self) -> None
 
-Adapters: `credo.distributed.hf_service.HFGenerationService` over the hf backend, and
-`credo.distributed.vllm_async.AsyncVLLMBackend` over vLLM's AsyncLLM (`rollout.vllm_engine: async`). The Ray pool has
-none yet; `generate` stays the path every schedule uses today
+Implementations: `credo.distributed.vllm_async.AsyncVLLMBackend` (vLLM's AsyncLLM, `rollout.vllm_engine: async`)
+natively; `credo.distributed.hf_service.HFGenerationService` over the hf backend (chunked: aborts and weights between
+steps); `credo.distributed.service_client.WholeRequestService` over any engine with a batch `generate` (hf, offline
+vLLM, the Ray pool). The schedules' rollouts are clients of it: `service_client.generate_through`
 (docs/generation_service.md).
 """
 
@@ -40,6 +41,10 @@ class SamplingSettings:
     """Top-k truncation; 0 = off."""
     min_p: float = 0.0
     """Min-p truncation; 0 = off."""
+    kept_set: bool = False
+    """Record each token's kept-set threshold (`Sample.kept_thresholds`; engines that cannot record nothing)."""
+    routing: bool = False
+    """Record an MoE policy's routed experts (`Sample.routed_experts`; the hf engine only)."""
 
 
 @dataclass(frozen=True)
@@ -49,8 +54,8 @@ class GenerationRequest:
     prompt_ids: tuple
     """Prompt token ids (at least one)."""
     sampling: SamplingSettings
-    seed: int
-    """The request's seed (`RolloutBackend.generate`'s `seeds[i]`)."""
+    seed: int | None
+    """The request's seed (`RolloutBackend.generate`'s `seeds[i]`); None decodes greedily (`seeds=None`)."""
 
 
 @dataclass
@@ -68,6 +73,9 @@ class GenerationResult:
     finish_reason: str
     """'stop' (EOS), 'length' (hit max_new_tokens) or 'abort' (aborted: the tokens are the partial output)."""
     meta: dict = field(default_factory=dict)
+    engine_sample: Any = None
+    """The engine's own `Sample` when it made the request whole in one batch `generate` (WholeRequestService): it
+    carries what only the engine records (kept-set thresholds, routed experts, its meta)."""
 
     @property
     def finished(self) -> bool:
@@ -79,9 +87,12 @@ class GenerationResult:
         staleness counts from its oldest token), the current one for an empty response."""
         from credo.distributed.rollout import Sample
 
+        if self.engine_sample is not None:
+            return self.engine_sample
         version = min(self.policy_versions) if self.policy_versions else self.meta.get("version", 0)
+        spans = list(self.policy_versions) if len(set(self.policy_versions)) > 1 else None  # one version: implied
         return Sample(list(self.prompt_ids), list(self.response_ids), [1] * len(self.response_ids),
-                      list(self.log_probs), self.finished, version, meta=dict(self.meta))
+                      list(self.log_probs), self.finished, version, meta=dict(self.meta), policy_versions=spans)
 
 
 @dataclass(frozen=True)

@@ -173,7 +173,8 @@ class AsyncVLLMBackend:
         check_request(request)
         s = request.sampling
         (params,) = VLLMBackend._sampling_params(self, [list(request.prompt_ids)], max_new_tokens=s.max_new_tokens,
-                                                 temperature=s.temperature, top_p=s.top_p, seeds=[request.seed],
+                                                 temperature=s.temperature, top_p=s.top_p,
+                                                 seeds=None if request.seed is None else [request.seed],
                                                  top_k=s.top_k, min_p=s.min_p)
         ((live, collector),) = self._add([list(request.prompt_ids)], [params], [request.seed], service=True)
         fut = self._loop.spawn(self._collect(live, collector))

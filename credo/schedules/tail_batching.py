@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from credo.capabilities import PROMPT_DRAW, RACE
 from credo.config.fields import ranged
+from credo.distributed.service_client import generate_through
 from credo.errors import ConfigError
 from credo.schedules import Schedule
 from credo.tasks.render import encode_prompts, plain_prompt
@@ -102,8 +103,8 @@ class TailBatchingRollout(PromptRollout):
         if len(self.queue) >= self.local_prompts:
             draws, self.queue = self.queue[:self.local_prompts], self.queue[self.local_prompts:]
             problems, prompt_ids = self._prompt_ids(draws)
-            samples = self.backend.generate(
-                [ids for ids in prompt_ids for _ in range(self.G)], max_new_tokens=self.max_new_tokens,
+            samples = generate_through(  # a long round: the queued prompts, through the engine's service
+                self.service, [ids for ids in prompt_ids for _ in range(self.G)], max_new_tokens=self.max_new_tokens,
                 temperature=self.temperature, top_p=self.top_p, seeds=self._seeds(step, draws, self.G))
             kept = [(i, samples[i * self.G:(i + 1) * self.G]) for i in range(len(draws))]
             stats = {"rollout/long_round": 1.0, "rollout/aborted_responses": 0.0, "rollout/queued_prompts": 0.0,

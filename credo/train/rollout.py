@@ -18,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from credo.distributed.service_client import as_service, generate_through
 from credo.tasks.render import encode_prompts, plain_prompt
 from credo.train.batch import Batch
 
@@ -61,6 +62,7 @@ class PromptRollout:
                  render=plain_prompt, holdout: int = 0, top_k: int = 0, min_p: float = 0.0,
                  kept_set_replay: bool = False, routing: bool = False):
         self.task, self.tokenizer, self.backend, self.render = task, tokenizer, backend, render
+        self.service = as_service(backend)  # the rollout is a client of the engine's generation service
         self.seed, self.P, self.G = seed, prompts_per_step, group_size
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         # top-k / min-p and kept-set replay (docs/truncated_sampling.md) reach the engine only when set, so an engine
@@ -88,19 +90,19 @@ class PromptRollout:
         prompt_ids = encode_prompts(self.tokenizer, self.render, problems)
         prompts = [ids for ids in prompt_ids for _ in range(G)]
         seeds = [step_seed(self.seed, step, 1 + i * G + g) for i in mine for g in range(G)]
-        samples = self.backend.generate(prompts, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                                        top_p=self.top_p, seeds=seeds, **self.truncation)
+        samples = generate_through(self.service, prompts, max_new_tokens=self.max_new_tokens,
+                                   temperature=self.temperature, top_p=self.top_p, seeds=seeds, **self.truncation)
         group_ids = torch.tensor([i for i in mine for _ in range(G)], device="cpu")
         return Batch(samples=samples, problems=[p for p in problems for _ in range(G)], group_ids=group_ids, step=step,
                      kept_rule=self.kept_rule)
 
     def generate(self, prompts: list[list[int]], *, temperature: float, seeds: list[int] | None):
         """Sample (or, with `seeds=None`, greedily decode) one response per prompt at the rollout's length cap."""
-        return self.backend.generate(prompts, max_new_tokens=self.max_new_tokens, temperature=temperature, top_p=1.0,
-                                     seeds=seeds)
+        return generate_through(self.service, prompts, max_new_tokens=self.max_new_tokens, temperature=temperature,
+                                top_p=1.0, seeds=seeds)
 
     def sync(self, model: torch.nn.Module, step: int) -> None:
-        self.backend.sync_weights(model, step)
+        self.service.load_weights(model, step)
 
     def state_dict(self) -> dict:
         return {}  # prompts and seeds are functions of (seed, step): nothing to save

@@ -36,7 +36,8 @@ def test_eval_of_final_checkpoint_and_run_folder_equals_the_runs_last_eval(tmp_p
     res = run_cli(["eval", str(run_dir / "final"), "recipes/quickstart.yaml", *recipe_args, "sft.enabled=false",
                    "--out", str(tmp_path / "eval.json")], timeout=600)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.splitlines()[0] == f"eval/reward_mean = {logged:.6g}"
+    header, result_line = res.stdout.splitlines()[:2]  # `credo eval` prints its header, then its result (3aa67e5)
+    assert header.startswith("credo eval: ") and result_line == f"eval/reward_mean = {logged:.6g}"
     result = json.loads((tmp_path / "eval.json").read_text())
     assert result["metrics"] == {"eval/reward_mean": logged}
     assert (result["eval_samples"], result["eval_temperature"]) == (2, 1.0) and len(result["samples"]) == 16
