@@ -1,4 +1,7 @@
-"""Agents on Ray workers (agent.placement: ray, credo.distributed.ray.agents): a scripted agent run as Ray tasks gives
+"""The gateway over the Ray rollout pool, and agents on Ray workers (agent.placement: ray,
+credo.distributed.ray.agents). A gateway sampling through a `RayRolloutBackend` (one worker, one RNG stream per call,
+as the local backend) with its agents as Ray tasks gives the trajectories of a local backend with agents in threads,
+before and after a weight push. A scripted agent run as Ray tasks gives
 the trajectories and rewards the same agent gives in threads (the gateway seeds sampling by episode id); an agent
 that raises and one that hangs past its timeout each fail only their own episode, counted as in threads (the hung
 one's worker process killed, its episode closed), the rest of the step going on; at most max_concurrent at once; a
@@ -76,6 +79,45 @@ def test_agents_on_ray_tasks_give_the_trajectories_and_rewards_of_threads(policy
     assert counters["gateway/requests"] == 15 and counters.get("gateway/agent_failures", 0) == 0
     m = runner.metrics()
     assert 1 <= m["cluster/agent_workers"] <= 3 and m["cluster/agent_restarts"] == 0
+
+
+def test_the_gateway_over_the_ray_rollout_pool_with_ray_agents_gives_the_local_trajectories(tmp_path):
+    """Both halves of item 6 at once: the Ray pool behind the gateway (backend_sampler over RayRolloutBackend) and
+    the agents on Ray tasks, against HFBackend on the trainer's module with agents in threads; then a real Adam step
+    pushed to the worker (sync_weights), and the same again at policy version 1."""
+    from credo.distributed.ray.agents import RayAgentRunner
+    from credo.distributed.ray.rollout import RayRolloutBackend
+    from credo.distributed.rollout import HFBackend
+    from credo.gateway import Gateway, backend_sampler
+    from credo.gateway.agents import run_episodes
+    from tests.ray.common import tiny_policy, train_step
+
+    path, model, tok = tiny_policy(tmp_path)
+    tasks = [{"seed": s} for s in range(4)]
+    pool = RayRolloutBackend(path, workers=1, resources={"CPU": 0.5}, per_sample_seeds=False, threads=1)
+    runner = RayAgentRunner()
+    try:
+        with one_thread():
+            local_backend = HFBackend(model, tok)
+            for version in (0, 1):
+                if version:
+                    train_step(model, tok)
+                    local_backend.sync_weights(model, version)
+                    pool.sync_weights(model, version)
+                with Gateway(backend_sampler(local_backend), tok, model_name=MODEL, max_tokens=8) as gw:
+                    local = run_episodes(AGENT, tasks, gw, model=MODEL, max_concurrent=2, timeout_s=120,
+                                         prefix="p")  # the same seeds at both versions
+                with Gateway(backend_sampler(pool), tok, model_name=MODEL, max_tokens=8) as gw:
+                    on_ray = runner.run(AGENT, tasks, gw, model=MODEL, max_concurrent=2, timeout_s=120,
+                                        prefix="p")  # the same seeds at both versions
+                assert view(on_ray) == view(local)
+                assert all(t.policy_version == version for r in on_ray for t in r.trajectories)
+                assert len({tuple(t.response_ids) for r in on_ray for t in r.trajectories}) > 1  # the draws vary
+                if version == 0:
+                    before = view(local)
+        assert view(local) != before  # the pushed step changed what was sampled
+    finally:
+        pool.close()
 
 
 def test_a_raising_and_a_hanging_agent_on_ray_fail_only_their_episodes(policy, tmp_path):
