@@ -39,3 +39,24 @@ def scripted(*, base_url, api_key, model, task):
     if kind == "named":
         return {"win": 1.0, "length": -0.25 * len(messages)}
     return float(task["seed"] % 3) / 2
+
+
+def task_row(index: int, split: str) -> dict:
+    """agent.tasks for the recipe tests: a seed per row (held-out rows offset)."""
+    return {"seed": index + (1000 if split == "eval" else 0)}
+
+
+def sampled_reward(*, base_url, api_key, model, task):
+    """Three calls like `scripted`, and a reward that depends on what was sampled (how many of the answers' characters
+    are digits, out of all), so the episodes of a group differ and the update moves the weights."""
+    import openai
+
+    c = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=60)
+    messages = [{"role": "user", "content": f"game {task['seed']}"}]
+    text = ""
+    for turn in range(3):
+        r = c.chat.completions.create(model=model, messages=messages, max_tokens=4)
+        answer = r.choices[0].message.content or "-"
+        text += answer
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"obs {turn}"}]
+    return sum(ch.isdigit() or ch in "+=" for ch in text) / max(len(text), 1)
