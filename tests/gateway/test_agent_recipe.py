@@ -92,6 +92,9 @@ def test_the_ray_engine_plans_with_agents_in_threads_or_on_ray_and_counts_the_ag
     with pytest.raises(ConfigError, match=r"'cluster.rollout.workers' = 1: .*\{CPU: 2.25\} in all .*agent 1 x "
                                           r"\{CPU: 0.25\} \(one task at least\)"):
         check_capacity(full.cluster, local_nodes(full.cluster), run_roles(full))
+    label = load_recipe(RECIPE, [*ray, "agent.placement=ray", "cluster.agent.resources={agent_node: 1}"])
+    with pytest.raises(ConfigError, match=r"config key 'cluster.agent.resources' = \{agent_node: 1\}: .*ask for less"):
+        check_capacity(label.cluster, local_nodes(label.cluster), run_roles(label))
     with pytest.raises(ConfigError, match=r"'cluster.agent.workers' = 2 is out of range"):
         load_recipe(RECIPE, [*ray, "cluster.agent.workers=2"])
 

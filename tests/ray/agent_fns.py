@@ -60,3 +60,15 @@ def sampled_reward(*, base_url, api_key, model, task):
         text += answer
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"obs {turn}"}]
     return sum(ch.isdigit() or ch in "+=" for ch in text) / max(len(text), 1)
+
+
+def on_node(*, base_url, api_key, model, task):
+    """One call, then the id of the Ray node it ran on appended to task['log']; reward 1.0."""
+    import openai
+    import ray
+
+    c = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=60)
+    c.chat.completions.create(model=model, messages=[{"role": "user", "content": f"game {task['seed']}"}], max_tokens=3)
+    with open(task["log"], "a") as f:
+        f.write(ray.get_runtime_context().get_node_id() + "\n")
+    return 1.0

@@ -172,11 +172,16 @@ def check_capacity(cfg: ClusterConfig, nodes: list[dict], roles: tuple[str, ...]
         offered = {k: totals.get(k, 0.0) for k in need}
         hint = f"; raise {key}" if key else ""
         named = alone[0] if alone else "rollout"  # the role that cannot fit by itself, else the rollout actors
+        if named in TASK_ROLES:  # one task of it does not fit: its request is at fault, not a number of workers
+            key_value = f"config key 'cluster.{named}.resources' = {_fmt(resources_of(getattr(cfg, named)))}"
+            fix = f"ask for less, or for what the nodes offer (cluster.{named}.resources)"
+        else:
+            key_value = f"config key 'cluster.{named}.workers' = {getattr(cfg, named).workers}"
+            fix = f"lower cluster.{named}.workers, ask for a fraction (cluster.{named}.resources: {{CPU: 0.5}})"
         raise ConfigError(
-            f"config key 'cluster.{named}.workers' = {getattr(cfg, named).workers}: the run's roles ask for "
-            f"{_fmt(need)} in all ({'; '.join(parts)}) but the Ray cluster offers "
+            f"{key_value}: the run's roles ask for {_fmt(need)} in all ({'; '.join(parts)}) but the Ray cluster offers "
             f"{_fmt(offered)}: the actors would hold it all and the rest could never be placed (the run would hang); "
-            f"lower cluster.{named}.workers, ask for a fraction (cluster.{named}.resources: {{CPU: 0.5}}){hint}")
+            f"{fix}{hint}")
     if "reward" in roles and cfg.reward.workers > 1:
         req = resources_of(cfg.reward)
         room = min((totals.get(k, 0.0) - need[k] + v) / v for k, v in req.items())
