@@ -11,6 +11,9 @@ Failures are isolated, as env failures are in the multi-turn source: an agent th
 is not a reward, or runs past `timeout_s` fails its episode only (its trajectories are marked failed: they train
 nothing), the others go on, and `gateway/agent_failures` / `gateway/agent_timeouts` count them. A thread cannot be
 killed, so a timed-out agent is abandoned: its episode is closed, and any later call it makes is refused (HTTP 409).
+
+`credo.distributed.ray.agents.RayAgentRunner` runs the same contract with each episode a Ray task (agent.placement:
+ray), sharing `episode_prefix` and `episode_result` with `run_episodes`.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from credo.distributed.rollout import Sample
-from credo.gateway.rewards import attach_episode_reward
+if TYPE_CHECKING:  # not at import: a Ray agent task imports this module for `load_agent` only (no torch there)
+    from credo.distributed.rollout import Sample
 
 log = logging.getLogger("credo.gateway")
 
@@ -80,16 +83,7 @@ def run_episodes(agent: Callable | str, tasks: list[dict], gateway, *, model: st
     """Run `agent` once per task against `gateway` (a started `credo.gateway.Gateway`); results in task order.
     Episode ids are `<prefix>-<i>` (a fresh random prefix by default: an abandoned agent of an earlier call can
     never write into a new episode)."""
-    if max_concurrent < 1:
-        raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
-    bad = [i for i, t in enumerate(tasks) if not isinstance(t, dict)]
-    if bad:
-        raise ValueError(f"tasks[{bad[0]}] is a {type(tasks[bad[0]]).__name__}; each task must be a dict (its row)")
-    prefix = prefix or f"episode-{secrets.token_hex(4)}"
-    used = [f"{prefix}-{i}" for i in range(len(tasks)) if f"{prefix}-{i}" in gateway.store.closed
-            or gateway.store.episode_calls(f"{prefix}-{i}")]
-    if used:
-        raise ValueError(f"episode id {used[0]!r} is already in use on this gateway; pass another prefix")
+    prefix = episode_prefix(tasks, gateway, max_concurrent, prefix)
     fn = load_agent(agent) if isinstance(agent, str) else agent
     slots = threading.Semaphore(max_concurrent)
     guard = threading.Lock()
@@ -123,7 +117,23 @@ def run_episodes(agent: Callable | str, tasks: list[dict], gateway, *, model: st
     for t, _, started in threads:
         t.join(max(0.0, started + timeout_s - time.monotonic()))
     _reap_timeouts(threads, outcome, gateway, timeout_s, free, final=True)
-    return [_result(f"{prefix}-{i}", task, outcome[i], gateway) for i, task in enumerate(tasks)]
+    return [episode_result(f"{prefix}-{i}", task, outcome[i], gateway) for i, task in enumerate(tasks)]
+
+
+def episode_prefix(tasks: list[dict], gateway, max_concurrent: int, prefix: str | None) -> str:
+    """The checks every runner makes before its first episode; the episodes' id prefix (a fresh random one by
+    default). ValueError for max_concurrent < 1, a task that is not a dict, or an episode id already used."""
+    if max_concurrent < 1:
+        raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
+    bad = [i for i, t in enumerate(tasks) if not isinstance(t, dict)]
+    if bad:
+        raise ValueError(f"tasks[{bad[0]}] is a {type(tasks[bad[0]]).__name__}; each task must be a dict (its row)")
+    prefix = prefix or f"episode-{secrets.token_hex(4)}"
+    used = [f"{prefix}-{i}" for i in range(len(tasks)) if f"{prefix}-{i}" in gateway.store.closed
+            or gateway.store.episode_calls(f"{prefix}-{i}")]
+    if used:
+        raise ValueError(f"episode id {used[0]!r} is already in use on this gateway; pass another prefix")
+    return prefix
 
 
 def _reap_timeouts(threads, outcome, gateway, timeout_s: float, free, final: bool = False) -> None:
@@ -136,7 +146,11 @@ def _reap_timeouts(threads, outcome, gateway, timeout_s: float, free, final: boo
             free(i)
 
 
-def _result(episode: str, task: dict, out: dict, gateway) -> EpisodeResult:
+def episode_result(episode: str, task: dict, out: dict, gateway) -> EpisodeResult:
+    """Episode `episode`'s result from its runner's outcome (`value`, or `error`, or `timed_out`; `seconds`): the
+    reward checked, failures and timeouts counted and logged, its trajectories taken from the store."""
+    from credo.gateway.rewards import attach_episode_reward
+
     error, rewards = out.get("error"), {}
     if out.get("timed_out"):
         error = "the agent ran past its timeout"

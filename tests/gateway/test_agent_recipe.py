@@ -66,13 +66,37 @@ def test_the_agent_sections_entry_points_and_stages_are_checked(overrides, messa
     (["stages.schedule=tail_batching"], ("stages.schedule", "stages.rollout' = 'agent")),
     (["stages.schedule=fixed_lag"], ("stages.schedule", "stages.rollout' = 'agent")),
     (["rollout.top_k=20"], ("rollout.top_k", "rollout.agent")),
-    (["cluster.engine=ray", "cluster.num_cpus=2"], ("rollout.agent", "cluster.engine")),
+    (["agent.placement=ray"], ("agent.placement", "cluster.engine")),
 ])
 def test_combinations_the_agent_source_cannot_run_are_refused_naming_both_keys(overrides, keys):
     with pytest.raises(ConfigError) as e:
         plan(overrides)
     msg = str(e.value)
     assert msg.startswith("config keys ") and all(k in msg for k in keys), msg
+
+
+def test_the_ray_engine_plans_with_agents_in_threads_or_on_ray_and_counts_the_agent_tasks():
+    """cluster.engine: ray is no longer refused: the gateway fronts the Ray rollout pool; agent.placement: ray puts the
+    agent role in the capacity check (one task at least, {CPU: 0.25} by default) and not the reward pool (the agent
+    family's reward stage is not the function pool)."""
+    from credo.distributed.ray.config import check_capacity, local_nodes, run_roles
+
+    ray = ["cluster.engine=ray", "cluster.num_cpus=2"]
+    assert plan(ray).stages["rollout"].name == "agent"
+    assert run_roles(load_recipe(RECIPE, ray)) == ("rollout",)
+    r = load_recipe(RECIPE, [*ray, "agent.placement=ray"])
+    assert plan([*ray, "agent.placement=ray"]).stages["rollout"].name == "agent"
+    assert run_roles(r) == ("rollout", "agent")
+    assert check_capacity(r.cluster, local_nodes(r.cluster), run_roles(r)) == []  # 1 + 0.25 CPUs of 2
+    full = load_recipe(RECIPE, [*ray, "agent.placement=ray", "cluster.rollout.resources={CPU: 2}"])
+    with pytest.raises(ConfigError, match=r"'cluster.rollout.workers' = 1: .*\{CPU: 2.25\} in all .*agent 1 x "
+                                          r"\{CPU: 0.25\} \(one task at least\)"):
+        check_capacity(full.cluster, local_nodes(full.cluster), run_roles(full))
+    label = load_recipe(RECIPE, [*ray, "agent.placement=ray", "cluster.agent.resources={agent_node: 1}"])
+    with pytest.raises(ConfigError, match=r"config key 'cluster.agent.resources' = \{agent_node: 1\}: .*ask for less"):
+        check_capacity(label.cluster, local_nodes(label.cluster), run_roles(label))
+    with pytest.raises(ConfigError, match=r"'cluster.agent.workers' = 2 is out of range"):
+        load_recipe(RECIPE, [*ray, "cluster.agent.workers=2"])
 
 
 def test_without_rollout_agent_the_family_is_off_and_the_quickstart_plan_is_unchanged():

@@ -10,6 +10,7 @@
       judge:   {workers: 1, resources: {GPU: 1}}
       env:     {workers: 2, resources: {CPU: 2}}
       teacher: {workers: 1, resources: {GPU: 1}}     # distill.placement: ray
+      agent:   {resources: {CPU: 0.25}}               # agent.placement: ray (one task per episode)
 
 A role's `resources` is a Ray resource request per worker: CPU, GPU, or a custom label a node was started
 with (`ray start --resources '{"decode_gpu": 8}'`). `check_cluster` (credo.config.load, run at every recipe load)
@@ -43,8 +44,9 @@ ROLES = role_names(ClusterConfig)
 
 
 def resources_of(role_cfg) -> dict:
-    """The Ray request of one worker of a role: its `resources`, or {CPU: 1} when empty."""
-    return dict(role_cfg.resources) or dict(DEFAULT_RESOURCES)
+    """The Ray request of one worker of a role: its `resources`, or when empty the role's `default_resources` (the
+    agent role's {CPU: 0.25}), else {CPU: 1}."""
+    return dict(role_cfg.resources) or dict(getattr(role_cfg, "default_resources", DEFAULT_RESOURCES))
 
 
 def role_request(resources: dict) -> dict:
@@ -95,16 +97,23 @@ ACTOR_ROLES = ("rollout", "judge", "env", "teacher")
 """Roles whose workers are actors: each holds its request for the whole run."""
 
 
+TASK_ROLES = ("reward", "agent")
+"""Roles whose workers are tasks that end with their call: the capacity check counts one of each at least."""
+
+
 def run_roles(r) -> tuple[str, ...]:
-    """The roles recipe `r` puts on Ray workers: rollout always; the reward pool with the default reward stage; the
-    judge and env roles when their family is active and has workers (as the families' own builders decide); the
-    distillation teacher's with distill.placement: ray."""
+    """The roles recipe `r` puts on Ray workers: rollout always; the reward pool with the default reward stage (not
+    when an active family makes its own stage the default: the agent family's); the judge and env roles when their
+    family is active and has workers (as the families' own builders decide); the distillation teacher's with
+    distill.placement: ray; the agents' tasks with agent.placement: ray."""
     from credo.family import active_families
 
     c = r.cluster
-    active = {f.name for f in active_families(r)}
+    families = active_families(r)
+    active = {f.name for f in families}
+    own_reward = any("reward" in f.stage_defaults(r) for f in families)
     roles = ["rollout"]
-    if r.stages.reward == "default" and c.reward.workers:
+    if r.stages.reward == "default" and not own_reward and c.reward.workers:
         roles.append("reward")
     if "judges" in active and c.judge.workers:
         roles.append("judge")
@@ -112,6 +121,8 @@ def run_roles(r) -> tuple[str, ...]:
         roles.append("env")
     if "distill" in active and r.distill.placement == "ray" and c.teacher.workers:
         roles.append("teacher")
+    if "agent" in active and r.agent.placement == "ray":
+        roles.append("agent")
     return tuple(roles)
 
 
@@ -155,17 +166,22 @@ def check_capacity(cfg: ClusterConfig, nodes: list[dict], roles: tuple[str, ...]
             need[k] = need.get(k, 0.0) + n * v
         if any(n * v > totals.get(k, 0.0) + 1e-9 for k, v in req.items()):
             alone.append(role)
-        parts.append(f"{role} {n} x {_fmt(req)}" + (" (one task at least)" if role == "reward" else ""))
+        parts.append(f"{role} {n} x {_fmt(req)}" + (" (one task at least)" if role in TASK_ROLES else ""))
     short = {k: v for k, v in need.items() if v > totals.get(k, 0.0) + 1e-9}
     if short:
         offered = {k: totals.get(k, 0.0) for k in need}
         hint = f"; raise {key}" if key else ""
         named = alone[0] if alone else "rollout"  # the role that cannot fit by itself, else the rollout actors
+        if named in TASK_ROLES:  # one task of it does not fit: its request is at fault, not a number of workers
+            key_value = f"config key 'cluster.{named}.resources' = {_fmt(resources_of(getattr(cfg, named)))}"
+            fix = f"ask for less, or for what the nodes offer (cluster.{named}.resources)"
+        else:
+            key_value = f"config key 'cluster.{named}.workers' = {getattr(cfg, named).workers}"
+            fix = f"lower cluster.{named}.workers, ask for a fraction (cluster.{named}.resources: {{CPU: 0.5}})"
         raise ConfigError(
-            f"config key 'cluster.{named}.workers' = {getattr(cfg, named).workers}: the run's roles ask for "
-            f"{_fmt(need)} in all ({'; '.join(parts)}) but the Ray cluster offers "
+            f"{key_value}: the run's roles ask for {_fmt(need)} in all ({'; '.join(parts)}) but the Ray cluster offers "
             f"{_fmt(offered)}: the actors would hold it all and the rest could never be placed (the run would hang); "
-            f"lower cluster.{named}.workers, ask for a fraction (cluster.{named}.resources: {{CPU: 0.5}}){hint}")
+            f"{fix}{hint}")
     if "reward" in roles and cfg.reward.workers > 1:
         req = resources_of(cfg.reward)
         room = min((totals.get(k, 0.0) - need[k] + v) / v for k, v in req.items())

@@ -1,6 +1,7 @@
 """The agent family: an unmodified agent that speaks the OpenAI API, trained through credo's gateway (issue 54).
 
-    config.py   the `agent:` section (concurrency, timeout, failure budget, token cap, task rows, demonstrations)
+    config.py   the `agent:` section (concurrency, placement, timeout, failure budget, token cap, task rows,
+                demonstrations) and the `cluster.agent` role (agent.placement: ray)
     source.py   AgentRollout (the `agent` rollout source: a Gateway over the run's rollout backend, the agent run
                 G times per task row, the captured trajectories as the batch), AgentReward (the `agent` reward stage)
     task.py     AgentTask: the episodes' task rows and the warm-up's demonstrations rendered by the gateway's template
@@ -11,7 +12,7 @@ outcome estimator (GRPO on the episode rewards) or the multi-turn family's `turn
 the model's turns as chunks). See docs/gateway.md.
 """
 
-from credo.families.agent.config import AgentConfig, check_agent
+from credo.families.agent.config import AgentConfig, AgentRoleConfig, check_agent
 from credo.capabilities import Refusal
 from credo.family import Family, StageEntry
 
@@ -50,9 +51,10 @@ def _warmup_digest(r) -> dict:
 
 
 REFUSALS = (
-    Refusal(("rollout.agent", "cluster.engine"), lambda r, p: _active(r) and r.cluster.engine == "ray",
-            "the gateway samples through the local rollout backend; fronting the Ray rollout pool (and agents on Ray "
-            "workers) is not built yet (docs/gateway.md); expected cluster.engine: local"),
+    Refusal(("agent.placement", "cluster.engine"),
+            lambda r, p: _active(r) and r.agent.placement == "ray" and r.cluster.engine != "ray",
+            "agents run as Ray tasks on the run's Ray cluster, which cluster.engine: ray starts or joins (and stops); "
+            "expected cluster.engine: ray, or agent.placement: thread (docs/gateway.md, With Ray)"),
     *(Refusal((key, "rollout.agent"), lambda r, p, key=key: _active(r) and getattr(r.rollout, key.split(".")[1]) > 0,
               "the gateway samples with temperature and top_p only (docs/gateway.md); expected top_k: 0, min_p: 0")
       for key in ("rollout.top_k", "rollout.min_p")),
@@ -76,4 +78,5 @@ FAMILY = Family(
     warmup_digest=_warmup_digest,
     refusals=REFUSALS,
     build="credo.families.agent.build",
+    roles={"agent": AgentRoleConfig},
 )

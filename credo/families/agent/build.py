@@ -38,6 +38,16 @@ def check_names(r) -> None:
         entry_point(r.agent.demos, "agent.demos", positional=1)
 
 
+def preflight(r) -> list[str]:
+    """agent.placement: ray: the agent role's request can be placed (this machine's resources for a Ray the run
+    starts; checked again against the live cluster when the source starts its first agent task)."""
+    if r.agent.placement != "ray" or r.cluster.engine != "ray":
+        return []
+    from credo.preflight import check_cluster_placement
+
+    return check_cluster_placement(r, ("agent",))
+
+
 def task(r):
     """AgentTask: rows from agent.tasks (or the recipe's task), demonstrations from agent.demos (or the recipe's task)."""
     from credo.families.agent.task import AgentTask
@@ -67,4 +77,4 @@ def evaluator(ctx, source, temperature: float):
     return AgentEvaluator(source, ctx.section.eval_episodes, temperature=temperature, seed=ctx.seed)
 
 
-PARTS = FamilyParts(check_names=check_names, task=task, evaluator=evaluator)
+PARTS = FamilyParts(check_names=check_names, preflight=preflight, task=task, evaluator=evaluator)

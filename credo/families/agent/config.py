@@ -10,16 +10,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from credo.config import ranged
+from credo.config import one_of, ranged
+from credo.config.sections import RoleConfig
 from credo.errors import ConfigError
 
 
 @dataclass
 class AgentConfig:
     max_concurrent: int = ranged(8, ge=1)
-    """Episodes whose agents run at once (threads; each calls the gateway over HTTP)."""
+    """Episodes whose agents run at once (threads, or Ray tasks with placement: ray; each calls the gateway over HTTP)."""
+    placement: str = one_of("thread", ("thread", "ray"))
+    """Where each episode's agent runs: 'thread' (a thread of the trainer process) or 'ray' (a Ray task placed by
+    cluster.agent.resources, default {CPU: 0.25}; needs cluster.engine: ray; docs/gateway.md "With Ray")."""
     timeout_s: float = ranged(600.0, gt=0)
-    """An episode whose agent runs longer fails (abandoned, its late calls refused with HTTP 409; counted)."""
+    """An episode whose agent runs longer fails (counted; its episode closed, late calls refused with HTTP 409): a
+    thread is abandoned, a Ray task cancelled (its worker process killed)."""
     max_failure_frac: float = ranged(0.5, ge=0, le=1)
     """Stop the run when more than this fraction of a step's episodes fail (the agent raised, hung or gave no reward)."""
     max_tokens: int = ranged(128, ge=1)
@@ -39,6 +44,23 @@ class AgentConfig:
     own prompt/answer warm-up."""
     eval_episodes: int = ranged(32, ge=1)
     """Held-out episodes (rows index 0.. of the 'eval' split) per evaluation; eval/agent_reward is their mean reward."""
+
+
+AGENT_RESOURCES = {"CPU": 0.25}
+"""An agent task's Ray request when cluster.agent.resources is empty: an agent mostly waits on HTTP, so four share a CPU."""
+
+
+@dataclass
+class AgentRoleConfig(RoleConfig):
+    """`cluster.agent:`: where the agents' Ray tasks run (agent.placement: ray), one task per episode. How many run at
+    once is agent.max_concurrent; the capacity check counts one task at least beside the actors."""
+
+    workers: int = ranged(1, ge=1, le=1)
+    """Not a pool size: agent.max_concurrent sets how many agent tasks run at once (kept at 1)."""
+    max_restarts: int = ranged(0, ge=0, le=0)
+    """Not used: an agent task whose worker process is lost fails its own episode (it is not run again; kept at 0)."""
+
+    default_resources = AGENT_RESOURCES  # a class attribute, not a recipe key: `resources_of` falls back to it
 
 
 AGENT_STAGE = "agent"

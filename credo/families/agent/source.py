@@ -15,6 +15,11 @@ multi-turn source writes them: the `agent` reward stage (the sum of turn rewards
 (GRPO on the episode rewards), or the multi-turn family's `turn_credit` stage (ReBN, IPA with turns as chunks).
 All trajectories of an episode (a drift split, `n > 1`) are in its row's group.
 
+With cluster.engine: ray the run's rollout backend is the Ray pool (`RayRolloutBackend`: the gateway samples through
+its `generate`, and `sync` pushes the weights to its workers), and with agent.placement: ray each episode's agent is a
+Ray task (`credo.distributed.ray.agents.RayAgentRunner`) calling the gateway, which then listens where the workers can
+reach it (`gateway_host`), always behind the run's key.
+
 An agent that raises, hangs past agent.timeout_s or returns no reward fails its own episode (a placeholder sample,
 masked out; counted in agent/failures, agent/timeouts); more than agent.max_failure_frac failed episodes in a step
 stop the run with `EnvFailureError` naming the agent and the first error.
@@ -41,16 +46,21 @@ class AgentRollout:
 
     def __init__(self, cfg, agent, task, tokenizer, backend, *, seed: int, prompts_per_step: int, group_size: int,
                  temperature: float, top_p: float, max_context: int | None = None, rank: int = 0, world: int = 1,
-                 **_):
+                 cluster=None, **_):
         from credo.gateway.agents import load_agent
 
         self.cfg, self.task, self.tokenizer, self.backend = cfg, task, tokenizer, backend
         self.agent = load_agent(agent) if isinstance(agent, str) else agent
+        self.agent_spec = agent
         self.agent_name = agent if isinstance(agent, str) else getattr(agent, "__name__", repr(agent))
         self.seed, self.P, self.G, self.temperature, self.top_p = seed, prompts_per_step, group_size, temperature, top_p
         self.max_context, self.rank, self.world = max_context, rank, world
         self.gateway = None
         self.evaluations = 0
+        self.cluster = cluster  # the run's Ray parts (credo.train.cluster.Cluster) with cluster.engine: ray, else None
+        self.runner = None  # agent.placement: ray: the RayAgentRunner, made with the gateway
+        if cfg.placement == "ray" and cluster is None:
+            raise ConfigError("config key 'agent.placement' = 'ray' needs the run's Ray cluster (cluster.engine: ray)")
 
     # ------------------------------------------------------------------------------------ the gateway
     def serve(self):
@@ -63,10 +73,17 @@ class AgentRollout:
             for name in ("httpx", "httpx2"):  # the agents' HTTP clients would log every call at INFO in credo's log
                 logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
 
+            host = "127.0.0.1"
+            if self.cfg.placement == "ray":
+                from credo.distributed.ray.agents import RayAgentRunner, gateway_host
+
+                self.cluster.check_role("agent")  # against the live cluster, before any agent task is queued
+                host = gateway_host(self.cluster.cfg)
+                self.runner = self.cluster.track(RayAgentRunner.from_cluster(self.cluster.cfg))
             self.gateway = Gateway(backend_sampler(self.backend), self.tokenizer, model_name=self.cfg.model_name,
                                    max_tokens=self.cfg.max_tokens, max_context=self.max_context,
                                    sampling={"temperature": self.temperature, "top_p": self.top_p},
-                                   batch_window_s=self.cfg.batch_window_ms / 1000).start()
+                                   batch_window_s=self.cfg.batch_window_ms / 1000, host=host).start()
         return self.gateway
 
     def play(self, rows: list[dict], prefix: str, *, temperature: float, top_p: float) -> tuple[list, dict, float]:
@@ -77,8 +94,11 @@ class AgentRollout:
         gw.service.sampling = {"temperature": temperature, "top_p": top_p}
         before = dict(gw.store.counters)
         t0 = time.perf_counter()
-        results = run_episodes(self.agent, rows, gw, model=self.cfg.model_name, max_concurrent=self.cfg.max_concurrent,
-                               timeout_s=self.cfg.timeout_s, prefix=prefix)
+        run = run_episodes if self.runner is None else self.runner.run
+        # on Ray the workers get the entry point (they import it) when the recipe named one, not this process's function
+        agent = self.agent if self.runner is None or not isinstance(self.agent_spec, str) else self.agent_spec
+        results = run(agent, rows, gw, model=self.cfg.model_name, max_concurrent=self.cfg.max_concurrent,
+                      timeout_s=self.cfg.timeout_s, prefix=prefix)
         elapsed = time.perf_counter() - t0
         gw.service.sampling = {"temperature": self.temperature, "top_p": self.top_p}
         return results, {k: gw.store.counters.get(k, 0) - before.get(k, 0) for k in GATEWAY_COUNTERS}, elapsed
@@ -194,7 +214,7 @@ def agent_source(ctx, **kwargs) -> AgentRollout:
     context = model_context(ctx.policy_path) if ctx.policy_path else None
     rollout = {k: v for k, v in ctx.rollout.items() if k in ("prompts_per_step", "group_size", "temperature", "top_p")}
     return AgentRollout(ctx.section, agent, ctx.task, ctx.tokenizer, ctx.backend, seed=ctx.seed, rank=ctx.rank,
-                        world=ctx.world, max_context=context, **rollout)
+                        world=ctx.world, max_context=context, cluster=ctx.cluster, **rollout)
 
 
 def agent_reward(ctx, **kwargs) -> AgentReward:
