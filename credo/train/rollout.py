@@ -62,7 +62,6 @@ class PromptRollout:
                  render=plain_prompt, holdout: int = 0, top_k: int = 0, min_p: float = 0.0,
                  kept_set_replay: bool = False, routing: bool = False):
         self.task, self.tokenizer, self.backend, self.render = task, tokenizer, backend, render
-        self.service = as_service(backend)  # the rollout is a client of the engine's generation service
         self.seed, self.P, self.G = seed, prompts_per_step, group_size
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         # top-k / min-p and kept-set replay (docs/truncated_sampling.md) reach the engine only when set, so an engine
@@ -80,6 +79,14 @@ class PromptRollout:
         if not 0 <= holdout < len(task):
             raise ValueError(f"holdout is {holdout}, expected 0 <= holdout < {len(task)} (the training problems)")
         self.holdout = holdout  # the last `holdout` training problems are never drawn (MIPU's validation prompts)
+
+    @property
+    def service(self):
+        """The engine's generation service, this rollout being its client; made again when `backend` is replaced (a
+        family wraps it after construction: palette's LatentBackend on a copy of this source)."""
+        if getattr(self, "_service_of", None) is not self.backend:
+            self._service, self._service_of = as_service(self.backend), self.backend
+        return self._service
 
     def rollout(self, step: int) -> Batch:
         P, G = self.P, self.G

@@ -118,3 +118,18 @@ def test_a_sample_spanning_versions_lists_them():
     s = r.sample()
     assert s.policy_version == 2 and s.policy_versions == [2, 2, 3]
     assert GenerationResult(0, [1], [5], [-1.0], [4], "stop").sample().policy_versions is None
+
+
+def test_a_source_whose_backend_is_replaced_after_construction_samples_through_the_new_one():
+    """palette copies the default source and replaces its backend with its LatentBackend (which adds each sample's
+    latent): the source's service must follow the backend it holds, not the one it was built with."""
+    import copy
+
+    from credo.train.rollout import PromptRollout
+
+    src = PromptRollout.__new__(PromptRollout)  # only the backend matters here
+    src.backend = Recorder()
+    first = src.service
+    wrapped = copy.copy(src)
+    wrapped.backend = Recorder()
+    assert wrapped.service.backend is wrapped.backend and src.service is first and first.backend is src.backend
