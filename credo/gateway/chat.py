@@ -6,8 +6,9 @@ conversation is.
 
 - `check_request(body)` validates an OpenAI chat-completions body and raises `RequestError` (HTTP 400, naming
   the key at fault) before anything is sampled.
-- `render(tokenizer, messages, tools)` is the prompt text the model is asked to continue: the tokenizer's own chat
-  template, or `DEFAULT_TEMPLATE` (ChatML with the tokenizer's EOS as end of turn and Hermes-style
+- `render(tokenizer, messages, tools, template=None)` is the prompt text the model is asked to continue: `template`
+  when given (a run's `agent.chat_template`, as vLLM's `--chat-template`), else the tokenizer's own chat template,
+  or `DEFAULT_TEMPLATE` (ChatML with the tokenizer's EOS as end of turn and Hermes-style
   `<tool_call>{...}</tool_call>`) when the tokenizer has none (the built-in tiny model's).
 - `parse_tool_calls(text)` turns `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` spans of a sampled
   answer into OpenAI `tool_calls`; the arguments string is `json.dumps` of the parsed arguments, which is what
@@ -196,10 +197,13 @@ def check_completion_request(body: Any, *, max_tokens_cap: int) -> dict:
     return {**req, "prompt": prompt, "logprobs": logprobs == 0}
 
 
-def render(tokenizer, messages: list[dict], tools: list[dict] | None, *, generation_prompt: bool = True) -> str:
+def render(tokenizer, messages: list[dict], tools: list[dict] | None, *, generation_prompt: bool = True,
+           template: str | None = None) -> str:
     """The prompt text of `messages` (and `tools`), ending with the assistant's generation prompt (without it when
-    `generation_prompt` is False: a whole conversation, as a warm-up demonstration)."""
-    template = None if getattr(tokenizer, "chat_template", None) else DEFAULT_TEMPLATE
+    `generation_prompt` is False: a whole conversation, as a warm-up demonstration). `template`: a Jinja chat template
+    used instead of the tokenizer's (None: the tokenizer's, or DEFAULT_TEMPLATE when it has none)."""
+    if template is None:
+        template = None if getattr(tokenizer, "chat_template", None) else DEFAULT_TEMPLATE
     try:
         return tokenizer.apply_chat_template(messages, tools=tools, chat_template=template, tokenize=False,
                                              add_generation_prompt=generation_prompt)

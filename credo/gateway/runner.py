@@ -22,7 +22,8 @@ class Gateway:
 
     def __init__(self, sample: SampleFn, tokenizer, *, model_name: str, host: str = "127.0.0.1", port: int = 0,
                  api_key: str | None = None, max_tokens: int = 256, max_context: int | None = None,
-                 sampling: dict | None = None, batch_window_s: float = 0.0, max_batch: int = 64):
+                 sampling: dict | None = None, batch_window_s: float = 0.0, max_batch: int = 64,
+                 chat_template: str | None = None):
         self.api_key = api_key or "credo-" + secrets.token_urlsafe(24)
         if ":" in self.api_key:
             raise ValueError("the gateway's api_key must not contain ':' (it separates the episode id)")
@@ -33,7 +34,7 @@ class Gateway:
             sample = BatchingSampler(sample, batch_window_s, max_batch)
         self.service = ChatService(sample, tokenizer, model_name=model_name, store=self.store, max_tokens=max_tokens,
                                    max_context=max_context, sampling=sampling,
-                                   concurrent=batch_window_s > 0)
+                                   concurrent=batch_window_s > 0, template=chat_template)
         self.app = build_app(self.service, self.api_key)
         self.host, self.port = host, port
         self._server = self._thread = None

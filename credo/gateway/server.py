@@ -53,8 +53,11 @@ class ChatService:
     """The endpoint's logic without HTTP: checked request in, OpenAI response dict out (or RequestError)."""
 
     def __init__(self, sample: SampleFn, tokenizer, *, model_name: str, store: EpisodeStore, max_tokens: int = 256,
-                 max_context: int | None = None, sampling: dict | None = None, concurrent: bool = False):
+                 max_context: int | None = None, sampling: dict | None = None, concurrent: bool = False,
+                 template: str | None = None):
         self.sample, self.tokenizer, self.model_name = sample, tokenizer, model_name
+        self.template = template
+        """A Jinja chat template rendering every chat request instead of the tokenizer's (None: the tokenizer's)."""
         self.store, self.max_tokens, self.max_context = store, max_tokens, max_context
         self.concurrent = concurrent
         """False: one call plans, samples and records at a time (the store's lock held throughout). True (with a
@@ -68,7 +71,7 @@ class ChatService:
     def complete(self, body, header_episode: str = "", key_episode: str = "") -> dict:
         """POST /v1/chat/completions."""
         req = self._checked(check_request, body)
-        text = render(self.tokenizer, req["messages"], req["tools"])
+        text = render(self.tokenizer, req["messages"], req["tools"], template=self.template)
         episode = header_episode or req["user"] or key_episode or "default"
         record, texts = self._sample_and_record(req, episode, text)
         return self._response(req, record, texts, episode)

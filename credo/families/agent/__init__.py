@@ -47,7 +47,16 @@ def _warmup_digest(r) -> dict:
     # name and its module's source, so an edited demonstration function is a new warm-up
     if not r.agent.demos:
         return {}
-    return {"agent_demos": r.agent.demos, "agent_demos_source": _source_digest(r.agent.demos)}
+    out = {"agent_demos": r.agent.demos, "agent_demos_source": _source_digest(r.agent.demos)}
+    if r.agent.chat_template:  # the demonstrations' rendering (only when set: the default keys stay as they were)
+        import hashlib
+        from pathlib import Path
+
+        try:
+            out["agent_chat_template"] = hashlib.sha256(Path(r.agent.chat_template).read_bytes()).hexdigest()
+        except OSError:  # unreadable: `credo check` names the key (build.chat_template) before any warm-up
+            out["agent_chat_template"] = None
+    return out
 
 
 REFUSALS = (

@@ -29,9 +29,33 @@ def entry_point(spec: str, key: str, keywords: tuple = (), positional: int = 0):
     return fn
 
 
+def chat_template(path: str | None) -> str | None:
+    """The text of `agent.chat_template` (None when unset); a ConfigError naming the key when the file cannot be read
+    or is not a Jinja template (rendering is checked on the first demonstration when the task is built)."""
+    if path is None:
+        return None
+    from pathlib import Path
+
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # what transformers compiles chat templates with
+
+    where = f"config key 'agent.chat_template' = '{path}'"
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read {Path(path).resolve()}: {e.strerror or e}") from None
+    try:
+        ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ConfigError(f"{where}: not a Jinja template: line {e.lineno}: {e.message}") from None
+    return text
+
+
 def check_names(r) -> None:
-    """rollout.agent, agent.tasks and agent.demos import and take the calls credo makes."""
+    """rollout.agent, agent.tasks and agent.demos import and take the calls credo makes; agent.chat_template reads
+    and renders."""
     entry_point(r.rollout.agent, "rollout.agent", AGENT_KEYWORDS)
+    chat_template(r.agent.chat_template)
     if r.agent.tasks:
         entry_point(r.agent.tasks, "agent.tasks", positional=2)
     if r.agent.demos:
@@ -66,8 +90,10 @@ def task(r):
                               "task.chat_template: false (so the warm-up does not wrap them a second time)")
         from credo.families.agent.task import demonstration_problem
 
-        demonstration_problem(tokenizer, demos(0), f"config key 'agent.demos' = '{r.agent.demos}'")  # fails now
-    return AgentTask(r.agent, tokenizer, rows=rows, base=base, demos=demos, train_size=r.task.train_size)
+        demonstration_problem(tokenizer, demos(0), f"config key 'agent.demos' = '{r.agent.demos}'",  # fails now
+                              template=chat_template(r.agent.chat_template))
+    return AgentTask(r.agent, tokenizer, rows=rows, base=base, demos=demos, train_size=r.task.train_size,
+                     template=chat_template(r.agent.chat_template))
 
 
 def evaluator(ctx, source, temperature: float):

@@ -44,6 +44,10 @@ class AgentConfig:
     own prompt/answer warm-up."""
     eval_episodes: int = ranged(32, ge=1)
     """Held-out episodes (rows index 0.. of the 'eval' split) per evaluation; eval/agent_reward is their mean reward."""
+    chat_template: Optional[str] = None
+    """A Jinja chat-template file (a path, relative to the working directory) used instead of the tokenizer's own, as
+    vLLM's `--chat-template`: the gateway renders every chat request with it and the warm-up its demonstrations;
+    null = the tokenizer's template, or credo's ChatML + Hermes default when it has none (credo/gateway/chat.py)."""
 
 
 AGENT_RESOURCES = {"CPU": 0.25}

@@ -68,6 +68,7 @@ class AgentRollout:
         if self.gateway is None:
             import logging
 
+            from credo.families.agent.build import chat_template
             from credo.gateway import Gateway, backend_sampler
 
             for name in ("httpx", "httpx2"):  # the agents' HTTP clients would log every call at INFO in credo's log
@@ -83,7 +84,8 @@ class AgentRollout:
             self.gateway = Gateway(backend_sampler(self.backend), self.tokenizer, model_name=self.cfg.model_name,
                                    max_tokens=self.cfg.max_tokens, max_context=self.max_context,
                                    sampling={"temperature": self.temperature, "top_p": self.top_p},
-                                   batch_window_s=self.cfg.batch_window_ms / 1000, host=host).start()
+                                   batch_window_s=self.cfg.batch_window_ms / 1000, host=host,
+                                   chat_template=chat_template(self.cfg.chat_template)).start()
         return self.gateway
 
     def play(self, rows: list[dict], prefix: str, *, temperature: float, top_p: float) -> tuple[list, dict, float]:

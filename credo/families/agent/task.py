@@ -17,8 +17,9 @@ from credo.errors import ConfigError
 from credo.tasks import Problem
 
 
-def demonstration_problem(tokenizer, demo: Any, where: str) -> Problem:
-    """One demonstration conversation as (prompt, answer) text in the gateway's rendering."""
+def demonstration_problem(tokenizer, demo: Any, where: str, template: str | None = None) -> Problem:
+    """One demonstration conversation as (prompt, answer) text in the gateway's rendering (`template`: the run's
+    agent.chat_template text, None for the tokenizer's)."""
     from credo.gateway.chat import RequestError, check_messages, render
 
     if not isinstance(demo, dict) or not isinstance(demo.get("messages"), list):
@@ -30,8 +31,8 @@ def demonstration_problem(tokenizer, demo: Any, where: str) -> Problem:
         if first is None or first == 0 or messages[-1]["role"] != "assistant":
             raise ConfigError(f"{where}: a demonstration starts with the task's messages and ends with an assistant "
                               "turn; expected at least one assistant message after the first message, and one last")
-        prompt = render(tokenizer, messages[:first], tools)
-        full = render(tokenizer, messages, tools, generation_prompt=False)
+        prompt = render(tokenizer, messages[:first], tools, template=template)
+        full = render(tokenizer, messages, tools, generation_prompt=False, template=template)
     except RequestError as e:
         raise ConfigError(f"{where}: {e}") from None
     if not full.startswith(prompt):
@@ -47,8 +48,10 @@ def demonstration_problem(tokenizer, demo: Any, where: str) -> Problem:
 class AgentTask:
     """The run's task under `rollout.agent` (see the module docstring)."""
 
-    def __init__(self, cfg, tokenizer, *, rows: Callable | None, base: Any, demos: Callable | None, train_size: int):
+    def __init__(self, cfg, tokenizer, *, rows: Callable | None, base: Any, demos: Callable | None, train_size: int,
+                 template: str | None = None):
         self.cfg, self.tokenizer, self.rows, self.base, self.demos = cfg, tokenizer, rows, base, demos
+        self.template = template  # agent.chat_template's text (None: the tokenizer's), as the gateway renders
         self.train_size = train_size if rows is not None else len(base)
 
     def __len__(self) -> int:
@@ -69,7 +72,8 @@ class AgentTask:
     def train(self, i: int) -> Problem:
         if self.demos is None:
             return self.base.train(i)
-        return demonstration_problem(self.tokenizer, self.demos(i), f"config key 'agent.demos' = '{self.cfg.demos}'")
+        return demonstration_problem(self.tokenizer, self.demos(i), f"config key 'agent.demos' = '{self.cfg.demos}'",
+                                     template=self.template)
 
     def eval_problems(self) -> list[Problem]:
         return []  # the agent's held-out episodes are the evaluator's (credo.families.agent.source.AgentEvaluator)
