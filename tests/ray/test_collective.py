@@ -93,12 +93,13 @@ def test_a_pool_pushed_by_gloo_broadcast_survives_a_kill_a_join_and_a_leave(ray_
     """bf16 rollout copies of an fp32 policy pushed by broadcast: after each real Adam step every worker holds the
     bits of the trainer's weights cast here (the object store's result), through a worker killed between steps
     (replaced, counted, the group formed again), a worker that joins and one that leaves; and samples what the
-    in-process bf16 backend samples."""
+    in-process bf16 backend samples. The push goes in 1 KiB buckets of the trainer's tensors (about one each)."""
     from credo.distributed.ray.rollout import RayRolloutBackend
 
     path, model, tok = tiny_policy(tmp_path)
     backend = RayRolloutBackend(path, workers=2, resources={"CPU": 0.5}, dtype="bfloat16", transport="gloo",
-                                elastic=(1, 3), max_restarts=2, call_timeout_s=60.0, initial_model=model)
+                                elastic=(1, 3), max_restarts=2, call_timeout_s=60.0, initial_model=model,
+                                bucket_bytes=1024)  # a broadcast per tensor or so, its fused layers split
     try:
         def push(step):
             train_step(model, tok, lr=1e-4)
