@@ -116,8 +116,10 @@ def test_a_pool_pushed_by_gloo_broadcast_survives_a_kill_a_join_and_a_leave(ray_
         assert backend._coll is first_group and m["cluster/rollout_groups_formed"] == 0  # same members, same group
         os.kill(backend.worker_info()[backend.active[0]]["pid"], signal.SIGKILL)
         m = push(3)
-        # the dead member's receive failed: it was replaced (weights by the object store), the group dropped
-        assert m["cluster/rollout_restarts"] == 1 and backend._coll is None
+        # the dead member's receive failed: it was replaced (weights by the object store), the group dropped. The
+        # live member is replaced too when gloo's broadcast failed before its bytes went out (its receive runs past
+        # the 10 s grace): a race, seen in 1 of 3 runs before buckets (8752dd1) as after, so 1 or 2 restarts
+        assert m["cluster/rollout_restarts"] in (1, 2) and backend._coll is None
         backend.add_worker()
         m = push(4)
         assert len(backend._coll_members) == 3 == len(backend.active) and m["cluster/rollout_groups_formed"] == 1

@@ -316,7 +316,8 @@ class RayRolloutBackend:
             full_bytes += size
             if delta:
                 d = diff_state(self._last, bucket)
-                payload, changed, total, sent_bytes = ("delta", d), changed + d.changed, total + d.total, sent_bytes + d.sent_bytes
+                changed, total, sent_bytes = changed + d.changed, total + d.total, sent_bytes + d.sent_bytes
+                payload, d = ("delta", d), None
             else:
                 payload, sent_bytes = ("full", bucket), sent_bytes + size
             if last is not None:
@@ -346,10 +347,11 @@ class RayRolloutBackend:
         failed go into `lost`; any other failure is the backend's own and stops the step."""
         import ray
 
+        limit = f"cluster.call_timeout_s = {self.call_timeout_s} s" if wait_s is None else f"{wait_s} s"
         wait_s = self.call_timeout_s if wait_s is None else wait_s
         ready, late = ray.wait(list(calls), num_returns=len(calls), timeout=wait_s)
         for ref in late:
-            lost[calls[ref][0]] = (calls[ref][1], f"{what} ran past {wait_s} s")
+            lost[calls[ref][0]] = (calls[ref][1], f"{what} ran past {limit}")
         for ref in ready:
             try:
                 ray.get(ref)
