@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -150,6 +151,19 @@ def main() -> None:
                                                      num_heads=a.hidden // 64, num_kv_heads=max(1, a.hidden // 256),
                                                      intermediate_size=a.hidden * 8 // 3 // 64 * 64,
                                                      max_position_embeddings=256)))
+    try:
+        rows = run_arms(a, model_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
+              "cpus": os.cpu_count(), "bucket_mib": a.bucket_mib, "hidden": a.hidden, "layers": a.layers,
+              "rows": rows}
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1))
+
+
+def run_arms(a, model_dir: str) -> list[dict]:
+    """Every (target, engine, whole | bucket) arm in a child process of its own; the rows, printed as they come."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(REPO)}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     buckets = {"whole": 1 << 62, "bucket": int(a.bucket_mib * 2**20)}
@@ -172,11 +186,7 @@ def main() -> None:
                       f"{mib(row['anon_peak_delta']):.0f}, shared +{mib(row['shmem_peak_delta']):.0f}; RSS after "
                       f"+{mib(row['rss_after_delta']):.0f}); "
                       f"largest /dev/shm file {mib(row['shm_file_peak']):.0f} MiB of {row['shm_files']}", flush=True)
-    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
-              "cpus": os.cpu_count(), "bucket_mib": a.bucket_mib, "hidden": a.hidden, "layers": a.layers,
-              "rows": rows}
-    if a.out:
-        Path(a.out).write_text(json.dumps(result, indent=1))
+    return rows
 
 
 if __name__ == "__main__":
