@@ -13,8 +13,9 @@ cache). An arm builds the training engine as the trainer does (`make_engine`, on
 Ray), pushes once to warm up, then
 resets the kernel's peak (`/proc/self/clear_refs` 5) and pushes again: the figure is VmHWM after the push minus
 VmRSS before it (exact), with the peaks of its private part (RssAnon) and shared part (RssShmem: the Ray object
-store's pages this process writes) sampled every millisecond beside it (a sample can miss a short peak). "whole" is a push with one bucket larger than the model (the code path of the earlier whole-state
-push: every tensor gathered / copied, serialised and sent at once); "bucket" uses `--bucket-mib`. Only the pushing
+store's pages this process writes) sampled every millisecond beside it (a sample can miss a short peak). "whole"
+is a push with one bucket larger than the model (the code path of the earlier whole-state push: every tensor
+gathered / copied, serialised and sent at once); "bucket" uses `--bucket-mib`. Only the pushing
 (trainer's) process is measured: not vLLM's engine processes, not the Ray worker, not Ray's object store, except
 the object-store pages this process maps while it writes them (they count in its RSS). The vLLM shm push's files
 in /dev/shm are RAM too but not this process's RSS: the largest one is reported beside it. Memory only, no timings.

@@ -99,8 +99,8 @@ class AsyncVLLMBackend:
     """Rollouts and the generation service from a `vllm.v1.engine.async_llm.AsyncLLM` (module docstring).
 
     Takes `VLLMBackend`'s arguments (model_path, dtype, seed, kv_cache_gib, gpu_memory_utilization, max_model_len,
-    enforce_eager, weight_transport, fp8_weights, bucket_bytes, **engine_kwargs) but not input_embeddings. `recompute_kv`: see
-    `load_weights`.
+    enforce_eager, weight_transport, fp8_weights, bucket_bytes, **engine_kwargs) but not input_embeddings.
+    `recompute_kv`: see `load_weights`.
     """
 
     provides = BACKENDS["vllm_async"]
