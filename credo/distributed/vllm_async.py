@@ -99,8 +99,8 @@ class AsyncVLLMBackend:
     """Rollouts and the generation service from a `vllm.v1.engine.async_llm.AsyncLLM` (module docstring).
 
     Takes `VLLMBackend`'s arguments (model_path, dtype, seed, kv_cache_gib, gpu_memory_utilization, max_model_len,
-    enforce_eager, weight_transport, fp8_weights, **engine_kwargs) but not input_embeddings. `recompute_kv`: see
-    `load_weights`.
+    enforce_eager, weight_transport, fp8_weights, bucket_bytes, **engine_kwargs) but not input_embeddings.
+    `recompute_kv`: see `load_weights`.
     """
 
     provides = BACKENDS["vllm_async"]
@@ -113,7 +113,7 @@ class AsyncVLLMBackend:
     def __init__(self, model_path: str, *, dtype: str = "float32", seed: int = 0, kv_cache_gib: float = 1,
                  gpu_memory_utilization: float = 0.3, max_model_len: int | None = None, enforce_eager: bool = False,
                  weight_transport: str = "auto", fp8_weights: bool = False, recompute_kv: bool = True,
-                 **engine_kwargs):
+                 bucket_bytes: int | None = None, **engine_kwargs):
         engine_memory_settings(engine_kwargs, kv_cache_gib, gpu_memory_utilization, weight_transport)
         self.engine, self._loop = None, _Loop()
         t0 = time.perf_counter()
@@ -137,6 +137,7 @@ class AsyncVLLMBackend:
         """Wall time of the last `load_weights` (pause, push, resume)."""
         self.version = 0
         self.weight_transport, self.fp8_weights, self.recompute_kv = weight_transport, fp8_weights, recompute_kv
+        self.bucket_bytes = bucket_bytes
         self._calls = _EngineCalls(self._loop, self.engine, recompute_kv)
         self._next = self._finished = 0
         self._live: dict[int, tuple[_Live, object]] = {}  # handle -> (request, its collecting task's future)
@@ -225,7 +226,8 @@ class AsyncVLLMBackend:
             transform = lambda state: fp8_state(state, names)  # noqa: E731
         self._loop.run(self.engine.pause_generation(mode="keep", clear_cache=False))
         try:
-            push_weights(self._calls, model, transport=self.weight_transport, transform=transform)
+            push_weights(self._calls, model, transport=self.weight_transport, transform=transform,
+                         bucket_bytes=self.bucket_bytes)
             self._loop.run(self.engine.update_weight_version(str(version)))
             self.version = version
         finally:

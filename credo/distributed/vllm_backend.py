@@ -89,6 +89,8 @@ class VLLMBackend:
         input_embeddings: the trainer's input-embedding module; given, the engine takes prompt embeddings
             (``enable_prompt_embeds``) and :meth:`generate` accepts ``prefix_embeds``: each prompt is sent as its
             soft prefix followed by its token embeddings, computed with these (live) weights.
+        bucket_bytes: bytes of full tensors per bucket of a push (:func:`credo.distributed.weight_sync.push_weights`;
+            None: `credo.distributed.engines.weights.BUCKET_BYTES`, 256 MiB).
         **engine_kwargs: passed on to ``vllm.LLM`` (e.g. ``tensor_parallel_size``).
     """
 
@@ -97,7 +99,8 @@ class VLLMBackend:
 
     def __init__(self, model_path: str, *, dtype: str = "float32", seed: int = 0, kv_cache_gib: float = 1,
                  gpu_memory_utilization: float = 0.3, max_model_len: int | None = None, enforce_eager: bool = False,
-                 weight_transport: str = "auto", fp8_weights: bool = False, input_embeddings=None, **engine_kwargs):
+                 weight_transport: str = "auto", fp8_weights: bool = False, input_embeddings=None,
+                 bucket_bytes: int | None = None, **engine_kwargs):
         engine_memory_settings(engine_kwargs, kv_cache_gib, gpu_memory_utilization, weight_transport)
         if input_embeddings is not None:
             engine_kwargs["enable_prompt_embeds"] = True
@@ -121,6 +124,7 @@ class VLLMBackend:
         self.version = 0
         self.weight_transport = weight_transport
         self.fp8_weights = fp8_weights
+        self.bucket_bytes = bucket_bytes
 
     kept_set_order = "vllm"
     """The stage order of vLLM's truncations (min-p, top-k, top-p; `credo.algos.kept_set.ORDERS`): the trainer
@@ -239,7 +243,8 @@ class VLLMBackend:
         return Sample(list(prompt), resp, [1] * len(resp), lps, comp.finish_reason == "stop", self.version)
 
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
-        """Push the trainer's current weights into the engine in place; later samples carry ``version``.
+        """Push the trainer's current weights into the engine in place, bucket by bucket (``bucket_bytes``); later
+        samples carry ``version``.
 
         ``model`` may be a DeepSpeed engine or its ``.module``. Under ZeRO-3 the weights are gathered,
         a collective: every rank must call :func:`credo.distributed.weight_sync.full_state_dict` at the
@@ -253,7 +258,8 @@ class VLLMBackend:
 
             names = fp8_weight_names(model)
             transform = lambda state: fp8_state(state, names)  # noqa: E731
-        self.last_sync_seconds = push_weights(self.llm, model, transport=self.weight_transport, transform=transform)
+        self.last_sync_seconds = push_weights(self.llm, model, transport=self.weight_transport, transform=transform,
+                                              bucket_bytes=self.bucket_bytes)
         self.version = version
 
     def close(self, timeout: float = 30.0) -> None:

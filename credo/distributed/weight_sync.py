@@ -2,20 +2,27 @@
 
 The path, trainer to engine:
 
-1. :func:`full_state_dict` takes the trainer's HF state dict (unwrapping a DeepSpeed engine, DDP or
-   ``torch.compile``; gathering ZeRO-3 partitions) and keeps one name per storage, so a tied
-   ``lm_head.weight`` travels once, as ``model.embed_tokens.weight``.
-2. :func:`push_weights` writes it as one safetensors file in ``/dev/shm`` (RAM, no disk) and sends the
-   path through ``llm.collective_rpc`` to :meth:`WeightSyncExtension.credo_load_weights_file`, a method
-   mixed into every vLLM worker through the engine argument ``worker_extension_cls`` (so no code is
-   pickled and ``VLLM_ALLOW_INSECURE_SERIALIZATION`` is not needed). Without room in ``/dev/shm`` it
-   sends the safetensors bytes themselves through the RPC channel instead (slower: vLLM copies them
-   through msgpack, ZeroMQ and its executor queue).
-3. The worker reads the tensors in the trainer's (layer) order.
-4. The worker calls ``model_runner.reload_weights(weights_iterator=..., is_checkpoint_format=True)``,
-   which copies into the engine's existing tensors (CUDA graphs and the KV cache stay valid), then
+1. The trainer's weights come bucket by bucket (`credo.distributed.engines.weights.weight_buckets`, about
+   ``bucket_bytes`` each, 256 MiB by default): under FSDP2 each bucket is gathered from the DTensor shards as it
+   is needed; under DeepSpeed ZeRO 0-2 the buckets are views of the live tensors (:func:`full_state_dict`, cut
+   in order). Either way the names are the HF checkpoint names with a tied ``lm_head.weight`` sent once, as
+   ``model.embed_tokens.weight``.
+2. :func:`push_weights` opens one in-place reload on every vLLM worker (``credo_begin_reload``), then sends each
+   bucket as one safetensors file in ``/dev/shm`` (RAM, no disk), its path through ``llm.collective_rpc`` to
+   :meth:`WeightSyncExtension.credo_load_bucket_file`, a method mixed into every vLLM worker through the engine
+   argument ``worker_extension_cls`` (so no code is pickled and ``VLLM_ALLOW_INSECURE_SERIALIZATION`` is not
+   needed). Without room in ``/dev/shm`` it sends the bucket's safetensors bytes themselves through the RPC
+   channel instead (slower: vLLM copies them through msgpack, ZeroMQ and its executor queue). The bucket's
+   tensors, its file and its bytes are dropped before the next bucket is gathered: the trainer's process holds
+   at most one bucket of full tensors (and one serialised bucket) at a time.
+3. The worker feeds each bucket, in the trainer's (layer) order, to the model's ``load_weights`` inside the one
+   reload: vLLM's layerwise reload (``initialize_layerwise_reload`` at the start, ``finalize_layerwise_reload``
+   at ``credo_end_reload``) buffers a layer's tensors until the layer is complete, also across buckets, and
+   copies it into the engine's existing tensors (CUDA graphs and the KV cache stay valid). This is vLLM's own
+   ``model_runner.reload_weights(weights_iterator=..., is_checkpoint_format=True)`` with its iterator fed over
+   several calls, so the weights vLLM ends up with are the ones a single call loads. Then
    :func:`refresh_tied_layers`.
-5. :func:`push_weights` then resets vLLM's prefix cache (``llm.reset_prefix_cache()``): the cached KV
+4. :func:`push_weights` then resets vLLM's prefix cache (``llm.reset_prefix_cache()``): the cached KV
    blocks of a prompt were computed with the old weights and would otherwise be reused (measured: log-prob
    errors up to 3.6 for prompts longer than one KV block, 128 tokens on CPU).
 
@@ -135,52 +142,74 @@ def shm_dir(nbytes: int) -> str | None:
     return "/dev/shm" if shutil.disk_usage("/dev/shm").free > 1.1 * nbytes else None
 
 
-def push_weights(llm, model: torch.nn.Module, *, transport: str = "auto", transform=None) -> float:
-    """Copy ``model``'s weights into the running ``vllm.LLM`` in place; returns the seconds it took.
+def push_weights(llm, model: torch.nn.Module, *, transport: str = "auto", transform=None,
+                 bucket_bytes: int | None = None) -> float:
+    """Copy ``model``'s weights into the running ``vllm.LLM`` in place, bucket by bucket; returns the seconds it took.
 
     The engine must have been built with ``worker_extension_cls=WORKER_EXTENSION``. Resets the prefix
-    cache, whose KV blocks were computed with the old weights.
+    cache, whose KV blocks were computed with the old weights. Under FSDP2 (or ZeRO-3) the gathers are
+    collectives: every rank must call this at the same time.
 
     Args:
-        llm: the ``vllm.LLM``.
-        model: the trainer's model (HF module, or a DeepSpeed engine / wrapper of one).
-        transport: ``"shm"`` writes one safetensors file to ``/dev/shm`` (RAM) and sends its path; the
-            worker reads it tensor by tensor. ``"bytes"`` sends the serialised weights through vLLM's RPC
+        llm: the ``vllm.LLM`` (or anything with its ``collective_rpc`` and ``reset_prefix_cache``).
+        model: the trainer's model (HF module, or a DeepSpeed engine / wrapper of one, or FSDP2's sharded module).
+        transport: ``"shm"`` writes each bucket as a safetensors file to ``/dev/shm`` (RAM) and sends its path;
+            the worker reads it tensor by tensor. ``"bytes"`` sends each serialised bucket through vLLM's RPC
             channel (msgpack over ZeroMQ, then the executor's queue), about 3x slower on a 90M-parameter
-            model but needing no shared filesystem. ``"auto"``: ``shm`` when ``/dev/shm`` has room.
-        transform: optional ``fn(state) -> state`` applied to the full state dict before it is sent (e.g.
-            simulated FP8 quantisation, :func:`credo.distributed.rollout_copy.fp8_state`); the trainer's
-            own tensors are not modified.
+            model but needing no shared filesystem. ``"auto"``: ``shm`` when ``/dev/shm`` has room for a bucket.
+        transform: optional ``fn(state) -> state`` applied to each bucket (a dict, in order) before it is sent (e.g.
+            simulated FP8 quantisation, :func:`credo.distributed.rollout_copy.fp8_state`, tensor by tensor); the
+            trainer's own tensors are not modified.
+        bucket_bytes: bytes of full tensors per bucket (None: `credo.distributed.engines.weights.BUCKET_BYTES`); a
+            bucket closes once it holds this many, so a tensor larger than it is a bucket of its own.
 
     Raises:
         RuntimeError: a worker loaded a different number of tensors than was sent.
     """
+    from credo.distributed.engines.weights import BUCKET_BYTES, weight_buckets
+
     if transport not in ("auto", "shm", "bytes"):
         raise ValueError(f"transport is {transport!r}, expected 'auto', 'shm' or 'bytes'")
     t0 = time.perf_counter()
-    state = full_state_dict(model)
-    if transform is not None:
-        state = transform(state)
+    sent = 0
+    llm.collective_rpc("credo_begin_reload")
+    try:
+        for bucket in weight_buckets(model, bucket_bytes=bucket_bytes or BUCKET_BYTES):
+            state = dict(bucket)
+            del bucket  # only `state` holds the bucket now: dropped below, before the next one is gathered
+            if transform is not None:
+                state = transform(state)
+            loaded = _send_bucket(llm, state, transport)
+            if any(n != len(state) for n in loaded):
+                raise RuntimeError(f"vLLM workers loaded {loaded} tensors of a bucket of {len(state)}")
+            sent += len(state)
+            del state
+    finally:
+        totals = llm.collective_rpc("credo_end_reload")  # also after an error: the layers go back to their tensors
+    if any(n != sent for n in totals):
+        raise RuntimeError(f"vLLM workers loaded {totals} tensors, expected {sent} (the trainer's state dict)")
+    llm.reset_prefix_cache()
+    return time.perf_counter() - t0
+
+
+def _send_bucket(llm, state: dict[str, torch.Tensor], transport: str) -> list[int]:
+    """One bucket to every worker of the open reload: a safetensors file in /dev/shm, or its bytes; the counts."""
     names = list(state)
     folder = shm_dir(sum(t.numel() * t.element_size() for t in state.values()))
     if transport == "shm" and folder is None:
-        raise RuntimeError("transport='shm' but /dev/shm is missing or too small for the weights; use 'bytes'")
+        raise RuntimeError("transport='shm' but /dev/shm is missing or too small for a bucket of the weights; "
+                           "use 'bytes'")
     if transport == "bytes" or folder is None:
-        loaded = llm.collective_rpc("credo_load_weights", args=(pack_state_dict(state), names))
-    else:
-        from safetensors.torch import save_file
+        return llm.collective_rpc("credo_load_bucket", args=(pack_state_dict(state), names))
+    from safetensors.torch import save_file
 
-        fd, path = tempfile.mkstemp(prefix="credo-weights-", suffix=".safetensors", dir=folder)
-        os.close(fd)
-        try:
-            save_file(cpu_contiguous(state), path)
-            loaded = llm.collective_rpc("credo_load_weights_file", args=(path, names))
-        finally:
-            os.unlink(path)
-    if any(n != len(state) for n in loaded):
-        raise RuntimeError(f"vLLM workers loaded {loaded} tensors, expected {len(state)} (the trainer's state dict)")
-    llm.reset_prefix_cache()
-    return time.perf_counter() - t0
+    fd, path = tempfile.mkstemp(prefix="credo-weights-", suffix=".safetensors", dir=folder)
+    os.close(fd)
+    try:
+        save_file(cpu_contiguous(state), path)
+        return llm.collective_rpc("credo_load_bucket_file", args=(path, names))
+    finally:
+        os.unlink(path)
 
 
 def refresh_tied_layers(model: torch.nn.Module) -> list[str]:
@@ -230,30 +259,70 @@ def quiet_rotary_reload_warning() -> None:
 class WeightSyncExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``); runs inside the engine's worker process.
 
+    A push is ``credo_begin_reload``, one ``credo_load_bucket`` / ``credo_load_bucket_file`` per bucket, then
+    ``credo_end_reload``: vLLM's in-place ``reload_weights`` with its weights iterator fed over several calls.
     ``names`` gives the trainer's order (layer by layer): vLLM buffers a layer's weights until the layer
-    is complete, so loading in layer order keeps that buffer to about one layer.
+    is complete (also across buckets), so loading in layer order keeps that buffer to about one layer.
     """
 
-    def credo_load_weights(self, blob: bytes, names: list[str]) -> int:
-        """Load a :func:`pack_state_dict` byte string into the model in place; returns the tensor count."""
+    def credo_begin_reload(self) -> None:
+        """Start an in-place reload (vLLM's `initialize_layerwise_reload`): every layer waits for its weights."""
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        quiet_rotary_reload_warning()
+        initialize_layerwise_reload(self.model_runner.get_model())
+        self._credo_loaded = 0
+
+    def credo_load_bucket(self, blob: bytes, names: list[str]) -> int:
+        """Load a :func:`pack_state_dict` byte string (one bucket) into the open reload; returns its tensor count."""
         from safetensors.torch import load
 
         weights = load(blob)
         if sorted(names) != sorted(weights):
             raise ValueError(f"names lists {len(names)} tensors that do not match the {len(weights)} in blob")
-        return self._credo_reload(((n, weights[n]) for n in names), len(names))
+        return self._credo_load(((n, weights[n]) for n in names), len(names))
 
-    def credo_load_weights_file(self, path: str, names: list[str]) -> int:
-        """Load a safetensors file in place, one tensor in memory at a time; returns the tensor count."""
+    def credo_load_bucket_file(self, path: str, names: list[str]) -> int:
+        """Load a safetensors file (one bucket) into the open reload, one tensor read at a time; its tensor count."""
         from safetensors import safe_open
 
         with safe_open(path, framework="pt") as f:
             if sorted(names) != sorted(f.keys()):
                 raise ValueError(f"names lists {len(names)} tensors that do not match the {len(f.keys())} in {path}")
-            return self._credo_reload(((n, f.get_tensor(n)) for n in names), len(names))
+            return self._credo_load(((n, f.get_tensor(n)) for n in names), len(names))
 
-    def _credo_reload(self, weights, count: int) -> int:
-        quiet_rotary_reload_warning()
-        self.model_runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
-        refresh_tied_layers(self.model_runner.get_model())
+    def _credo_load(self, weights, count: int) -> int:
+        if not hasattr(self, "_credo_loaded"):
+            raise RuntimeError("a weight bucket reached a vLLM worker with no reload open (credo_begin_reload)")
+        self.model_runner.get_model().load_weights(weights)
+        self._credo_loaded += count
         return count
+
+    def credo_weights_digest(self) -> dict[str, str]:
+        """sha256 of each of the engine's parameters and buffers (its own names and layout): equal digests, the
+        same weights in vLLM (tests compare pushes with it)."""
+        import hashlib
+
+        out = {}
+        model = self.model_runner.get_model()
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            t = t.detach().cpu().contiguous()
+            out[name] = hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+        return out
+
+    def credo_end_reload(self) -> int:
+        """Close the reload (vLLM's `finalize_layerwise_reload`, then the runner's cache resets that its
+        `reload_weights` does), refresh the tied layers; returns the tensors loaded since `credo_begin_reload`."""
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        runner = self.model_runner
+        model = runner.get_model()
+        finalize_layerwise_reload(model, runner.vllm_config.model_config)
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+            if hasattr(runner, reset):
+                getattr(runner, reset)()
+        refresh_tied_layers(model)
+        loaded = getattr(self, "_credo_loaded", 0)
+        if hasattr(self, "_credo_loaded"):
+            del self._credo_loaded
+        return loaded

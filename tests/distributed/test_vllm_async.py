@@ -40,7 +40,7 @@ def offline(path):
 
 @pytest.fixture(scope="module")
 def engine(path):
-    b = AsyncVLLMBackend(path, **ENGINES)
+    b = AsyncVLLMBackend(path, **ENGINES, bucket_bytes=1024)  # most tensors a push of their own; offline: one bucket
     yield b
     b.close()
 

@@ -45,7 +45,8 @@ def env(request):
     backend.close()
 
 
-def set_weights(env, noise_seed: int | None, *, eos_boost: float = 0.0, transport: str = "auto") -> None:
+def set_weights(env, noise_seed: int | None, *, eos_boost: float = 0.0, transport: str = "auto",
+                bucket_bytes: int | None = None) -> None:
     """Trainer weights := pristine + N(0, 0.05^2) noise on every parameter (embeddings included); sync."""
     model = env.model
     with torch.no_grad():
@@ -61,6 +62,7 @@ def set_weights(env, noise_seed: int | None, *, eos_boost: float = 0.0, transpor
             model.get_output_embeddings().weight[env.eos_id] += eos_boost * h / h.norm() ** 2
     env.version += 1
     env.backend.weight_transport = transport
+    env.backend.bucket_bytes = bucket_bytes
     env.backend.sync_weights(model, env.version)
 
 
@@ -100,6 +102,43 @@ def test_sync_gives_trainer_log_probs(env):
         assert (a.response_ids, a.rollout_log_probs) != (b.response_ids, b.rollout_log_probs)
     # and the old engine's samples are far from the new trainer's distribution
     assert max_gap(before, env.model, 1.0) > 100 * TOL
+
+
+def test_a_push_in_1_kib_buckets_gives_vllm_the_bits_of_a_one_bucket_push(env):
+    """Most tensors a bucket of their own (1 KiB), so vLLM's fused layers (qkv_proj, gate_up_proj) get their parts
+    over several calls: after such a push, over either transport, vLLM samples the same tokens with the same
+    log-probs (bit for bit) as after a push of the whole state in one bucket (the default bucket holds this model
+    whole), and the tensors it exposes are bitwise the same (on CPU the linear weights live only in the prepacked
+    GEMM copies, which the log-probs read); a different push changes both."""
+    from credo.distributed.engines.weights import weight_buckets
+
+    where = {name: i for i, b in enumerate(weight_buckets(env.model, bucket_bytes=1024)) for name, _ in b}
+    assert len(set(where.values())) > 20 and sorted(where) == sorted(full_names(env.model))
+    attn = "model.layers.0.self_attn."
+    assert where[attn + "q_proj.weight"] < where[attn + "k_proj.weight"] < where[attn + "v_proj.weight"]
+    seeds = [21, 22, 23, 24, 25, 26]
+
+    def state():
+        samples = env.backend.generate(env.prompts, max_new_tokens=16, temperature=1.0, top_p=1.0, seeds=seeds)
+        return [(s.response_ids, s.rollout_log_probs) for s in samples], env.backend.llm.collective_rpc(
+            "credo_weights_digest")
+
+    set_weights(env, noise_seed=8)
+    whole = state()
+    set_weights(env, noise_seed=9)
+    other = state()
+    assert whole[0] != other[0] and whole[1] != other[1]
+    for transport in ("shm", "bytes"):
+        set_weights(env, noise_seed=8, transport=transport, bucket_bytes=1024)
+        assert state() == whole, transport
+        set_weights(env, noise_seed=9, transport=transport, bucket_bytes=1024)
+        assert state() == other, transport
+
+
+def full_names(model) -> list[str]:
+    from credo.distributed.weight_sync import full_state_dict
+
+    return list(full_state_dict(model))
 
 
 def nucleus_log_prob(logits: torch.Tensor, tok: int, temperature: float, top_p: float) -> float:

@@ -123,9 +123,15 @@ def test_vllm_fp8_sync_pushes_quantised_linears_and_leaves_the_trainer(monkeypat
     from credo.distributed.vllm_backend import VLLMBackend
 
     class FakeLLM:
-        def collective_rpc(self, method, args):
-            assert method == "credo_load_weights"
-            self.sent = load(args[0])
+        def __init__(self):
+            self.sent, self.buckets = {}, 0
+
+        def collective_rpc(self, method, args=()):
+            if method in ("credo_begin_reload", "credo_end_reload"):
+                return [len(self.sent)]
+            assert method == "credo_load_bucket"
+            self.sent.update(load(args[0]))
+            self.buckets += 1
             return [len(args[1])]
 
         def reset_prefix_cache(self):
@@ -135,6 +141,7 @@ def test_vllm_fp8_sync_pushes_quantised_linears_and_leaves_the_trainer(monkeypat
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     backend = VLLMBackend.__new__(VLLMBackend)  # no engine: only the sync path
     backend.llm, backend.weight_transport, backend.fp8_weights, backend.version = FakeLLM(), "bytes", True, 0
+    backend.bucket_bytes = 1024  # many buckets: each quantised on its own
     backend.sync_weights(model, 3)
     sent, live = backend.llm.sent, model.state_dict()
     assert "lm_head.weight" not in sent  # tied: sent once, as the (unquantised) embedding
@@ -142,6 +149,7 @@ def test_vllm_fp8_sync_pushes_quantised_linears_and_leaves_the_trainer(monkeypat
         want = quantize_e4m3(live[name], 0) if name in LINEARS else live[name]
         assert torch.equal(t, want), name
     assert LINEARS <= set(sent) and backend.version == 3
+    assert backend.llm.buckets > len(LINEARS)  # pushed in many buckets, as 1 KiB buckets of this model must be
     assert all(torch.equal(before[k], live[k]) for k in before)
 
 

@@ -93,12 +93,13 @@ def test_a_pool_pushed_by_gloo_broadcast_survives_a_kill_a_join_and_a_leave(ray_
     """bf16 rollout copies of an fp32 policy pushed by broadcast: after each real Adam step every worker holds the
     bits of the trainer's weights cast here (the object store's result), through a worker killed between steps
     (replaced, counted, the group formed again), a worker that joins and one that leaves; and samples what the
-    in-process bf16 backend samples."""
+    in-process bf16 backend samples. The push goes in 1 KiB buckets of the trainer's tensors (about one each)."""
     from credo.distributed.ray.rollout import RayRolloutBackend
 
     path, model, tok = tiny_policy(tmp_path)
     backend = RayRolloutBackend(path, workers=2, resources={"CPU": 0.5}, dtype="bfloat16", transport="gloo",
-                                elastic=(1, 3), max_restarts=2, call_timeout_s=60.0, initial_model=model)
+                                elastic=(1, 3), max_restarts=2, call_timeout_s=60.0, initial_model=model,
+                                bucket_bytes=1024)  # a broadcast per tensor or so, its fused layers split
     try:
         def push(step):
             train_step(model, tok, lr=1e-4)
@@ -115,8 +116,10 @@ def test_a_pool_pushed_by_gloo_broadcast_survives_a_kill_a_join_and_a_leave(ray_
         assert backend._coll is first_group and m["cluster/rollout_groups_formed"] == 0  # same members, same group
         os.kill(backend.worker_info()[backend.active[0]]["pid"], signal.SIGKILL)
         m = push(3)
-        # the dead member's receive failed: it was replaced (weights by the object store), the group dropped
-        assert m["cluster/rollout_restarts"] == 1 and backend._coll is None
+        # the dead member's receive failed: it was replaced (weights by the object store), the group dropped. The
+        # live member is replaced too when gloo's broadcast failed before its bytes went out (its receive runs past
+        # the 10 s grace): a race, seen in 1 of 3 runs before buckets (8752dd1) as after, so 1 or 2 restarts
+        assert m["cluster/rollout_restarts"] in (1, 2) and backend._coll is None
         backend.add_worker()
         m = push(4)
         assert len(backend._coll_members) == 3 == len(backend.active) and m["cluster/rollout_groups_formed"] == 1

@@ -96,14 +96,15 @@ def test_one_two_and_four_workers_draw_the_same_tokens_while_workers_join_and_le
 
 def test_a_delta_push_is_bitwise_a_full_push_and_sends_less(ray_local, policy):
     """bf16 rollout copies of an fp32 policy: after real Adam steps, the worker pushed full and the one pushed deltas
-    hold the same bits as the trainer's weights cast here, and sample what the in-process bf16 backend samples."""
+    hold the same bits as the trainer's weights cast here, and sample what the in-process bf16 backend samples. Both
+    push in 1 KiB buckets of the trainer's tensors (about one tensor each, a bucket loaded after another)."""
     from credo.distributed.ray.rollout import RayRolloutBackend
 
     path, _, tok = policy
     from credo.models import load_causal_lm
 
     model = load_causal_lm(path)
-    common = dict(workers=1, resources={"CPU": 0.5}, dtype="bfloat16")
+    common = dict(workers=1, resources={"CPU": 0.5}, dtype="bfloat16", bucket_bytes=1024)
     full = RayRolloutBackend(path, sync="full", **common)
     delta = RayRolloutBackend(path, sync="delta", initial_model=model, **common)
     try:
@@ -133,7 +134,7 @@ def test_a_worker_killed_mid_call_is_replaced_with_the_weights_and_its_shard_red
 
     path, model, tok = policy
     backend = RayRolloutBackend(path, workers=2, resources={"CPU": 0.5}, max_restarts=1, sync="delta",
-                                initial_model=model)
+                                initial_model=model, bucket_bytes=1024)  # the replacement gets the weights in buckets
     try:
         train_step(model, tok)
         backend.sync_weights(model, 7)

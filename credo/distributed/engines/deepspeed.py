@@ -99,11 +99,17 @@ class DeepSpeedEngine:
             return {k: v.detach().cpu().clone() for k, v in policy_state_dict(self.module).items()}
 
     def weight_buckets(self, bucket_bytes: int = 0, dst: int | None = None):
-        """The weights a push reads: one bucket of `weight_sync.full_state_dict` (ZeRO 0-2: views of the live
-        tensors; ZeRO-3: gathered all at once, a collective), on every rank (`bucket_bytes`, `dst`: unused)."""
+        """The weights a push reads: `weight_sync.full_state_dict` (ZeRO 0-2: views of the live tensors; ZeRO-3:
+        gathered all at once, a collective) cut into buckets of `bucket_bytes` (0: one bucket), on every rank
+        (`dst`: unused)."""
+        from credo.distributed.engines.weights import split_buckets
         from credo.distributed.weight_sync import full_state_dict
 
-        yield list(full_state_dict(self.module).items())
+        state = full_state_dict(self.module)
+        if not bucket_bytes:
+            yield list(state.items())
+            return
+        yield from split_buckets(state.items(), bucket_bytes)
 
     def export(self, tokenizer, out_dir: Path, rank: int) -> Path | None:
         from credo.export import export_model

@@ -59,14 +59,30 @@ def is_sharded(model: torch.nn.Module) -> bool:
 def weight_buckets(model: torch.nn.Module, *, bucket_bytes: int = BUCKET_BYTES,
                    dst: int | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """The policy's full weights as buckets of (name, tensor): gathered by its registered engine (collective), or
-    one bucket of `weight_sync.full_state_dict(model)` (DeepSpeed: views of the live tensors, as before)."""
+    `weight_sync.full_state_dict(model)` cut into buckets in order (DeepSpeed: views of the live tensors; ZeRO-3:
+    gathered whole first), each closed once it holds `bucket_bytes`, as the gathered ones are."""
     engine = engine_of(model)
     if engine is not None:
         yield from engine.weight_buckets(bucket_bytes=bucket_bytes, dst=dst)
         return
     from credo.distributed.weight_sync import full_state_dict
 
-    yield list(full_state_dict(model).items())
+    yield from split_buckets(full_state_dict(model).items(), bucket_bytes)
+
+
+def split_buckets(items, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """(name, tensor) pairs in order, cut into buckets closed once they hold `bucket_bytes` (a tensor larger than
+    that ends its bucket alone); no bucket is empty."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, t in items:
+        bucket.append((name, t))
+        size += t.numel() * t.element_size()
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket
 
 
 def gather_buckets(module: torch.nn.Module, *, dtype: torch.dtype | None, bucket_bytes: int = BUCKET_BYTES,
@@ -151,5 +167,5 @@ def _lora_delta(layer, state: dict, owner: str, dtype: torch.dtype | None, keep:
 
 
 def full_weights(model: torch.nn.Module, *, dst: int | None = None) -> dict[str, torch.Tensor]:
-    """Every bucket of `weight_buckets` in one dict (the vLLM and Ray pushes send the whole state at once)."""
+    """Every bucket of `weight_buckets` in one dict (`full_state_dict`, the weight buffer's first fill)."""
     return {name: t for bucket in weight_buckets(model, dst=dst) for name, t in bucket}

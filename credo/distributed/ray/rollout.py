@@ -10,11 +10,18 @@ handed to another worker with the same seeds; with per-sample seeding (the defau
 would have been, so a fault or a change of pool size does not change the step's result. A lost worker is replaced
 (counted in `cluster/<role>_restarts`) and gets the current weights before its next shard; so does a joining one.
 
-Weights travel through the Ray object store: one `ray.put` per push, every worker reads it. `sync='delta'` sends
-only the elements whose bits changed in the wire dtype since the last push (credo.distributed.ray.weights).
-With `transport='gloo'` or `'nccl'` a full push is instead a broadcast in a process group of the trainer and the
-workers (credo.distributed.ray.collective), formed again whenever the pool's members change. A worker that joins
-or replaces a lost one gets its first weights through the object store, then joins the group at the next push.
+Weights travel through the Ray object store bucket by bucket: the trainer's weights come in buckets of about
+`bucket_bytes` (`credo.distributed.ray.weights.wire_buckets`: FSDP2 gathers each as it is asked for), each is one
+`ray.put`, every worker loads it (`load_part`) before the next bucket is made, and a last call (`loaded`) makes the
+new weights the worker's (its version; a vllm worker pushes them into its engine then). So the trainer's process
+holds one bucket of wire tensors at a time (the object store keeps every bucket of the last full push, for a worker
+that joins or replaces a lost one). `sync='delta'` sends only the elements whose bits changed in the wire dtype
+since the last push (credo.distributed.ray.weights), bucket by bucket too; it keeps the last pushed weights whole
+in this process to diff against. With `transport='gloo'` or `'nccl'` a full push is instead one broadcast per
+bucket in a process group of the trainer and the workers (credo.distributed.ray.collective), formed again whenever
+the pool's members change; each bucket is also put in the object store for later joiners, and once a member is lost
+the push's remaining buckets go through the object store. A worker that joins or replaces a lost one gets its first
+weights through the object store, then joins the group at the next push.
 The wire dtype is the rollout dtype (`dtype`), or the trainer's with FP8 weights (they are quantised from it).
 `generate_race` (tail batching's short round) runs the whole race on one worker: which requests are aborted depends
 on when every group finishes, so one engine must see them all; a lost or hung worker's race is run again elsewhere
@@ -35,7 +42,8 @@ from credo.capabilities import BACKENDS
 from credo.distributed.ray.config import ClusterConfig, resources_of
 from credo.distributed.ray.rollout_worker import RolloutWorker
 from credo.distributed.ray.runtime import ClusterWorkerError, WorkerGroup, loss_errors, user_error
-from credo.distributed.ray.weights import diff_state, nbytes, wire_state
+from credo.distributed.engines.weights import BUCKET_BYTES, split_buckets
+from credo.distributed.ray.weights import diff_state, nbytes, wire_buckets
 from credo.distributed.rollout import Sample
 from credo.distributed.rollout_copy import DTYPES
 
@@ -56,6 +64,7 @@ class RayRolloutBackend:
         initial_model: push these weights at start (version 0) instead of trusting the folder's to be the trainer's.
         prompt_embeds: vllm workers: start their engines taking prompt embeddings (soft prefixes); hf workers take
             them without it.
+        bucket_bytes: bytes of the trainer's tensors per bucket of a push (`credo.distributed.engines.weights`).
     """
 
     provides = BACKENDS["ray"]
@@ -66,7 +75,8 @@ class RayRolloutBackend:
                  per_sample_seeds: bool = True, threads: int = 1, sync: str = "full", role: str = "rollout",
                  max_restarts: int = 3, startup_timeout_s: float = 300.0, call_timeout_s: float = 600.0,
                  elastic: tuple[int, int] | None = None, shards_per_worker: int = 1, initial_model=None,
-                 vllm_kwargs: dict | None = None, transport: str = "object_store", prompt_embeds: bool = False):
+                 vllm_kwargs: dict | None = None, transport: str = "object_store", prompt_embeds: bool = False,
+                 bucket_bytes: int = BUCKET_BYTES):
         if sync not in ("full", "delta"):
             raise ValueError(f"sync is {sync!r}, expected 'full' or 'delta'")
         if transport not in ("object_store", "gloo", "nccl"):
@@ -95,8 +105,10 @@ class RayRolloutBackend:
         self.active: list[int] = []
         self.leaving: set[int] = set()
         self.version = 0
-        self._last: dict[str, torch.Tensor] | None = None  # wire state of the last push (None: the folder's weights)
-        self._full_ref = None
+        self.bucket_bytes = bucket_bytes
+        self.pushed = False  # any push yet (False: the workers sample the folder's weights)
+        self._last: dict[str, torch.Tensor] | None = None  # sync='delta': wire state of the last push, to diff with
+        self._full_refs: list | None = None  # the last push's full buckets in the object store (made when needed)
         self.sync_metrics: dict = {}
         self.running: set[int] = set()  # slots with a shard in flight
         self.redone_shards = 0  # shards handed out again after their worker died, hung or left
@@ -257,7 +269,7 @@ class RayRolloutBackend:
 
         while True:  # a replacement that dies or hangs while it takes the weights is itself replaced (and counted)
             handle = self.group.replace(slot, handle, cause)
-            if self._last is None:
+            if not self.pushed:
                 return
             try:
                 return self._push_full(handle)
@@ -265,98 +277,115 @@ class RayRolloutBackend:
                 cause = e
 
     # ------------------------------------------------------------------------------------ weights
-    def _full_payload(self):
+    def _full_payloads(self) -> list:
+        """The last push's weights as full buckets in the object store (sync='delta' puts them the first time a
+        worker needs them)."""
         import ray
 
-        if self._full_ref is None:
-            self._full_ref = ray.put(("full", self._last))
-        return self._full_ref
+        if self._full_refs is None:
+            self._full_refs = [ray.put(("full", dict(b))) for b in split_buckets(self._last.items(), self.bucket_bytes)]
+        return self._full_refs
 
     def _push_full(self, handle) -> None:
+        """One worker (joining, or replacing a lost one) gets the last push: every full bucket in turn, then its
+        version. The calls run in order on the actor; the ones still running past the timeout raise."""
         import ray
 
-        ray.get(handle.load.remote(self._full_payload(), self.version), timeout=self.call_timeout_s)
+        calls = [handle.load_part.remote(ref) for ref in self._full_payloads()]
+        ray.get([*calls, handle.loaded.remote(self.version)], timeout=self.call_timeout_s)
 
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
-        """Push the trainer's weights to every worker (full, or a delta against the last push); later samples carry
-        `version`. A worker lost during the push is replaced and given the full weights."""
+        """Push the trainer's weights to every worker, bucket by bucket (full, or a delta against the last push);
+        later samples carry `version`. A worker lost during the push is replaced and given the full weights."""
         import ray
 
         t0 = time.perf_counter()
-        new = wire_state(model, self.wire_dtype)
         r = self.role
-        stats = {f"cluster/{r}_sync_full_bytes": nbytes(new)}
-        if self.sync_mode == "delta" and self._last is not None:
-            delta = diff_state(self._last, new)
-            payload = ("delta", delta)
-            stats.update({f"cluster/{r}_sync_bytes": delta.sent_bytes,
-                          f"cluster/{r}_sync_changed_frac": delta.changed / max(delta.total, 1)})
-        else:
-            payload = ("full", new)
-            stats[f"cluster/{r}_sync_bytes"] = nbytes(new)
+        delta = self.sync_mode == "delta" and self._last is not None
+        full_bytes = sent_bytes = changed = total = 0
         with self._lock:
             slots = [s for s in self.active if s not in self.leaving]
-        if self.transport != "object_store":
-            self._last, self.version, self._full_ref = new, version, None
-            self._collective_push(new, slots, version)
-        else:
+        members = tuple((s, self.group.handles[s]) for s in slots)
+        collective = self.transport != "object_store"
+        if collective and (self._coll is None or members != self._coll_members):
+            members = self._form_group(members)
+        lost: dict[int, tuple] = {}  # slot -> (handle, cause): replaced once every bucket is out
+        refs, last = [], {} if self.sync_mode == "delta" else None
+        for bucket in wire_buckets(model, self.wire_dtype, self.bucket_bytes):
+            size = nbytes(bucket)
+            full_bytes += size
+            if delta:
+                d = diff_state(self._last, bucket)
+                changed, total, sent_bytes = changed + d.changed, total + d.total, sent_bytes + d.sent_bytes
+                payload, d = ("delta", d), None
+            else:
+                payload, sent_bytes = ("full", bucket), sent_bytes + size
+            if last is not None:
+                last.update(bucket)
             ref = ray.put(payload)
-            self._last, self.version = new, version
-            self._full_ref = ref if payload[0] == "full" else None
-            self._broadcast(ref, slots, version)
+            if not delta:
+                refs.append(ref)
+            live = tuple(m for m in members if m[0] not in lost)
+            if collective and self._coll is not None:
+                self._collective_bucket(bucket, live, lost)
+            else:
+                self._object_store_bucket(ref, live, lost)
+            del bucket, payload, ref
+        self.version, self.pushed = version, True
+        self._last, self._full_refs = last, (None if delta else refs)
+        calls = {h.loaded.remote(version): (s, h) for s, h in members if s not in lost}
+        self._wait(calls, lost, "weight push")
+        for slot, (handle, cause) in lost.items():
+            self._lost(slot, handle, cause)
+        stats = {f"cluster/{r}_sync_full_bytes": full_bytes, f"cluster/{r}_sync_bytes": sent_bytes}
+        if delta:
+            stats[f"cluster/{r}_sync_changed_frac"] = changed / max(total, 1)
         self.sync_metrics = {**stats, f"cluster/{r}_sync_s": time.perf_counter() - t0}
 
-    def _broadcast(self, ref, slots: list[int], version: int) -> None:
+    def _wait(self, calls: dict, lost: dict, what: str, wait_s: float | None = None, broke=None) -> None:
+        """Wait for `calls` (ref -> (slot, handle)); the ones lost, hung or (after a broken broadcast `broke`)
+        failed go into `lost`; any other failure is the backend's own and stops the step."""
         import ray
 
-        calls = {self.group.handles[s].load.remote(ref, version): (s, self.group.handles[s]) for s in slots}
-        ready, late = ray.wait(list(calls), num_returns=len(calls), timeout=self.call_timeout_s)
-        lost = [(calls[r], f"weight push ran past cluster.call_timeout_s = {self.call_timeout_s} s") for r in late]
-        for r in ready:
+        limit = f"cluster.call_timeout_s = {self.call_timeout_s} s" if wait_s is None else f"{wait_s} s"
+        wait_s = self.call_timeout_s if wait_s is None else wait_s
+        ready, late = ray.wait(list(calls), num_returns=len(calls), timeout=wait_s)
+        for ref in late:
+            lost[calls[ref][0]] = (calls[ref][1], f"{what} ran past {limit}")
+        for ref in ready:
             try:
-                ray.get(r)
+                ray.get(ref)
             except loss_errors() as e:
-                lost.append((calls[r], e))
+                lost[calls[ref][0]] = (calls[ref][1], e)
             except Exception as e:
-                raise user_error(e) from None
-        for (slot, handle), cause in lost:
-            self._lost(slot, handle, cause)
+                if broke is None:
+                    raise user_error(e) from None
+                lost[calls[ref][0]] = (calls[ref][1], f"its collective weight push broke off: {user_error(e)}")
+
+    def _object_store_bucket(self, ref, members: tuple, lost: dict) -> None:
+        """One bucket (an object-store ref) loaded by every member, each in turn after its earlier buckets."""
+        calls = {h.load_part.remote(ref): (s, h) for s, h in members}
+        self._wait(calls, lost, "weight push")
 
     # ------------------------------------------------------------------------------------ collective pushes
-    def _collective_push(self, new: dict, slots: list[int], version: int) -> None:
-        """A full push as one broadcast per bucket from here (rank 0) to the group's members, (re)formed first if
-        the pool's members changed. A member lost or hung during it is replaced and given the weights through the
-        object store; the group is formed again at the next push."""
-        import ray
-
+    def _collective_bucket(self, bucket: dict, members: tuple, lost: dict) -> None:
+        """One bucket as one broadcast (or a few, by dtype) from here (rank 0) to the group's members. A member lost
+        or hung during it is replaced once the push is done; the group is dropped then (formed again at the next
+        push), and the push's later buckets go through the object store."""
         from credo.distributed.ray.collective import broadcast_state, layout_of
 
-        members = tuple((s, self.group.handles[s]) for s in slots)
-        if self._coll is None or members != self._coll_members:
-            members = self._form_group(members)
-        calls = {h.receive.remote(layout_of(new), version): (s, h) for s, h in members}
+        calls = {h.receive_part.remote(layout_of(bucket)): (s, h) for s, h in members}
         try:
-            broadcast_state(self._coll, new)
+            broadcast_state(self._coll, bucket)
             failed = None
         except RuntimeError as e:  # a member died or hung mid-broadcast (the group's timeout is call_timeout_s)
             failed = e
         # after a failed broadcast a member may wait for bytes that never come: it is given a short grace only
         wait_s = self.call_timeout_s if failed is None else min(self.call_timeout_s, 10.0)
-        ready, late = ray.wait(list(calls), num_returns=len(calls), timeout=wait_s)
-        lost = [(calls[r], f"collective weight push ran past {wait_s} s") for r in late]
-        for r in ready:
-            try:
-                ray.get(r)
-            except loss_errors() as e:
-                lost.append((calls[r], e))
-            except Exception as e:
-                if failed is None:
-                    raise user_error(e) from None
-                lost.append((calls[r], f"its collective weight push broke off: {user_error(e)}"))
-        if failed is not None or lost:
+        before = len(lost)
+        self._wait(calls, lost, "collective weight push", wait_s, broke=failed)
+        if failed is not None or len(lost) > before:
             self._drop_group()
-        for (slot, handle), cause in lost:
-            self._lost(slot, handle, cause)
 
     def _form_group(self, members: tuple) -> tuple:
         """A new collective group of this process (rank 0) and `members` (ranks 1..), after a liveness check that
@@ -402,7 +431,7 @@ class RayRolloutBackend:
             if self.elastic and len(self.active) >= self.elastic[1]:
                 raise ValueError(f"role '{self.role}' already has {len(self.active)} workers, elastic max {self.elastic[1]}")
         slot = self.group.start(1)[0]
-        if self._last is not None:
+        if self.pushed:
             self._push_full(self.group.handles[slot])
         with self._lock:
             self.active.append(slot)

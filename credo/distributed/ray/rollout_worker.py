@@ -81,8 +81,8 @@ class RolloutWorker:
         """Tail batching's race (`credo.distributed.race`) on this worker's backend: a `RaceResult`."""
         return self.backend.generate_race(prompts, groups, seeds=seeds, **kwargs)
 
-    def load(self, payload: tuple, version: int) -> None:
-        """Apply a weight push: ('full', state) or ('delta', Delta); later samples carry `version`."""
+    def load_part(self, payload: tuple) -> None:
+        """Apply one bucket of a weight push: ('full', tensors) or ('delta', Delta); `loaded` ends the push."""
         kind, data = payload
         if kind == "full":
             load_full(self.target, data)
@@ -90,7 +90,6 @@ class RolloutWorker:
             apply_delta(self.target, data)
         else:
             raise ValueError(f"weight push of kind {kind!r}, expected 'full' or 'delta'")
-        self._loaded(version)
 
     def join_group(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
         """Join the trainer's collective group for weight pushes (a new one each time the pool's membership changes:
@@ -100,14 +99,18 @@ class RolloutWorker:
         self.group = None
         self.group = open_group(backend, host, port, rank, world, timeout_s)
 
-    def receive(self, layout: list, version: int) -> None:
-        """Take part in the trainer's broadcast of a full weight push (tensors as `layout` says); later samples carry
-        `version`."""
+    def receive_part(self, layout: list) -> None:
+        """Take part in the trainer's broadcast of one bucket of a full weight push (tensors as `layout` says);
+        `loaded` ends the push."""
         from credo.distributed.ray.collective import receive_state
 
         if self.group is None:
             raise RuntimeError("a collective weight push reached a rollout worker that has joined no group")
         load_full(self.target, receive_state(self.group, layout))
+
+    def loaded(self, version: int) -> None:
+        """Every bucket of a push is in: later samples carry `version` (a vllm worker, or one with FP8 weights,
+        first pushes the host's new weights into its engine / re-quantises them)."""
         self._loaded(version)
 
     def _loaded(self, version: int) -> None:

@@ -17,16 +17,26 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from credo.distributed.weight_sync import full_state_dict
+from credo.distributed.engines.weights import BUCKET_BYTES, weight_buckets
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def wire_state(model: torch.nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
     """A copy of the trainer's weights as they travel: HF names (tied aliases once), on the CPU, cast to `dtype`
-    (None: as they are), contiguous. Under ZeRO-3 this gathers the partitions, a collective every rank must join."""
-    state = full_state_dict(model)  # views of the live parameters: copied, so a later diff sees the change
-    return {k: v.detach().to("cpu", dtype or v.dtype, copy=True).contiguous() for k, v in state.items()}
+    (None: as they are), contiguous. Under ZeRO-3 or FSDP2 this gathers, a collective every rank must join."""
+    return {k: v for bucket in wire_buckets(model, dtype, BUCKET_BYTES) for k, v in bucket.items()}
+
+
+def wire_buckets(model: torch.nn.Module, dtype: torch.dtype | None, bucket_bytes: int):
+    """`wire_state` bucket by bucket (`credo.distributed.engines.weights.weight_buckets`: FSDP2 gathers each bucket
+    as it is asked for, DeepSpeed's views are cut in order): dicts of copies, about `bucket_bytes` of the trainer's
+    tensors each, so a push that drops each bucket before asking for the next holds one at a time."""
+    for bucket in weight_buckets(model, bucket_bytes=bucket_bytes):
+        # views of the live parameters (DeepSpeed) are copied, so a later diff sees the change
+        out = {k: v.detach().to("cpu", dtype or v.dtype, copy=True).contiguous() for k, v in bucket}
+        del bucket
+        yield out
 
 
 def nbytes(state: dict[str, torch.Tensor]) -> int:
