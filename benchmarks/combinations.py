@@ -1,12 +1,16 @@
 """Every combination of features either trains or is refused by `credo check` (issue 51): the matrix, generated from
 the tables themselves (the family recipes, the schedules in credo/schedules/, the rollout backends, local or Ray,
-packing on or off, the training engine, truncated sampling on or off, pi_old recomputed or the sampler's).
+packing on or off, the training engine, truncated sampling on or off, pi_old recomputed or the sampler's; the
+distillation teacher's placement as recipe variants).
 
     python benchmarks/combinations.py plan                  # every cell through `credo check`'s checks: accepted or
                                                             # refused (and why); seconds a cell
     python benchmarks/combinations.py train --jobs 1        # then a pairwise covering set of the accepted cells
                                                             # trains 2 steps each (short warm-ups), in subprocesses
     python benchmarks/combinations.py train --out docs/results/combinations.json
+    python benchmarks/combinations.py train --carry docs/results/combinations.json --out FILE
+                                                            # cells trained in FILE before count as trained; the
+                                                            # covering set trains only what covers the pairs left
 
 A cell is refused only by a ConfigError naming both keys at fault ('config keys ... and ...'); any other error, or an
 accepted cell that fails to train, is a failure of the matrix. tests/plan/test_combinations.py runs the plan step
@@ -22,15 +26,20 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
 RECIPES = ("quickstart", "ppo", "asyppo", "multiturn", "mipu", "attention_credit", "judge_reward", "rm_nlhf", "ce_rm",
-           "pgenrm", "complementary", "polymath", "palette", "shop", "longtail", "distill", "moe", "gateway_gem")
-"""Every family's recipe (the asynchronous recipes are schedules of these, so they are the schedule axis here)."""
-BACKENDS = ("hf", "vllm")
+           "pgenrm", "complementary", "polymath", "palette", "shop", "longtail", "distill", "moe", "gateway_gem",
+           "distill@worker", "distill@ray")
+"""Every family's recipe (the asynchronous recipes are schedules of these, so they are the schedule axis here).
+`recipe@variant` is a recipe with one of its family's placements (RECIPE_VARIANTS)."""
+RECIPE_VARIANTS = {"distill@worker": ["distill.placement=worker"], "distill@ray": ["distill.placement=ray"]}
+"""The distillation teacher in its own process, or as Ray actors (`distill.placement`; `trainer` is plain distill)."""
+BACKENDS = ("hf", "vllm", "vllm_async")
+"""rollout.backend, and vLLM's engine: offline `LLM` (vllm) or AsyncLLM (vllm_async: rollout.vllm_engine=async)."""
 ENGINES = ("local", "ray")
 PACKING = (False, True)
 TRAIN_ENGINES = ("deepspeed", "fsdp2")
@@ -70,7 +79,9 @@ class Cell:
 
     def overrides(self) -> list[str]:
         out = [] if self.schedule == "sync" else [f"stages.schedule={self.schedule}"]
-        out += [] if self.backend == "hf" else [f"rollout.backend={self.backend}"]
+        out += RECIPE_VARIANTS.get(self.recipe, [])
+        out += {"hf": [], "vllm": ["rollout.backend=vllm"],
+                "vllm_async": ["rollout.backend=vllm", "rollout.vllm_engine=async"]}[self.backend]
         out += [] if self.engine == "local" else ["cluster.engine=ray", "cluster.num_cpus=2"]
         out += ["algo.packing=true"] if self.packing else []
         out += [] if self.train_engine == "deepspeed" else [f"engine.backend={self.train_engine}"]
@@ -79,7 +90,7 @@ class Cell:
         return out
 
     def path(self) -> str:
-        return str(REPO / "recipes" / f"{self.recipe}.yaml")
+        return str(REPO / "recipes" / f"{self.recipe.partition('@')[0]}.yaml")
 
 
 def cells() -> list[Cell]:
@@ -112,14 +123,16 @@ def names_both_keys(message: str) -> bool:
     return message.startswith("config keys ") and " and " in message
 
 
-def covering(accepted: list[Cell]) -> list[Cell]:
+def covering(accepted: list[Cell], done: list[Cell] = ()) -> list[Cell]:
     """A pairwise covering subset of `accepted`: every pair of values of two factors that some accepted cell has is
-    in one chosen cell (greedy: the cell covering most uncovered pairs first)."""
+    in one chosen cell or in a cell of `done` (trained before) (greedy: the cell covering most uncovered pairs first)."""
     def pairs(c: Cell) -> set:
         values = list(enumerate(astuple(c)))
         return {(a, b) for a, b in itertools.combinations(values, 2)}
 
     uncovered = set().union(*(pairs(c) for c in accepted)) if accepted else set()
+    for c in done:
+        uncovered -= pairs(c)
     chosen = []
     while uncovered:
         best = max(accepted, key=lambda c: len(pairs(c) & uncovered))
@@ -145,7 +158,7 @@ def name(c: Cell) -> str:
 
 def train_cell(cell: Cell, out: Path, timeout_s: float = 1800) -> tuple[int, float, str]:
     """(return code, seconds, the last lines of stderr) of `credo run` on the cell, two steps after short warm-ups."""
-    over = cell.overrides() + FAST + FAST_BY_RECIPE.get(cell.recipe, []) + [f"run.output_dir={out}"]
+    over = cell.overrides() + FAST + FAST_BY_RECIPE.get(cell.recipe.partition("@")[0], []) + [f"run.output_dir={out}"]
     t0 = time.time()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     try:
@@ -167,6 +180,8 @@ def main() -> None:
     p.add_argument("--out", default=None, help="write every cell's outcome as JSON here")
     p.add_argument("--runs", default="/tmp/credo-combinations", help="run folders of the trained cells")
     p.add_argument("--only", nargs="*", default=None, help="recipes (default: all)")
+    p.add_argument("--carry", default=None,
+                   help="an earlier --out file: its trained cells keep their outcome and count as trained")
     p.add_argument("--resume", action="store_true",
                    help="a cell whose run folder already holds run.steps lines of metrics.jsonl is not trained again")
     args = p.parse_args()
@@ -176,6 +191,7 @@ def main() -> None:
             continue
         status, msg = plan_cell(cell, args.full)
         rows.append({**asdict(cell), "status": status, "message": msg})
+    carried = carry(args.carry, rows) if args.carry else []
     accepted = [Cell(**{k: r[k] for k in FACTORS}) for r in rows if r["status"] == "accepted"]
     refused = [r for r in rows if r["status"] == "refused"]
     print(f"{len(rows)} cells: {len(accepted)} accepted, {len(refused)} refused "
@@ -186,8 +202,9 @@ def main() -> None:
     for msg, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
         print(f"  {n:4d}  {msg}")
     if args.what == "train":
-        chosen = covering(accepted)
-        print(f"training a pairwise covering set of {len(chosen)} accepted cells", flush=True)
+        chosen = covering(accepted, done=carried)
+        print(f"training a pairwise covering set of {len(chosen)} accepted cells (beside {len(carried)} trained "
+              "before)", flush=True)
         for i, cell in enumerate(chosen):
             out = Path(args.runs) / f"{i:03d}-{name(cell)}"
             row = next(r for r in rows if tuple(r[k] for k in FACTORS) == astuple(cell))
@@ -204,6 +221,23 @@ def main() -> None:
                 write(args.out, rows)
     if args.out:
         write(args.out, rows)
+
+
+def carry(path: str, rows: list[dict]) -> list[Cell]:
+    """Copy the training outcome of every cell trained in the file `path` (matched by its factors; a factor the file
+    lacks is at its first value) onto `rows`; the cells that trained there and are accepted now."""
+    defaults = {f.name: f.default for f in fields(Cell) if f.default is not MISSING}
+    earlier = {}
+    for r in json.loads(Path(path).read_text())["cells"]:
+        if r.get("trained"):
+            earlier[tuple(r.get(k, defaults.get(k)) for k in FACTORS)] = r
+    done = []
+    for row in rows:
+        old = earlier.get(tuple(row[k] for k in FACTORS))
+        if old is not None and row["status"] == "accepted":
+            row.update({k: old[k] for k in ("trained", "rc", "seconds", "tail") if k in old}, carried=True)
+            done.append(Cell(**{k: row[k] for k in FACTORS}))
+    return done
 
 
 def trained_steps(out: Path) -> int:

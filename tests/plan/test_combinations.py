@@ -1,5 +1,6 @@
 """Every combination of features either trains or is refused by `credo check` (issue 51). The matrix is generated
-from the tables (benchmarks/combinations.py): family recipes x schedules x {hf, vllm} x {local, Ray} x packing.
+from the tables (benchmarks/combinations.py): family recipes (and the teacher's placements) x schedules x {hf, vllm,
+vllm async} x {local, Ray} x packing x training engine x truncation x pi_old.
 Here: of the three combinations that used to pass `credo check` and crash at step 1, one is refused by it naming
 both keys and two are accepted (the Ray pool gained what they need);
 a pairwise cover of the matrix goes through the plan's checks (the whole matrix is a heavy test); four accepted cells train
@@ -51,7 +52,7 @@ def test_the_other_two_are_accepted_now_that_the_ray_pool_races_and_carries_soft
 @pytest.mark.parametrize("cell", comb.covering(comb.cells()), ids=comb.name)
 def test_each_cell_of_a_pairwise_cover_is_accepted_or_refused_naming_both_keys(cell):
     """Every pair of values of two factors (recipe x schedule, backend x training engine, ...) is in one cell here;
-    the whole matrix (4,608 cells) is the heavy test below."""
+    the whole matrix (7,680 cells) is the heavy test below."""
     status, message = comb.plan_cell(cell)
     assert status == "accepted" or comb.names_both_keys(message), message
 
@@ -81,3 +82,22 @@ def test_accepted_cells_train_two_steps(cell, tmp_path):
     assert comb.plan_cell(cell) == ("accepted", "")
     rc, _, tail = comb.train_cell(cell, tmp_path / "run", timeout_s=600)
     assert rc == 0, tail
+
+
+def test_cells_trained_before_leave_only_the_pairs_they_miss():
+    """`train --carry`: the covering set beside cells trained earlier covers exactly the pairs they leave."""
+    pairs = lambda c: {(a, b) for a, b in __import__("itertools").combinations(enumerate(comb.astuple(c)), 2)}  # noqa: E731
+    cells = [c for c in comb.cells() if c.recipe in ("quickstart", "distill@ray")]
+    done = comb.covering(cells)[:4]
+    rest = comb.covering(cells, done=done)
+    assert set().union(*map(pairs, done + rest)) == set().union(*map(pairs, cells))
+    assert not set(rest) & set(done) and len(rest) < len(comb.covering(cells))
+
+
+def test_the_new_axes_are_overrides_of_the_recipes():
+    c = comb.Cell("distill@worker", "sync", "vllm_async", "local", False)
+    assert c.path().endswith("recipes/distill.yaml") and c.overrides() == [
+        "distill.placement=worker", "rollout.backend=vllm", "rollout.vllm_engine=async"]
+    assert comb.plan_cell(c) == ("accepted", "")
+    status, message = comb.plan_cell(comb.Cell("distill@ray", "sync", "hf", "local", False))
+    assert status == "refused" and "'distill.placement' and 'cluster.engine'" in message
