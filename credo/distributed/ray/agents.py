@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import time
 
-from credo.distributed.ray.config import _fmt, role_request
-from credo.distributed.ray.runtime import ClusterWorkerError, RoleStats, loss_errors, user_error
+from credo.distributed.ray.config import role_request
+from credo.distributed.ray.runtime import (ClusterWorkerError, RoleStats, loss_errors, not_started_error,
+                                          user_error)
 
 
 def gateway_host(cluster) -> str:
@@ -160,15 +161,8 @@ class RayAgentRunner:
         return True
 
     def _not_started(self, queued: int) -> ClusterWorkerError:
-        import ray
-
-        total, free = ray.cluster_resources(), ray.available_resources()
-        return ClusterWorkerError(
-            f"role '{self.role}': {queued} agent task(s) asking for {_fmt(self.resources)} did not start within "
-            f"cluster.startup_timeout_s = {self.startup_timeout_s} s; the cluster offers "
-            f"{_fmt({k: total.get(k, 0.0) for k in self.resources})} in all, "
-            f"{_fmt({k: free.get(k, 0.0) for k in self.resources})} free (the other roles' workers hold the rest): "
-            "lower cluster.agent.resources or the other roles'")
+        return not_started_error(self.role, "agent", queued, self.resources, self.startup_timeout_s,
+                                 "lower cluster.agent.resources or the other roles'")
 
     def metrics(self) -> dict:
         """`cluster/agent_*` since the last call; `workers` is the most tasks in flight at once."""

@@ -27,7 +27,8 @@ import time
 from collections import deque
 
 from credo.distributed.ray.config import resources_of, role_request
-from credo.distributed.ray.runtime import ClusterWorkerError, RoleStats, loss_errors, user_error
+from credo.distributed.ray.runtime import (ClusterWorkerError, RoleStats, loss_errors, not_started_error,
+                                          user_error)
 from credo.rewards.worker import GroupRewardFn, RewardResult, note_failure, tally
 
 
@@ -111,20 +112,13 @@ class RayRewardWorker:
         or no node offers the request): a ClusterWorkerError naming the role, not a timeout to retry forever."""
         import ray
 
-        from credo.distributed.ray.config import _fmt
-
         if not any(e[2] is None and now >= e[1] + self.startup_timeout_s for e in inflight.values()):
             return
         queued = sum(e[2] is None for e in inflight.values())
         for task in inflight:
             ray.cancel(task, force=True)
-        total, free = ray.cluster_resources(), ray.available_resources()
-        raise ClusterWorkerError(
-            f"role '{self.role}': {queued} reward task(s) asking for {_fmt(self.resources)} did not start within "
-            f"cluster.startup_timeout_s = {self.startup_timeout_s} s; the cluster offers "
-            f"{_fmt({k: total.get(k, 0.0) for k in self.resources})} in all, "
-            f"{_fmt({k: free.get(k, 0.0) for k in self.resources})} free (the other roles' workers hold the rest): "
-            "lower cluster.rollout.workers or their resources")
+        raise not_started_error(self.role, "reward", queued, self.resources, self.startup_timeout_s,
+                                "lower cluster.rollout.workers or their resources")
 
     def _deadline(self, entry: list) -> float:
         i, dispatched, started = entry

@@ -62,6 +62,22 @@ def connect(cfg: ClusterConfig, *, roles: tuple[str, ...] = (), verbose: bool = 
     return time.perf_counter() - t0
 
 
+def not_started_error(role: str, what: str, queued: int, resources: dict, timeout_s: float,
+                      hint: str) -> ClusterWorkerError:
+    """Queued Ray tasks of `role` that no node started within cluster.startup_timeout_s: what they ask, what the
+    cluster offers in all and free, and `hint` (which key to lower)."""
+    import ray
+
+    from credo.distributed.ray.config import _fmt
+
+    total, free = ray.cluster_resources(), ray.available_resources()
+    return ClusterWorkerError(
+        f"role '{role}': {queued} {what} task(s) asking for {_fmt(resources)} did not start within "
+        f"cluster.startup_timeout_s = {timeout_s} s; the cluster offers "
+        f"{_fmt({k: total.get(k, 0.0) for k in resources})} in all, "
+        f"{_fmt({k: free.get(k, 0.0) for k in resources})} free (the other roles' workers hold the rest): {hint}")
+
+
 def join_error(address: str, e: BaseException) -> ConfigError:
     """`ray.init(address=...)`'s ConnectionError as one line naming cluster.address. A cluster that refused this
     client's token says so only in the error's cause (and in Ray's log lines): Ray sends its token on its own only
