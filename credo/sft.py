@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from credo.config import Recipe
+from credo.config import ConfigError, Recipe
 from credo.family import warmup_digest
 from credo.tasks.render import prompt_renderer
 from credo.models import cache_root, check_vocab, load_causal_lm, load_tokenizer, resolve_model_path
@@ -133,11 +133,13 @@ def kernel_fingerprint() -> dict:
 
 
 def sft_digest(r: Recipe) -> dict:
-    """The `sft` settings as the warm-up's key hashes them: micro_batch_tokens only when on, so the keys of warm-ups
-    cached before it existed still match (micro-batches sum the gradient in another order: other bits)."""
+    """The `sft` settings as the warm-up's key hashes them: micro_batch_tokens and mask_observations only when on, so
+    the keys of warm-ups cached before they existed still match (micro-batches sum the gradient in another order:
+    other bits)."""
     d = asdict(r.sft)
-    if d["micro_batch_tokens"] == 0:
-        d.pop("micro_batch_tokens")
+    for k in ("micro_batch_tokens", "mask_observations"):  # off: out of the key, as before they existed
+        if not d[k]:
+            d.pop(k)
     return d
 
 
@@ -178,6 +180,32 @@ def encode_pair(tokenizer, prompt: str, answer: str) -> tuple[list[int], list[in
     p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return p + a, [0] * len(p) + [1] * len(a)
+
+
+def encode_parts(tokenizer, prompt: str, parts: list[tuple[str, bool]], suffix: str = "") -> tuple[list[int], list[int]]:
+    """:func:`encode_pair` with the answer in pieces, each (text, trained): a piece is tokenized on its own, as the
+    multi-turn source tokenizes each turn and observation, and gets loss mask 1 if trained, else 0; EOS (mask 1) and
+    `suffix` (appended to the last piece) as there."""
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    mask = [0] * len(ids)
+    for k, (text, trained) in enumerate(parts):
+        piece = tokenizer(text + (suffix if k == len(parts) - 1 else ""), add_special_tokens=False)["input_ids"]
+        ids, mask = ids + piece, mask + [int(trained)] * len(piece)
+    return ids + [tokenizer.eos_token_id], mask + [1]
+
+
+def demonstration_ids(r: Recipe, tokenizer, prompt: str, problem, noisy: bool) -> tuple[list[int], list[int]]:
+    """One warm-up demonstration's token ids and loss mask: the whole answer (encode_pair), or with
+    `sft.mask_observations` only the pieces of `problem.meta['answer_parts']` that are the model's own."""
+    suffix = "." if noisy else ""  # noisy demonstrations stand in for imperfect SFT data: right answer, wrong format
+    if not r.sft.mask_observations:
+        return encode_pair(tokenizer, prompt, problem.answer + suffix)
+    parts = problem.meta.get("answer_parts")
+    if parts is None:
+        raise ConfigError(f"config key 'sft.mask_observations' is on, but the task '{r.task.name}' gives its "
+                          "demonstrations as one answer, with no observations to mask (only a multi-turn env's "
+                          "expert episodes have them): expected sft.mask_observations: false")
+    return encode_parts(tokenizer, prompt, parts, suffix)
 
 
 def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -252,8 +280,7 @@ def run_sft(r: Recipe, base_path: str, task, *, log=print) -> tuple[str, str]:
         idx = torch.randint(0, len(task), (r.sft.batch_size,), generator=gen).tolist()
         noisy = (torch.rand(len(idx), generator=gen) < r.sft.noisy_frac).tolist()
         problems = [task.train(r.sft.data_offset + i) for i in idx]
-        # noisy demonstrations stand in for imperfect SFT data: right answer, wrong format
-        pairs = [encode_pair(tok, render(p), p.answer + ("." if bad else "")) for p, bad in zip(problems, noisy)]
+        pairs = [demonstration_ids(r, tok, render(p), p, bad) for p, bad in zip(problems, noisy)]
         opt.zero_grad(set_to_none=True)
         loss, passes = backward_batch(model, pairs, r.sft.micro_batch_tokens, tok.pad_token_id)
         flops += sum(flops_per_step(shape, *p) for p in passes)

@@ -126,6 +126,9 @@ class SFTConfig:
     micro_batch_tokens: int = ranged(0, ge=0, note="0 = the whole batch in one pass")
     """> 0: each step's batch, sorted by length, runs in micro-batches of at most this many padded tokens with
     gradients accumulated (the same token-mean loss), so short demonstrations are not padded to the batch's longest."""
+    mask_observations: bool = False
+    """Multi-turn warm-ups: train on the model's own turns only (each action and its EOS), the env's observations
+    between them loss-masked as the RL loss masks them; false: the whole episode, observations included."""
 
 
 @dataclass

@@ -152,5 +152,5 @@ def test_env_task_renders_the_first_observation_as_every_other_without_a_chat_te
     first = make_env(r.env.id, **dict(r.env.kwargs)).reset(seed=DEMO_SEED_BASE)[0]
     problem = task.train(0)
     # the tiny model's tokenizer has no chat template: the first observation is an observation block
-    assert problem.prompt == f"\n{first}\n" and problem.meta == {"env_seed": DEMO_SEED_BASE}
+    assert problem.prompt == f"\n{first}\n" and problem.meta["env_seed"] == DEMO_SEED_BASE
     assert problem.answer  # the expert episode's actions
