@@ -3,6 +3,7 @@ bucket, into a vLLM engine and to the Ray pool, under each training engine, in o
 
     python benchmarks/push_memory.py --out push_memory.json
     python benchmarks/push_memory.py --targets vllm-shm ray --engines fsdp2 --bucket-mib 16
+    python benchmarks/push_memory.py --targets vllm-shm --engines zero3    # DeepSpeed ZeRO-3 (one process)
 
 The model is a randomly initialised tiny-config Qwen2 (`--hidden 768 --layers 8`: about 50M parameters, 200 MB in
 fp32), built from a transformers config into a temporary folder (no hub). Each arm runs in a fresh child process
@@ -90,12 +91,13 @@ def arm(target: str, engine_name: str, bucket_bytes: int, model_dir: str) -> dic
     from credo.distributed.engine import setup_distributed
     from credo.distributed.engines import make_engine
 
-    setup_distributed(backend=engine_name)
+    backend, zero_stage = ("deepspeed", 3) if engine_name == "zero3" else (engine_name, 1)
+    setup_distributed(backend=backend)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    engine = make_engine(engine_name, model, lr=1e-5, betas=(0.9, 0.999), weight_decay=0.0, grad_clip=1.0,
-                         warmup_steps=0, grad_accum=1, bf16=False, micro_batch=1, zero_stage=1)
+    engine = make_engine(backend, model, lr=1e-5, betas=(0.9, 0.999), weight_decay=0.0, grad_clip=1.0,
+                         warmup_steps=0, grad_accum=1, bf16=False, micro_batch=1, zero_stage=zero_stage)
     module = engine.module
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    nbytes = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in model.parameters())  # ZeRO-3: full sizes
     shm_files = []  # sizes of the safetensors files the vLLM push writes to /dev/shm (RAM outside this process)
     save_file = safetensors.torch.save_file
 
@@ -132,7 +134,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--targets", nargs="+", default=["vllm-shm", "vllm-bytes", "ray"],
                    choices=["vllm-shm", "vllm-bytes", "ray"])
-    p.add_argument("--engines", nargs="+", default=["deepspeed", "fsdp2"], choices=["deepspeed", "fsdp2"])
+    p.add_argument("--engines", nargs="+", default=["deepspeed", "fsdp2"], choices=["deepspeed", "fsdp2", "zero3"])  # zero3: DeepSpeed ZeRO-3
     p.add_argument("--bucket-mib", type=float, default=16.0)
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--layers", type=int, default=8)

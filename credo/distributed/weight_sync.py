@@ -47,6 +47,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -71,6 +72,39 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
 def is_zero3(model: torch.nn.Module) -> bool:
     """True when DeepSpeed ZeRO-3 partitions the parameters (each rank holds a shard, ``ds_id`` set)."""
     return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+def zero3_buckets(model: torch.nn.Module, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """ZeRO-3's full weights for a push, bucket by bucket: :func:`full_state_dict`'s names, order and values, but
+    each bucket's parameters are gathered (``GatheredParameters``, a collective every rank joins, in the same order),
+    copied to the CPU and released before the next bucket is gathered, so a rank holds at most one bucket of full
+    parameters (plus its own shards), not the whole model. Buckets close once they hold `bucket_bytes` (sizes from
+    the full shapes, ``ds_shape``), as :func:`credo.distributed.engines.weights.split_buckets` closes them; 0: one
+    bucket, the whole model gathered at once as before."""
+    import deepspeed
+
+    model = unwrap_model(model)
+    entries, seen = [], set()
+    for name, t in model.state_dict(keep_vars=True).items():  # keep_vars: the Parameters, so a tied one is one object
+        key = id(t) if isinstance(t, torch.nn.Parameter) else None
+        if key is not None and key in seen:
+            continue  # a tied alias (lm_head.weight after embed_tokens.weight), dropped as dedupe_tied drops it
+        seen.add(key)
+        entries.append((name, t))
+
+    def nbytes(t: torch.Tensor) -> int:
+        return (t.ds_numel if hasattr(t, "ds_numel") else t.numel()) * t.element_size()
+
+    group, size = [], 0
+    for i, (name, t) in enumerate(entries):
+        group.append((name, t))
+        size += nbytes(t)
+        if (bucket_bytes and size >= bucket_bytes) or i == len(entries) - 1:
+            params = [x for _, x in group if hasattr(x, "ds_id")]
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+                bucket = [(n, x.detach().to("cpu", copy=True)) for n, x in group]
+            yield bucket  # the gather is released before the consumer sees the bucket
+            group, size = [], 0
 
 
 def dedupe_tied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

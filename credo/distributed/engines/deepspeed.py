@@ -99,12 +99,15 @@ class DeepSpeedEngine:
             return {k: v.detach().cpu().clone() for k, v in policy_state_dict(self.module).items()}
 
     def weight_buckets(self, bucket_bytes: int = 0, dst: int | None = None):
-        """The weights a push reads: `weight_sync.full_state_dict` (ZeRO 0-2: views of the live tensors; ZeRO-3:
-        gathered all at once, a collective) cut into buckets of `bucket_bytes` (0: one bucket), on every rank
-        (`dst`: unused)."""
+        """The weights a push reads: `weight_sync.full_state_dict` (ZeRO 0-2: views of the live tensors) cut into
+        buckets of `bucket_bytes` (0: one bucket), on every rank (`dst`: unused); ZeRO-3: each bucket's parameters
+        gathered, copied to the CPU and released in turn (`weight_sync.zero3_buckets`, a collective)."""
         from credo.distributed.engines.weights import split_buckets
-        from credo.distributed.weight_sync import full_state_dict
+        from credo.distributed.weight_sync import full_state_dict, zero3_buckets
 
+        if self.zero_stage >= 3:
+            yield from zero3_buckets(self.module, bucket_bytes)
+            return
         state = full_state_dict(self.module)
         if not bucket_bytes:
             yield list(state.items())

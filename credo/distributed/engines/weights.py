@@ -60,13 +60,17 @@ def weight_buckets(model: torch.nn.Module, *, bucket_bytes: int = BUCKET_BYTES,
                    dst: int | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """The policy's full weights as buckets of (name, tensor): gathered by its registered engine (collective), or
     `weight_sync.full_state_dict(model)` cut into buckets in order (DeepSpeed: views of the live tensors; ZeRO-3:
-    gathered whole first), each closed once it holds `bucket_bytes`, as the gathered ones are."""
+    each bucket gathered, copied and released in turn, `weight_sync.zero3_buckets`), each closed once it holds
+    `bucket_bytes`, as the gathered ones are."""
     engine = engine_of(model)
     if engine is not None:
         yield from engine.weight_buckets(bucket_bytes=bucket_bytes, dst=dst)
         return
-    from credo.distributed.weight_sync import full_state_dict
+    from credo.distributed.weight_sync import full_state_dict, is_zero3, unwrap_model, zero3_buckets
 
+    if is_zero3(unwrap_model(model)):  # gathered bucket by bucket, never the whole model at once
+        yield from zero3_buckets(model, bucket_bytes)
+        return
     yield from split_buckets(full_state_dict(model).items(), bucket_bytes)
 
 
