@@ -33,15 +33,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 RECIPES = ("quickstart", "ppo", "asyppo", "multiturn", "mipu", "attention_credit", "judge_reward", "rm_nlhf", "ce_rm",
            "pgenrm", "complementary", "polymath", "palette", "shop", "longtail", "distill", "moe", "gateway_gem",
-           "distill@worker", "distill@ray")
+           "distill@worker", "distill@ray", "gateway_gem@ray")
 """Every family's recipe (the asynchronous recipes are schedules of these, so they are the schedule axis here).
 `recipe@variant` is a recipe with one of its family's placements (RECIPE_VARIANTS)."""
 # distill@ray: the teacher's actor beside the rollout's on a 2-CPU Ray, half a CPU each (whole CPUs: 3 asked of 2,
 # refused by `credo check`'s placement check; the first train run of 2026-12-07 met it at two cells)
 RECIPE_VARIANTS = {"distill@worker": ["distill.placement=worker"],
                    "distill@ray": ["distill.placement=ray", "cluster.teacher.resources={CPU: 0.5}",
-                                   "cluster.rollout.resources={CPU: 0.5}"]}
-"""The distillation teacher in its own process, or as Ray actors (`distill.placement`; `trainer` is plain distill)."""
+                                   "cluster.rollout.resources={CPU: 0.5}"],
+                   "gateway_gem@ray": ["agent.placement=ray"]}  # the agent's episodes as Ray tasks (docs/gateway.md)
+"""The distillation teacher in its own process, or as Ray actors (`distill.placement`; `trainer` is plain distill);
+the gateway agent's episodes as Ray tasks (`agent.placement: ray`; plain gateway_gem runs them in threads)."""
 BACKENDS = ("hf", "vllm", "vllm_async")
 """rollout.backend, and vLLM's engine: offline `LLM` (vllm) or AsyncLLM (vllm_async: rollout.vllm_engine=async)."""
 ENGINES = ("local", "ray")
