@@ -52,7 +52,7 @@ def test_the_other_two_are_accepted_now_that_the_ray_pool_races_and_carries_soft
 @pytest.mark.parametrize("cell", comb.covering(comb.cells()), ids=comb.name)
 def test_each_cell_of_a_pairwise_cover_is_accepted_or_refused_naming_both_keys(cell):
     """Every pair of values of two factors (recipe x schedule, backend x training engine, ...) is in one cell here;
-    the whole matrix (7,680 cells) is the heavy test below."""
+    the whole matrix (8,064 cells) is the heavy test below."""
     status, message = comb.plan_cell(cell)
     assert status == "accepted" or comb.names_both_keys(message), message
 
