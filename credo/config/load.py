@@ -291,9 +291,11 @@ def _check_combinations(r: Recipe) -> None:
     """Core settings that are each in range but cannot work together."""
     if r.run.eval_samples != 1 and r.run.eval_temperature == 0:
         raise out_of_range("run.eval_samples", r.run.eval_samples, "1 when decoding greedily (run.eval_temperature = 0)")
-    if r.sft.mask_observations and r.stages.rollout != "multiturn":  # only an env's expert episodes have observations
+    # only a multi-turn env's expert episodes and an agent's demonstrations (agent.demos) have observations to mask
+    if r.sft.mask_observations and r.stages.rollout != "multiturn" and not (r.rollout.agent and getattr(getattr(r, "agent", None), "demos", None)):
         raise out_of_range("sft.mask_observations", True, "false unless stages.rollout is 'multiturn' (a multi-turn "
-                           f"env's expert episodes); stages.rollout is '{r.stages.rollout}'")
+                           "env's expert episodes) or rollout.agent is set with agent.demos (an agent's "
+                           f"demonstrations); stages.rollout is '{r.stages.rollout}'")
     t = r.model.tiny
     if t.hidden_size % t.num_heads:
         raise out_of_range("model.tiny.num_heads", t.num_heads, "a divisor of hidden_size")

@@ -60,3 +60,41 @@ def test_without_agent_tasks_the_rows_are_the_recipe_tasks_problems():
     q = arithmetic.eval_problems()[2]
     assert agent_task.row(2, "eval") == {"prompt": q.prompt, "answer": q.answer, **q.meta}
     assert agent_task.train(7).prompt == p.prompt and len(agent_task) == len(arithmetic)  # the task's own warm-up
+
+
+@pytest.mark.parametrize("example", ["openai_guess", "agents_sdk_shop"])
+def test_the_agents_own_turns_are_the_trained_pieces_of_a_demonstration(example):
+    """sft.mask_observations on an agent's demonstrations: the trained pieces are exactly the text the policy samples
+    through the gateway at each assistant turn (the tool call and its closing EOS; the last one's EOS is the one the
+    warm-up appends), everything else (generation prompts, tool outputs, the template's newlines) is masked, and the
+    ids are those of the whole-answer warm-up."""
+    import importlib
+
+    from credo.config import load_recipe
+    from credo.families.agent.task import demonstration_problem
+    from credo.gateway.chat import check_messages, render
+    from credo.models import build_char_tokenizer
+    from credo.sft import demonstration_ids, encode_pair
+
+    mod = importlib.import_module(f"credo.gateway.examples.{example}")
+    recipe = {"openai_guess": "recipes/gateway_gem.yaml", "agents_sdk_shop": "recipes/gateway_shop.yaml"}[example]
+    r = load_recipe(recipe, ["sft.mask_observations=true"])  # accepted: an agent with demonstrations
+    tok = build_char_tokenizer()
+    for i in range(4):
+        demo = mod.demonstration(i)
+        p = demonstration_problem(tok, demo, "agent.demos")
+        parts = p.meta["answer_parts"]
+        assert "".join(t for t, _ in parts) == p.answer
+        msgs, tools = check_messages(demo["messages"]), demo.get("tools") or None
+        sampled = []  # what each assistant turn's call to the gateway samples: the rendered turn through its EOS
+        for k, m in enumerate(msgs):
+            if m["role"] == "assistant":
+                before = render(tok, msgs[:k], tools)
+                turn = render(tok, msgs[:k + 1], tools, generation_prompt=False)[len(before):]
+                sampled.append(turn[:turn.rindex(tok.eos_token) + len(tok.eos_token)])
+        trained = [t for t, own in parts if own]
+        assert trained == sampled[:-1] + [sampled[-1][:-len(tok.eos_token)]]
+        assert all("<|im_start|>" in t for t, own in parts if not own)  # masked: the template's turns, tool outputs
+        ids, mask = demonstration_ids(r, tok, p.prompt, p, noisy=False)
+        assert ids == encode_pair(tok, p.prompt, p.answer)[0]
+        assert tok.decode([t for t, m in zip(ids, mask) if m], skip_special_tokens=False) == "".join(sampled)

@@ -6,7 +6,8 @@ task_row(index, split) with split 'train' or 'eval') when set, else the recipe t
 conversations when set: demonstration(i) -> {'messages': [...], 'tools': [...]}, rendered by the gateway's own chat
 template, so the policy is warmed up on exactly the text it will be asked to continue through the gateway. The
 prompt is the conversation up to its first assistant turn (with the generation prompt), the answer everything
-after (tool outputs included, as the multi-turn family's warm-up; the warm-up appends the final EOS).
+after (tool outputs included, as the multi-turn family's warm-up; the warm-up appends the final EOS), unless
+`sft.mask_observations`: then only the agent's own turns are trained (`meta['answer_parts']`, agent_turn_parts).
 """
 
 from __future__ import annotations
@@ -42,7 +43,42 @@ def demonstration_problem(tokenizer, demo: Any, where: str, template: str | None
     eos = tokenizer.eos_token or ""
     if eos and answer.endswith(eos):
         answer = answer[:-len(eos)]  # the warm-up appends the EOS token itself
-    return Problem(prompt=prompt, answer=answer, meta={"demonstration": True})
+    parts = agent_turn_parts(tokenizer, messages, tools, template, full, len(prompt), len(answer), where)
+    return Problem(prompt=prompt, answer=answer, meta={"demonstration": True, "answer_parts": parts})
+
+
+def agent_turn_parts(tokenizer, messages: list[dict], tools, template, full: str, start: int, length: int,
+                     where: str) -> list[tuple[str, bool]]:
+    """The answer full[start:start + length] in pieces (text, the agent's own): each assistant turn from after its
+    generation prompt through its closing EOS is what the policy samples through the gateway (mask 1 there); the
+    generation prompts, the tool outputs and the template's other text are not (mask 0), as the gateway's capture
+    masks them (`sft.mask_observations` trains on the agent's pieces only)."""
+    from credo.gateway.chat import render
+
+    eos = tokenizer.eos_token or ""
+    spans = []
+    for k, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = render(tokenizer, messages[:k], tools, template=template)  # the call that sampled this turn
+        upto = render(tokenizer, messages[:k + 1], tools, generation_prompt=False, template=template)
+        if not (upto.startswith(before) and full.startswith(upto)):
+            raise ConfigError(f"{where}: the chat template renders a conversation's start differently from the "
+                              f"call that samples its assistant turn {k}; its turns cannot be told from the template's "
+                              "text (sft.mask_observations needs them)")
+        close = upto.rfind(eos) if eos else -1
+        spans.append((len(before), close + len(eos) if close >= len(before) else len(upto)))
+    parts, pos, end = [], start, start + length
+    for a, b in spans:
+        a, b = max(a, start), min(b, end)
+        if a > pos:
+            parts.append((full[pos:a], False))
+        if b > a:
+            parts.append((full[a:b], True))
+            pos = b
+    if pos < end:
+        parts.append((full[pos:end], False))
+    return parts
 
 
 class AgentTask:
