@@ -177,9 +177,7 @@ def tiny_model_stand_in_key(r: Recipe) -> str:
 
 def encode_pair(tokenizer, prompt: str, answer: str) -> tuple[list[int], list[int]]:
     """Token ids of prompt + answer + EOS, and the loss mask (answer and EOS only)."""
-    p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return p + a, [0] * len(p) + [1] * len(a)
+    return encode_parts(tokenizer, prompt, [(answer, True)])
 
 
 def encode_parts(tokenizer, prompt: str, parts: list[tuple[str, bool]], suffix: str = "") -> tuple[list[int], list[int]]:

@@ -92,19 +92,16 @@ def zero3_buckets(model: torch.nn.Module, bucket_bytes: int) -> Iterator[list[tu
         seen.add(key)
         entries.append((name, t))
 
-    def nbytes(t: torch.Tensor) -> int:
+    from credo.distributed.engines.weights import split_buckets
+
+    def full_nbytes(t: torch.Tensor) -> int:  # a partitioned parameter's own numel is its shard's
         return (t.ds_numel if hasattr(t, "ds_numel") else t.numel()) * t.element_size()
 
-    group, size = [], 0
-    for i, (name, t) in enumerate(entries):
-        group.append((name, t))
-        size += nbytes(t)
-        if (bucket_bytes and size >= bucket_bytes) or i == len(entries) - 1:
-            params = [x for _, x in group if hasattr(x, "ds_id")]
-            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-                bucket = [(n, x.detach().to("cpu", copy=True)) for n, x in group]
-            yield bucket  # the gather is released before the consumer sees the bucket
-            group, size = [], 0
+    for group in split_buckets(entries, bucket_bytes or 1 << 62, nbytes=full_nbytes):
+        params = [x for _, x in group if hasattr(x, "ds_id")]
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            bucket = [(n, x.detach().to("cpu", copy=True)) for n, x in group]
+        yield bucket  # the gather is released before the consumer sees the bucket
 
 
 def dedupe_tied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -79,10 +79,14 @@ def test_the_agents_own_turns_are_the_trained_pieces_of_a_demonstration(example)
     mod = importlib.import_module(f"credo.gateway.examples.{example}")
     recipe = {"openai_guess": "recipes/gateway_gem.yaml", "agents_sdk_shop": "recipes/gateway_shop.yaml"}[example]
     r = load_recipe(recipe, ["sft.mask_observations=true"])  # accepted: an agent with demonstrations
+    from credo.families.agent.build import task
+
+    assert task(r).train(0).meta["answer_parts"]  # the recipe's warm-up task marks the turns when it masks
     tok = build_char_tokenizer()
     for i in range(4):
         demo = mod.demonstration(i)
-        p = demonstration_problem(tok, demo, "agent.demos")
+        assert "answer_parts" not in demonstration_problem(tok, demo, "agent.demos").meta  # only when masking
+        p = demonstration_problem(tok, demo, "agent.demos", turn_parts=True)
         parts = p.meta["answer_parts"]
         assert "".join(t for t, _ in parts) == p.answer
         msgs, tools = check_messages(demo["messages"]), demo.get("tools") or None

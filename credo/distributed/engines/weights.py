@@ -74,14 +74,15 @@ def weight_buckets(model: torch.nn.Module, *, bucket_bytes: int = BUCKET_BYTES,
     yield from split_buckets(full_state_dict(model).items(), bucket_bytes)
 
 
-def split_buckets(items, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def split_buckets(items, bucket_bytes: int, nbytes=None) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """(name, tensor) pairs in order, cut into buckets closed once they hold `bucket_bytes` (a tensor larger than
-    that ends its bucket alone); no bucket is empty."""
+    that ends its bucket alone); no bucket is empty. `nbytes(tensor)`: a tensor's size (default: its own bytes;
+    ZeRO-3 passes the full size of a partitioned parameter)."""
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, t in items:
         bucket.append((name, t))
-        size += t.numel() * t.element_size()
+        size += nbytes(t) if nbytes is not None else t.numel() * t.element_size()
         if size >= bucket_bytes:
             yield bucket
             bucket, size = [], 0

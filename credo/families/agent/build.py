@@ -91,9 +91,9 @@ def task(r):
         from credo.families.agent.task import demonstration_problem
 
         demonstration_problem(tokenizer, demos(0), f"config key 'agent.demos' = '{r.agent.demos}'",  # fails now
-                              template=chat_template(r.agent.chat_template))
+                              template=chat_template(r.agent.chat_template), turn_parts=r.sft.mask_observations)
     return AgentTask(r.agent, tokenizer, rows=rows, base=base, demos=demos, train_size=r.task.train_size,
-                     template=chat_template(r.agent.chat_template))
+                     template=chat_template(r.agent.chat_template), turn_parts=r.sft.mask_observations)
 
 
 def evaluator(ctx, source, temperature: float):

@@ -18,9 +18,11 @@ from credo.errors import ConfigError
 from credo.tasks import Problem
 
 
-def demonstration_problem(tokenizer, demo: Any, where: str, template: str | None = None) -> Problem:
+def demonstration_problem(tokenizer, demo: Any, where: str, template: str | None = None,
+                          turn_parts: bool = False) -> Problem:
     """One demonstration conversation as (prompt, answer) text in the gateway's rendering (`template`: the run's
-    agent.chat_template text, None for the tokenizer's)."""
+    agent.chat_template text, None for the tokenizer's). `turn_parts` (sft.mask_observations): also mark the agent's
+    own turns in meta['answer_parts'] (agent_turn_parts; it renders the conversation again per turn, so only then)."""
     from credo.gateway.chat import RequestError, check_messages, render
 
     if not isinstance(demo, dict) or not isinstance(demo.get("messages"), list):
@@ -43,8 +45,11 @@ def demonstration_problem(tokenizer, demo: Any, where: str, template: str | None
     eos = tokenizer.eos_token or ""
     if eos and answer.endswith(eos):
         answer = answer[:-len(eos)]  # the warm-up appends the EOS token itself
-    parts = agent_turn_parts(tokenizer, messages, tools, template, full, len(prompt), len(answer), where)
-    return Problem(prompt=prompt, answer=answer, meta={"demonstration": True, "answer_parts": parts})
+    meta: dict = {"demonstration": True}
+    if turn_parts:
+        meta["answer_parts"] = agent_turn_parts(tokenizer, messages, tools, template, full, len(prompt), len(answer),
+                                                where)
+    return Problem(prompt=prompt, answer=answer, meta=meta)
 
 
 def agent_turn_parts(tokenizer, messages: list[dict], tools, template, full: str, start: int, length: int,
@@ -85,8 +90,9 @@ class AgentTask:
     """The run's task under `rollout.agent` (see the module docstring)."""
 
     def __init__(self, cfg, tokenizer, *, rows: Callable | None, base: Any, demos: Callable | None, train_size: int,
-                 template: str | None = None):
+                 template: str | None = None, turn_parts: bool = False):
         self.cfg, self.tokenizer, self.rows, self.base, self.demos = cfg, tokenizer, rows, base, demos
+        self.turn_parts = turn_parts  # sft.mask_observations: mark the agent's turns in each demonstration
         self.template = template  # agent.chat_template's text (None: the tokenizer's), as the gateway renders
         self.train_size = train_size if rows is not None else len(base)
 
@@ -109,7 +115,7 @@ class AgentTask:
         if self.demos is None:
             return self.base.train(i)
         return demonstration_problem(self.tokenizer, self.demos(i), f"config key 'agent.demos' = '{self.cfg.demos}'",
-                                     template=self.template)
+                                     template=self.template, turn_parts=self.turn_parts)
 
     def eval_problems(self) -> list[Problem]:
         return []  # the agent's held-out episodes are the evaluator's (credo.families.agent.source.AgentEvaluator)
