@@ -488,7 +488,10 @@ class Recipe:
         code that still reads optim.zero_stage sees the stage in force."""
         o, e = self.optim, self.engine
         if isinstance(o, OptimConfig) and isinstance(e, EngineConfig):
-            if o.zero_stage in (0, 1, 2, 3):  # out of range: left for the range check to name optim.zero_stage
+            # a value this method mirrored is not the user's: a Recipe rebuilt around the same OptimConfig
+            # (dataclasses.replace, as `credo ablate`'s config hash does) must not warn again
+            mirrored = getattr(o, "_zero_stage_mirrored", None) == o.zero_stage
+            if o.zero_stage in (0, 1, 2, 3) and not mirrored:  # out of range: left for the range check to name it
                 if o.zero_stage != e.zero_stage and e.zero_stage != EngineConfig.zero_stage:
                     from credo.errors import ConfigError
 
@@ -503,3 +506,4 @@ class Recipe:
                 e.zero_stage = o.zero_stage
             if (o.zero_stage is None or o.zero_stage in (0, 1, 2, 3)) and e.zero_stage in (0, 1, 2, 3):
                 o.zero_stage = e.zero_stage
+                object.__setattr__(o, "_zero_stage_mirrored", e.zero_stage)  # not a field: no key, no hash change

@@ -29,6 +29,27 @@ def test_the_new_key_alone_warns_nothing_and_the_old_one_mirrors_it(caplog):
     assert load().engine.zero_stage == 1 and load().engine.backend == "deepspeed"
 
 
+def test_a_rebuilt_recipe_does_not_warn_again_and_follows_a_new_engine_stage(caplog):
+    """`credo ablate` hashes each run's Recipe rebuilt by dataclasses.replace: the stage __post_init__ mirrored into
+    optim.zero_stage is not the user's deprecated key (it warned once per planned run), and a rebuilt Recipe with
+    another engine.zero_stage follows it (it raised 'optim.zero_stage = 1 and engine.zero_stage = 2')."""
+    import dataclasses
+
+    from credo.ablate.plan import config_hash
+    from credo.config.sections import EngineConfig
+
+    r = load()
+    with caplog.at_level(logging.WARNING, logger="credo"):
+        config_hash(r)
+        r2 = dataclasses.replace(r, engine=EngineConfig(zero_stage=2))
+    assert "deprecated" not in caplog.text
+    assert (r2.engine.zero_stage, r2.optim.zero_stage) == (2, 2)
+    with caplog.at_level(logging.WARNING, logger="credo"):
+        old = load("optim.zero_stage=2")
+        dataclasses.replace(old, run=old.run)
+    assert caplog.text.count("deprecated") == 1  # the user's key: once, at load
+
+
 def test_both_keys_disagreeing_is_an_error_naming_both():
     with pytest.raises(ConfigError, match="'optim.zero_stage' = 2 and 'engine.zero_stage' = 3"):
         load("optim.zero_stage=2", "engine.zero_stage=3")
