@@ -292,7 +292,10 @@ def _check_combinations(r: Recipe) -> None:
     if r.run.eval_samples != 1 and r.run.eval_temperature == 0:
         raise out_of_range("run.eval_samples", r.run.eval_samples, "1 when decoding greedily (run.eval_temperature = 0)")
     # only a multi-turn env's expert episodes and an agent's demonstrations (agent.demos) have observations to mask
-    if r.sft.mask_observations and r.stages.rollout != "multiturn" and not (r.rollout.agent and getattr(getattr(r, "agent", None), "demos", None)):
+    # (stages.rollout 'agent' without rollout.agent is left for the agent family's check, which names that key)
+    agent_source = r.rollout.agent or r.stages.rollout == "agent"
+    agent_demos = agent_source and getattr(getattr(r, "agent", None), "demos", None)
+    if r.sft.mask_observations and r.stages.rollout != "multiturn" and not agent_demos:
         raise out_of_range("sft.mask_observations", True, "false unless stages.rollout is 'multiturn' (a multi-turn "
                            "env's expert episodes) or rollout.agent is set with agent.demos (an agent's "
                            f"demonstrations); stages.rollout is '{r.stages.rollout}'")

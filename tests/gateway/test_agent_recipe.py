@@ -55,6 +55,9 @@ def test_credo_check_refuses_an_agent_entry_point_that_cannot_be_called_naming_t
     (["agent.tasks=tests.gateway.test_agent_recipe:no_task_keyword"], "config key 'agent.tasks'"),
     (["agent.demos=tests.gateway.test_agent_recipe:NOT_CALLABLE"], "config key 'agent.demos'"),
     (["rollout.agent=null", "stages.rollout=agent"], "config key 'stages.rollout' = 'agent' needs rollout.agent"),
+    # the warm-up's mask is not what is wrong here: the missing agent is named, not sft.mask_observations
+    (["rollout.agent=null", "stages.rollout=agent", "sft.mask_observations=true"],
+     "config key 'stages.rollout' = 'agent' needs rollout.agent"),
     (["stages.reward=env"], "needs stages.reward: agent"),
 ])
 def test_the_agent_sections_entry_points_and_stages_are_checked(overrides, message):
