@@ -295,7 +295,8 @@ def _check_combinations(r: Recipe) -> None:
     # (stages.rollout 'agent' without rollout.agent is left for the agent family's check, which names that key)
     agent_source = r.rollout.agent or r.stages.rollout == "agent"
     agent_demos = agent_source and getattr(getattr(r, "agent", None), "demos", None)
-    if r.sft.mask_observations and r.stages.rollout != "multiturn" and not agent_demos:
+    # (with the warm-up off, as every sft.* key, it has nothing to act on)
+    if r.sft.mask_observations and sft_enabled(r) and r.stages.rollout != "multiturn" and not agent_demos:
         raise out_of_range("sft.mask_observations", True, "false unless stages.rollout is 'multiturn' (a multi-turn "
                            "env's expert episodes) or rollout.agent is set with agent.demos (an agent's "
                            f"demonstrations); stages.rollout is '{r.stages.rollout}'")
