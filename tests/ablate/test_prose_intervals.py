@@ -12,7 +12,7 @@ from credo.ablate.report_cli import INTERVAL_RE, _unmarked_prose, prose_interval
 from credo.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = {"polymath.md": 6, "palette.md": 4, "tail_batching.md": 1, "distill.md": 6, "async.md": 12, "moe.md": 1, "gateway.md": 3}
+PAGES = {"polymath.md": 6, "palette.md": 4, "tail_batching.md": 1, "distill.md": 6, "async.md": 12, "moe.md": 1, "gateway.md": 6}
 DISTILL = 'recipes/ablations/distill.yaml compare="distill > grpo" metric=eval/accuracy:auc test=paired'
 
 
