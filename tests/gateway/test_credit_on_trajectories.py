@@ -102,6 +102,28 @@ def test_grpo_and_a_drift_split_episode_give_each_segment_the_outcome():
         attach_episode_reward([split[0].__class__([1], [2], [1], [0.0], True)], 1.0)
 
 
+@pytest.mark.xfail(strict=True, reason="known flaw, not fixed (docs/gateway.md, 'What is not built yet'): an earlier "
+                   "drift segment gets the outcome undiscounted at its own end, so with gamma < 1 drift is rewarded")
+def test_a_drift_split_episodes_earlier_turns_get_the_unsplit_episodes_returns():
+    """The episode's two turns, split by drift, with gamma 0.5 and outcome 2 on the last: unsplit, turn 1's return is
+    0.5 * 2 = 1.0 and turn 2's 2.0. A split must not change them (today turn 1 gets 2.0: the bias RL exploited in
+    docs/results/gateway_gem_rise.jsonl's seed 8)."""
+    from credo.families.multiturn.turn_credit import TurnCredit
+
+    tok = bpe_tokenizer()
+    store = EpisodeStore(tok)
+    eos = tok.eos_token_id
+    call(store, tok, "d", [{"role": "user", "content": "q"}], [[tok.convert_tokens_to_ids("a"), eos]])
+    call(store, tok, "d", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a "},
+                           {"role": "user", "content": "r"}], [[eos]])  # the client added a space: drift
+    samples = attach_episode_reward(store.take("d"), 2.0)
+    assert [s.meta["opened_by"] for s in samples] == ["new", "drift"]
+    batch = batch_of(samples, tok)
+    TurnCredit("ipa", 0.5, 1e-9)(batch)
+    got = [turns[0][0] for turns in per_turn_values(batch, samples)]
+    assert got == pytest.approx([1.0, 2.0])
+
+
 def test_calls_with_nothing_between_them_are_one_chunk_with_one_reward():
     from credo.credit.chunks import chunk_ids, num_chunks
 
