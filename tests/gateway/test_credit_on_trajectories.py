@@ -78,16 +78,21 @@ def test_ipa_and_rebn_on_gateway_trajectories_match_naive_turn_returns(gamma):
     assert got == pytest.approx(normed, abs=1e-5)
 
 
+def drift_split_episode(store, tok):
+    """A two-call episode whose client re-sends the first answer with a space added: drift splits it in two."""
+    eos = tok.eos_token_id
+    call(store, tok, "d", [{"role": "user", "content": "q"}], [[tok.convert_tokens_to_ids("a"), eos]])
+    call(store, tok, "d", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a "},
+                           {"role": "user", "content": "r"}], [[eos]])  # the client added a space: drift
+    return store.take("d")
+
+
 def test_grpo_and_a_drift_split_episode_give_each_segment_the_outcome():
     from credo.families.multiturn.turn_credit import TurnCredit
 
     tok = bpe_tokenizer()
     store = EpisodeStore(tok)
-    eos = tok.eos_token_id
-    call(store, tok, "d", [{"role": "user", "content": "q"}], [[tok.convert_tokens_to_ids("a"), eos]])
-    call(store, tok, "d", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a "},
-                           {"role": "user", "content": "r"}], [[eos]])  # the client added a space: drift
-    split = attach_episode_reward(store.take("d"), 2.0)
+    split = attach_episode_reward(drift_split_episode(store, tok), 2.0)
     assert [s.meta["opened_by"] for s in split] == ["new", "drift"]
     assert [s.meta["turn_rewards"] for s in split] == [[2.0], [2.0]]
     other = attach_episode_reward(episode(store, tok, "o", ["b"]), 0.0)
@@ -111,12 +116,7 @@ def test_a_drift_split_episodes_earlier_turns_get_the_unsplit_episodes_returns()
     from credo.families.multiturn.turn_credit import TurnCredit
 
     tok = bpe_tokenizer()
-    store = EpisodeStore(tok)
-    eos = tok.eos_token_id
-    call(store, tok, "d", [{"role": "user", "content": "q"}], [[tok.convert_tokens_to_ids("a"), eos]])
-    call(store, tok, "d", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a "},
-                           {"role": "user", "content": "r"}], [[eos]])  # the client added a space: drift
-    samples = attach_episode_reward(store.take("d"), 2.0)
+    samples = attach_episode_reward(drift_split_episode(EpisodeStore(tok), tok), 2.0)
     assert [s.meta["opened_by"] for s in samples] == ["new", "drift"]
     batch = batch_of(samples, tok)
     TurnCredit("ipa", 0.5, 1e-9)(batch)
